@@ -1,0 +1,68 @@
+"""Where every input row went: written, or dropped for a named reason, per input file.
+
+For each file, rows_read == rows_written + sum(dropped.values()); the manifest records it and a test holds
+the pipeline to it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_prep.read import InputFile
+
+EXAMPLES_PER_REASON = 3
+
+
+@dataclass
+class FileCounts:
+    rows_read: int = 0
+    rows_written: int = 0
+    rows_truncated: int = 0
+    dropped: Counter = field(default_factory=Counter)
+
+
+class Accounting:
+    def __init__(self, files: list[InputFile]) -> None:
+        self.files = files
+        self.counts = [FileCounts() for _ in files]
+        self.examples: dict[str, list[dict[str, Any]]] = {}
+        self.tokens = 0
+        self.trained_tokens = 0
+
+    def read(self, file_index: int) -> None:
+        self.counts[file_index].rows_read += 1
+
+    def written(self, file_index: int, truncated: bool) -> None:
+        self.counts[file_index].rows_written += 1
+        self.counts[file_index].rows_truncated += int(truncated)
+
+    def dropped(self, file_index: int, line: int, reason: str, detail: str) -> None:
+        self.counts[file_index].dropped[reason] += 1
+        examples = self.examples.setdefault(reason, [])
+        if len(examples) < EXAMPLES_PER_REASON:
+            examples.append({"file": self.files[file_index].path, "line": line, "detail": detail})
+
+    def totals(self) -> dict[str, Any]:
+        dropped: Counter = Counter()
+        for c in self.counts:
+            dropped.update(c.dropped)
+        return {
+            "rows_read": sum(c.rows_read for c in self.counts),
+            "rows_written": sum(c.rows_written for c in self.counts),
+            "rows_truncated": sum(c.rows_truncated for c in self.counts),
+            "rows_dropped": dict(sorted(dropped.items())),
+            "tokens": self.tokens,
+            "trained_tokens": self.trained_tokens,
+        }
+
+    def per_file(self, checksums: list[str]) -> list[dict[str, Any]]:
+        return [
+            {
+                "path": f.path, "size_bytes": f.size_bytes, "sha256": checksum,
+                "rows_read": c.rows_read, "rows_written": c.rows_written, "rows_truncated": c.rows_truncated,
+                "rows_dropped": dict(sorted(c.dropped.items())),
+            }
+            for f, c, checksum in zip(self.files, self.counts, checksums)
+        ]

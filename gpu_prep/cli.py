@@ -1,0 +1,93 @@
+"""The command line: parses arguments and calls gpu_prep.pipeline. Nothing else lives here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gpu_prep.config import load_config
+from gpu_prep.errors import ConfigError, GpuPrepError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Turn raw LLM training data into token shards with exact loss masks.")
+err = Console(stderr=True)
+out = Console()
+
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Pipeline config (JSON or YAML).")]
+
+
+def _fail(exc: GpuPrepError) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {exc}", highlight=False)
+    return typer.Exit(exc.exit_code)
+
+
+def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
+    totals = manifest["totals"]
+    seconds = manifest["seconds"]["total"] or 1e-9
+    table = Table(title=f"gpu-prep: {out_dir}", show_header=True)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_row("rows read", f"{totals['rows_read']:,}")
+    table.add_row("rows written", f"{totals['rows_written']:,}")
+    table.add_row("  of which truncated", f"{totals['rows_truncated']:,}")
+    for reason, n in totals["rows_dropped"].items():
+        table.add_row(f"dropped: {reason}", f"{n:,}")
+    share = totals["trained_tokens"] / totals["tokens"] if totals["tokens"] else 0.0
+    table.add_row("tokens written", f"{totals['tokens']:,}")
+    table.add_row("trained-token share", f"{share:.1%}")
+    table.add_row("tokens per second", f"{totals['tokens'] / seconds:,.0f}")
+    table.add_row("seconds", f"{seconds:.2f}")
+    for name, meta in manifest["domains"].items():
+        table.add_row(f"domain {name}", f"{meta['num_samples']:,} samples, {len(meta['shards'])} shard(s)")
+    out.print(table)
+
+
+@app.command()
+def run(
+    inputs: Annotated[list[str], typer.Argument(help="Input files, globs or folders (.jsonl, .json, .parquet).")],
+    config: ConfigOpt,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Output directory.")],
+    tokenizer: Annotated[Optional[str], typer.Option(help="Tokenizer directory or bundled name; overrides the config.")] = None,
+    device: Annotated[Optional[str], typer.Option(help="auto | cpu | gpu; overrides the config.")] = None,
+    chunk_rows: Annotated[int, typer.Option(min=1, help="Rows per chunk; output does not depend on it.")] = 2048,
+    overwrite: Annotated[bool, typer.Option(help="Replace a previous run in OUTPUT.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no summary.")] = False,
+) -> None:
+    """Run the pipeline described by CONFIG over INPUTS into OUTPUT."""
+    from gpu_prep.pipeline import run as run_pipeline
+
+    if device not in (None, "auto", "cpu", "gpu"):
+        raise _fail(ConfigError(f"--device {device!r} is not allowed; allowed: auto, cpu, gpu"))
+    try:
+        cfg = load_config(config)
+        columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,} rows"),
+                   TimeElapsedColumn())
+        with Progress(*columns, console=err, disable=quiet, transient=True) as bar:
+            task = bar.add_task("preprocessing", total=None)
+            manifest = run_pipeline(cfg, inputs, output, tokenizer=tokenizer, device=device, chunk_rows=chunk_rows,
+                                    overwrite=overwrite, progress=lambda n: bar.advance(task, n))
+    except GpuPrepError as exc:
+        raise _fail(exc) from None
+    if not quiet:
+        _summary(manifest, output)
+
+
+@app.command()
+def validate(config: ConfigOpt) -> None:
+    """Check a config without running it; print it with every default filled in."""
+    try:
+        cfg = load_config(config)
+    except GpuPrepError as exc:
+        raise _fail(exc) from None
+    out.print_json(json.dumps(cfg.model_dump(mode="json")))
+    out.print(f"[green]ok[/]: {config} is a valid config (sha256 {cfg.sha256()[:12]})")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,126 @@
+"""The pipeline config (format v1): typed, frozen, loaded from JSON or YAML.
+
+Every key and default of the seed's v1 schema is here; keys the seed lacks are marked as gpu-prep's own.
+Unknown keys are errors (a typo must not silently fall back to a default).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gpu_prep.errors import ConfigError
+
+Action = Literal["mask", "train"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class InputConfig(_Frozen):
+    type: str = "chat"
+    messages_key: str = "messages"
+    prompt_key: str = "prompt"
+    response_key: str = "response"
+    text_key: str = "text"
+    # gpu-prep's own: the keys inside one chat message.
+    role_key: str = "role"
+    content_key: str = "content"
+    # gpu-prep's own: "content" trains a trained role's content and the end-of-turn token that closes it
+    # (what trainers expect); "turn" labels the whole rendered turn, header included, as the seed's
+    # per-message rendering did.
+    mask_scope: Literal["content", "turn"] = "content"
+    train_end_of_turn: bool = True
+
+    @field_validator("type")
+    @classmethod
+    def _known_type(cls, value: str) -> str:
+        from gpu_prep.format import registered_types
+
+        allowed = registered_types()
+        if value not in allowed:
+            raise ValueError(f"input.type {value!r} is not known; allowed: {', '.join(allowed)}")
+        return value
+
+
+class PreprocessingConfig(_Frozen):
+    max_seq_len: int = Field(2048, ge=1)
+    min_chars: int = Field(50, ge=0)
+    max_chars: int = Field(2_000_000, ge=1)
+    deduplicate: bool = True
+    max_items: int | None = Field(None, ge=1)
+
+
+class OutputConfig(_Frozen):
+    domain_key: str | None = None
+    storage_format: Literal["bin", "h5"] = "bin"
+    max_tokens_per_shard: int = Field(100_000_000, ge=1)
+
+
+class PipelineConfig(_Frozen):
+    version: Literal[1] = 1
+    # gpu-prep's own: a tokenizer directory (tokenizer.json + tokenizer_config.json) or a bundled name.
+    tokenizer: str | None = None
+    # gpu-prep's own: which backend runs the array stages.
+    device: Literal["auto", "cpu", "gpu"] = "auto"
+    input: InputConfig = InputConfig()
+    mask: dict[str, Action] = {}
+    mask_default: Action = "mask"
+    preprocessing: PreprocessingConfig = PreprocessingConfig()
+    output: OutputConfig = OutputConfig()
+
+    def action(self, label: str) -> Action:
+        """The mask rule for a role (chat) or field (instruction)."""
+        return self.mask.get(label, self.mask_default)
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    def sha256(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+
+def _describe(error: dict[str, Any]) -> str:
+    path = ".".join(str(p) for p in error["loc"]) or "(top level)"
+    value = error.get("input")
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    if kind == "extra_forbidden":
+        return f"{path}: unknown key (value {value!r}); check the spelling against the config reference"
+    if kind == "literal_error":
+        return f"{path}: {value!r} is not allowed; allowed: {ctx.get('expected')}"
+    if kind == "value_error":
+        return f"{path}: {ctx.get('error', error['msg'])}"
+    return f"{path}: {value!r} is invalid: {error['msg']}"
+
+
+def parse_config(data: Any, source: str = "<config>") -> PipelineConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the config must be a mapping of keys, got {type(data).__name__}")
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = [_describe(e) for e in exc.errors(include_url=False)]
+        raise ConfigError(f"{source}: invalid config\n  " + "\n  ".join(lines)) from None
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config: {exc.strerror}") from None
+    try:
+        if path.suffix.lower() in (".yaml", ".yml"):
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'JSON'}: {exc}") from None
+    return parse_config(data, str(path))

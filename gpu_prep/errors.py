@@ -1,0 +1,35 @@
+"""Errors a user can act on, and the reasons a row can be dropped."""
+
+from __future__ import annotations
+
+
+class GpuPrepError(Exception):
+    """An error with a message meant for the user; the CLI prints it without a traceback."""
+
+    exit_code = 1
+
+
+class ConfigError(GpuPrepError):
+    """The config, a CLI option, or something they name (tokenizer, inputs, output dir) is unusable."""
+
+    exit_code = 2
+
+
+class InputError(GpuPrepError):
+    """A row broke a rule and --strict asked to stop: names file, line, field and rule."""
+
+
+class Drop:
+    """Reasons a row is not written. Every row read is written or counted under exactly one of these."""
+
+    MALFORMED_JSON = "malformed_json"
+    NOT_AN_OBJECT = "not_an_object"
+    MISSING_FIELD = "missing_field"
+    WRONG_TYPE = "wrong_type"
+    EMPTY = "empty"
+    TEMPLATE_ERROR = "template_error"
+    TOO_SHORT = "too_short"
+    TOO_LONG = "too_long"
+    DUPLICATE = "duplicate"
+    NO_TRAINED_TOKENS = "no_trained_tokens"
+    TOKENIZER_MISMATCH = "tokenizer_mismatch"

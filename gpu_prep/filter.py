@@ -1,0 +1,59 @@
+"""filter: length rules and exact prefix-hash deduplication, over each row's own text.
+
+The text a rule looks at is the row's source text, before any chat template (templates add the same
+headers and default system prompt to every row, which would make prefixes collide): a text row's text,
+an instruction's prompt followed by its response, a conversation's message contents joined by newlines.
+
+- min_chars: rows shorter than this are dropped; pretraining text only (as the v1 schema says), since
+  short chat turns are normal.
+- max_chars: rows longer than this are dropped, whatever the input type.
+- deduplicate: a row whose first 200 characters (code points) have the MD5 of an earlier row's first 200
+  characters is dropped. The first occurrence in input order is kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gpu_prep.backend import Backend
+from gpu_prep.errors import Drop
+
+DEDUP_PREFIX_CHARS = 200
+
+
+class Deduplicator:
+    """Remembers the digests of rows already kept, across chunks and input files."""
+
+    def __init__(self) -> None:
+        self.seen: set[bytes] = set()
+
+    def first_seen(self, digests: list[bytes]) -> np.ndarray:
+        keep = np.zeros(len(digests), dtype=bool)
+        for i, digest in enumerate(digests):
+            if digest not in self.seen:
+                self.seen.add(digest)
+                keep[i] = True
+        return keep
+
+
+def filter_rows(backend: Backend, texts: list[str], is_pretraining: np.ndarray, config: Any,
+                dedup: Deduplicator | None) -> list[str | None]:
+    """A drop reason, or None, for each row; rows are checked in order so dedup keeps first occurrences."""
+    rules = config.preprocessing
+    chars = np.fromiter((len(t) for t in texts), np.int64, len(texts))
+    reasons: list[str | None] = [None] * len(texts)
+    too_short = is_pretraining & (chars < rules.min_chars)
+    too_long = chars > rules.max_chars
+    for i in np.nonzero(too_short)[0]:
+        reasons[i] = Drop.TOO_SHORT
+    for i in np.nonzero(too_long & ~too_short)[0]:
+        reasons[i] = Drop.TOO_LONG
+    if dedup is not None:
+        candidates = [i for i, r in enumerate(reasons) if r is None]
+        digests = backend.md5_prefix([texts[i] for i in candidates], DEDUP_PREFIX_CHARS)
+        for i, first in zip(candidates, dedup.first_seen(digests)):
+            if not first:
+                reasons[i] = Drop.DUPLICATE
+    return reasons

@@ -1,0 +1,140 @@
+"""format: raw rows -> one canonical shape per row, through a registry of builders keyed by input.type.
+
+A builder takes one record and the config and returns a Conversation (rendered later with the chat
+template) or Segments (text pieces tokenized independently, each with a label). It raises RowError to drop
+the row with a reason. New input types register a builder:
+
+    @register("my_format")
+    def build(record, config): return Segments([(record["body"], "text")])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Union
+
+from gpu_prep.errors import Drop
+
+if TYPE_CHECKING:
+    from gpu_prep.config import PipelineConfig
+
+DEFAULT_DOMAIN = "__default__"
+
+
+class RowError(Exception):
+    """One row breaks a rule: reason is a Drop code, detail names the field and the rule."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Conversation:
+    messages: list[dict[str, Any]]
+    tools: list[Any] | None = None
+
+
+@dataclass(frozen=True)
+class Segments:
+    """Pieces tokenized independently and concatenated. A label of None is never trained.
+
+    train_all: every token is trained whatever the mask rules say (pretraining text).
+    add_eos: the tokenizer's eos token closes the last piece (and is trained with it).
+    """
+
+    pieces: list[tuple[str, str | None]]
+    train_all: bool = False
+    add_eos: bool = False
+    source_text: str = field(default="")
+
+
+Shape = Union[Conversation, Segments]
+Builder = Callable[[dict[str, Any], "PipelineConfig"], Shape]
+_BUILDERS: dict[str, Builder] = {}
+
+
+def register(name: str) -> Callable[[Builder], Builder]:
+    def add(builder: Builder) -> Builder:
+        _BUILDERS[name] = builder
+        return builder
+
+    return add
+
+
+def registered_types() -> list[str]:
+    return sorted(_BUILDERS)
+
+
+def get_builder(name: str) -> Builder:
+    return _BUILDERS[name]
+
+
+def _string_field(record: dict[str, Any], key: str, where: str = "") -> str:
+    if key not in record:
+        raise RowError(Drop.MISSING_FIELD, f"field {where}{key!r} is missing")
+    value = record[key]
+    if not isinstance(value, str):
+        raise RowError(Drop.WRONG_TYPE, f"field {where}{key!r} must be a string, got {_type_name(value)}")
+    return value
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+@register("chat")
+def build_chat(record: dict[str, Any], config: PipelineConfig) -> Conversation:
+    key = config.input.messages_key
+    if key not in record:
+        raise RowError(Drop.MISSING_FIELD, f"field {key!r} is missing")
+    raw = record[key]
+    if not isinstance(raw, list):
+        raise RowError(Drop.WRONG_TYPE, f"field {key!r} must be a list of messages, got {_type_name(raw)}")
+    if not raw:
+        raise RowError(Drop.EMPTY, f"field {key!r} has no messages")
+    role_key, content_key = config.input.role_key, config.input.content_key
+    messages = []
+    for i, message in enumerate(raw):
+        where = f"{key}[{i}]."
+        if not isinstance(message, dict):
+            raise RowError(Drop.WRONG_TYPE, f"{key}[{i}] must be an object, got {_type_name(message)}")
+        role = _string_field(message, role_key, where)
+        content = _string_field(message, content_key, where)
+        messages.append({**message, "role": role, "content": content})
+    return Conversation(messages, tools=record.get("tools"))
+
+
+@register("instruction")
+def build_instruction(record: dict[str, Any], config: PipelineConfig) -> Segments:
+    prompt = _string_field(record, config.input.prompt_key)
+    response = _string_field(record, config.input.response_key)
+    if not response.strip():
+        raise RowError(Drop.EMPTY, f"field {config.input.response_key!r} is empty")
+    return Segments([(prompt, "prompt"), (response, "response")], add_eos=True, source_text=prompt + response)
+
+
+@register("text")
+def build_text(record: dict[str, Any], config: PipelineConfig) -> Segments:
+    text = _string_field(record, config.input.text_key)
+    return Segments([(text, "text")], train_all=True, source_text=text)
+
+
+def source_text(shape: Shape) -> str:
+    """The row's own text, before any template: what length filters and dedup look at."""
+    if isinstance(shape, Segments):
+        return shape.source_text or "".join(text for text, _ in shape.pieces)
+    return "\n".join(m["content"] for m in shape.messages)
+
+
+def domain_of(record: dict[str, Any], domain_key: str | None) -> str:
+    if domain_key is None:
+        return DEFAULT_DOMAIN
+    value = record.get(domain_key)
+    if value is None:
+        return DEFAULT_DOMAIN
+    if isinstance(value, (str, int)) and not isinstance(value, bool):
+        return str(value)
+    raise RowError(Drop.WRONG_TYPE, f"field {domain_key!r} (the domain) must be a string, got {_type_name(value)}")

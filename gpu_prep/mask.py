@@ -1,0 +1,85 @@
+"""mask: token byte positions + trained byte spans -> loss_mask; truncation; rows left with nothing to train.
+
+Written once against the array module `xp` (numpy or cupy). Ragged data is flat values + int64 offsets.
+loss_mask: 1 = the token counts in the loss, 0 = it does not. A token is trained when any of its bytes lies
+in a trained span (the rule transformers applies for return_assistant_tokens_mask).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+def row_of(xp: Any, offsets: Any, n: int) -> Any:
+    """The row index of each of n flat elements, given int64 row offsets (len rows + 1)."""
+    return xp.searchsorted(offsets[1:], xp.arange(n, dtype=xp.int64), side="right")
+
+
+def offsets_from_lengths(xp: Any, lengths: Any) -> Any:
+    out = xp.zeros(len(lengths) + 1, dtype=xp.int64)
+    xp.cumsum(lengths.astype(xp.int64), out=out[1:])
+    return out
+
+
+def segment_sums(xp: Any, values: Any, offsets: Any) -> Any:
+    """Sum of values within each row (rows may be empty)."""
+    running = xp.zeros(len(values) + 1, dtype=xp.int64)
+    xp.cumsum(values.astype(xp.int64), out=running[1:])
+    return running[offsets[1:]] - running[offsets[:-1]]
+
+
+def project(xp: Any, token_len: Any, token_offsets: Any, span_start: Any, span_end: Any, span_offsets: Any) -> Any:
+    """loss_mask (int8) for every token.
+
+    token_len: byte length of each token; token_offsets: tokens of each row. span_start/span_end: trained
+    byte ranges relative to their row, sorted and disjoint within a row; span_offsets: spans of each row.
+    """
+    token_end = xp.cumsum(token_len)
+    token_start = token_end - token_len
+    # Each row's byte 0 in the running positions: where its first token starts.
+    bounds = xp.concatenate([xp.zeros(1, dtype=xp.int64), token_end])
+    row_base, row_limit = bounds[token_offsets[:-1]], bounds[token_offsets[1:]]
+    span_row = row_of(xp, span_offsets, len(span_start))
+    # Clipped to the row's tokens, so spans stay sorted even where a row's tokens miss bytes.
+    start = xp.minimum(span_start + row_base[span_row], row_limit[span_row])
+    end = xp.minimum(span_end + row_base[span_row], row_limit[span_row])
+    if len(start) == 0:
+        return xp.zeros(len(token_len), dtype=xp.int8)
+    first = xp.searchsorted(end, token_start, side="right")  # first span ending after the token starts
+    hit = first < len(end)
+    first = xp.minimum(first, len(end) - 1)
+    return (hit & (start[first] < token_end) & (token_len > 0)).astype(xp.int8)
+
+
+@dataclass
+class Masked:
+    ids: Any
+    loss_mask: Any
+    offsets: Any  # int64, rows kept + 1
+    kept_rows: Any  # indices into the input rows
+    no_trained_rows: Any  # rows dropped because nothing is left to train
+    truncated_rows: Any  # rows cut to max_seq_len (among those kept)
+
+
+def truncate_and_filter(xp: Any, ids: Any, loss_mask: Any, offsets: Any, max_seq_len: int, valid: Any) -> Masked:
+    """Keep the first max_seq_len tokens of each row, then drop rows with no trained token.
+
+    valid: bool per row; rows that are not valid (tokenizer mismatch) are neither kept nor counted here.
+    """
+    lengths = offsets[1:] - offsets[:-1]
+    rows = row_of(xp, offsets, len(ids))
+    position = xp.arange(len(ids), dtype=xp.int64) - offsets[rows]
+    keep_token = position < max_seq_len
+    trained = segment_sums(xp, loss_mask * keep_token, offsets)
+    keep_row = valid & (trained > 0)
+    keep_token &= keep_row[rows]
+    new_lengths = xp.minimum(lengths, max_seq_len)[keep_row]
+    return Masked(
+        ids=ids[keep_token],
+        loss_mask=loss_mask[keep_token],
+        offsets=offsets_from_lengths(xp, new_lengths),
+        kept_rows=xp.nonzero(keep_row)[0],
+        no_trained_rows=xp.nonzero(valid & (trained == 0))[0],
+        truncated_rows=xp.nonzero(keep_row & (lengths > max_seq_len))[0],
+    )

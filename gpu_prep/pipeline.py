@@ -1,0 +1,221 @@
+"""The pipeline, stage by stage: read -> format -> filter -> render -> tokenize -> mask -> write.
+
+Input is processed in chunks of rows; each stage works on a whole chunk. Row-level Python appears only
+where no columnar form exists (JSON records into the canonical shape, Jinja rendering); everything over
+tokens is array code on the backend's `xp`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpu_prep import __version__
+from gpu_prep.accounting import Accounting
+from gpu_prep.backend import Backend, select_backend
+from gpu_prep.chat_template import ChatTemplate
+from gpu_prep.config import PipelineConfig
+from gpu_prep.errors import ConfigError, Drop
+from gpu_prep.filter import Deduplicator, filter_rows
+from gpu_prep.format import RowError, Segments, domain_of, get_builder, source_text
+from gpu_prep.mask import offsets_from_lengths, project, segment_sums, truncate_and_filter
+from gpu_prep.read import RawChunk, expand_inputs, read_chunks
+from gpu_prep.render import RenderContext, RenderedRow, render_row
+from gpu_prep.tokenize import Tokenizer, load_tokenizer
+from gpu_prep.write import DatasetWriter, sha256_file, write_json_atomic
+
+DEFAULT_TOKENIZER = "qwen2.5"
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class Stopwatch:
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def time(self, stage: str, fn: Callable[..., Any], *args: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.seconds[stage] += time.perf_counter() - start
+
+
+@dataclass
+class Rows:
+    """The rows of a chunk still alive after a stage: their positions in the chunk and what they carry."""
+
+    index: list[int]
+    domain: list[str]
+    payload: list[Any]
+
+
+def _format(chunk: RawChunk, config: PipelineConfig, acct: Accounting) -> Rows:
+    build = get_builder(config.input.type)
+    rows = Rows([], [], [])
+    for i, record in enumerate(chunk.records):
+        file_index, line = chunk.file_index[i], chunk.line[i]
+        acct.read(file_index)
+        if record is None:
+            reason, detail = chunk.errors[i]
+            acct.dropped(file_index, line, reason, detail)
+            continue
+        try:
+            domain = domain_of(record, config.output.domain_key)
+            shape = build(record, config)
+        except RowError as err:
+            acct.dropped(file_index, line, err.reason, err.detail)
+            continue
+        rows.index.append(i)
+        rows.domain.append(domain)
+        rows.payload.append(shape)
+    return rows
+
+
+def _drop_where(rows: Rows, reasons: list[tuple[str, str] | None], chunk: RawChunk, acct: Accounting) -> Rows:
+    kept = Rows([], [], [])
+    for i, domain, payload, reason in zip(rows.index, rows.domain, rows.payload, reasons):
+        if reason is None:
+            kept.index.append(i)
+            kept.domain.append(domain)
+            kept.payload.append(payload)
+        else:
+            acct.dropped(chunk.file_index[i], chunk.line[i], *reason)
+    return kept
+
+
+def _filter(backend: Backend, rows: Rows, config: PipelineConfig, dedup: Deduplicator | None) -> list:
+    texts = [source_text(shape) for shape in rows.payload]
+    pretraining = np.fromiter((isinstance(s, Segments) and s.train_all for s in rows.payload), bool, len(texts))
+    reasons = filter_rows(backend, texts, pretraining, config, dedup)
+    return [None if r is None else (r, f"{r.replace('_', ' ')} ({len(t)} characters)") for r, t in zip(reasons, texts)]
+
+
+def _render(rows: Rows, ctx: RenderContext) -> tuple[Rows, list]:
+    rendered, reasons = [], []
+    for shape in rows.payload:
+        try:
+            rendered.append(render_row(shape, ctx))
+            reasons.append(None)
+        except RowError as err:
+            rendered.append(None)
+            reasons.append((err.reason, err.detail))
+    return Rows(rows.index, rows.domain, rendered), reasons
+
+
+def _tokenize_and_mask(backend: Backend, tok: Tokenizer, rendered: list[RenderedRow], max_seq_len: int) -> Any:
+    xp = backend.xp
+    pieces = [p for row in rendered for p in row.pieces]
+    piece_counts = np.fromiter((len(row.pieces) for row in rendered), np.int64, len(rendered))
+    ids, tokens_per_piece = tok.encode(pieces)
+    token_offsets = offsets_from_lengths(np, segment_sums(np, tokens_per_piece, offsets_from_lengths(np, piece_counts)))
+    span_counts = np.fromiter((len(row.spans) for row in rendered), np.int64, len(rendered))
+    spans = np.array([s for row in rendered for s in row.spans], dtype=np.int64).reshape(-1, 2)
+    row_bytes = np.fromiter((row.num_bytes for row in rendered), np.int64, len(rendered))
+
+    ids_d, offsets_d = backend.asarray(ids), backend.asarray(token_offsets)
+    token_len = backend.asarray(tok.token_bytes)[ids_d]
+    valid = segment_sums(xp, token_len, offsets_d) == backend.asarray(row_bytes)
+    loss_mask = project(xp, token_len, offsets_d, backend.asarray(spans[:, 0].copy()),
+                        backend.asarray(spans[:, 1].copy()), backend.asarray(offsets_from_lengths(np, span_counts)))
+    return truncate_and_filter(xp, ids_d, loss_mask, offsets_d, max_seq_len, valid), backend.to_host(valid)
+
+
+def _write(backend: Backend, masked: Any, valid: np.ndarray, rows: Rows, chunk: RawChunk,
+           writer: DatasetWriter, acct: Accounting) -> None:
+    ids, loss_mask = backend.to_host(masked.ids), backend.to_host(masked.loss_mask)
+    offsets, kept = backend.to_host(masked.offsets), backend.to_host(masked.kept_rows)
+    truncated = set(backend.to_host(masked.truncated_rows).tolist())
+    for r in np.nonzero(~valid)[0]:
+        acct.dropped(chunk.file_index[rows.index[r]], chunk.line[rows.index[r]], Drop.TOKENIZER_MISMATCH,
+                     "the tokens do not cover the rendered text byte for byte")
+    for r in backend.to_host(masked.no_trained_rows):
+        acct.dropped(chunk.file_index[rows.index[r]], chunk.line[rows.index[r]], Drop.NO_TRAINED_TOKENS,
+                     "no trained token within max_seq_len")
+    by_domain: dict[str, list[int]] = defaultdict(list)
+    for k, r in enumerate(kept):
+        by_domain[rows.domain[r]].append(k)
+        acct.written(chunk.file_index[rows.index[r]], int(r) in truncated)
+    lengths = np.diff(offsets)
+    for domain, samples in by_domain.items():
+        take = np.zeros(len(kept), dtype=bool)
+        take[samples] = True
+        token_take = np.repeat(take, lengths)
+        writer.append(domain, ids[token_take], loss_mask[token_take], offsets_from_lengths(np, lengths[take]))
+    acct.tokens += len(ids)
+    acct.trained_tokens += int(loss_mask.sum())
+
+
+def prepare_output(out_dir: Path, overwrite: bool) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"output {str(out_dir)!r} is a file, not a directory")
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        if not overwrite:
+            raise ConfigError(f"output {str(out_dir)!r} is not empty; pass --overwrite to replace a previous run")
+        if not (out_dir / MANIFEST).exists():
+            raise ConfigError(f"output {str(out_dir)!r} holds files that are not a gpu-prep run; refusing to delete them")
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+
+def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
+    template = tok.chat_template
+    return RenderContext(
+        config=config,
+        template=ChatTemplate(template, tok.special_tokens) if template else None,
+        end_of_turn=tok.end_of_turn_tokens(),
+        normalization=tok.normalization,
+        prefix_text=tok.prefix_text,
+        eos_text=tok.eos_text,
+    )
+
+
+def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, tokenizer: str | None = None,
+        device: str | None = None, chunk_rows: int = 2048, overwrite: bool = False,
+        progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Run the whole pipeline and return the manifest (also written to OUT_DIR/manifest.json)."""
+    started = time.perf_counter()
+    files = expand_inputs(inputs)
+    tok_spec = tokenizer or config.tokenizer or DEFAULT_TOKENIZER
+    tok = load_tokenizer(tok_spec)
+    backend = select_backend(device or config.device)
+    out_dir = Path(out_dir)
+    prepare_output(out_dir, overwrite)
+    ctx = render_context(config, tok)
+    acct, clock = Accounting(files), Stopwatch()
+    writer = DatasetWriter(out_dir, config.output.storage_format, config.output.max_tokens_per_shard)
+    dedup = Deduplicator() if config.preprocessing.deduplicate else None
+    chunks = read_chunks(files, chunk_rows, config.preprocessing.max_items)
+    while (chunk := clock.time("read", next, chunks, None)) is not None:
+        rows = clock.time("format", _format, chunk, config, acct)
+        rows = _drop_where(rows, clock.time("filter", _filter, backend, rows, config, dedup), chunk, acct)
+        rows, reasons = clock.time("render", _render, rows, ctx)
+        rows = _drop_where(rows, reasons, chunk, acct)
+        if rows.index:
+            masked, valid = clock.time("tokenize+mask", _tokenize_and_mask, backend, tok, rows.payload,
+                                       config.preprocessing.max_seq_len)
+            clock.time("write", _write, backend, masked, valid, rows, chunk, writer, acct)
+        if progress is not None:
+            progress(len(chunk))
+    domains = clock.time("write", writer.finish)
+    elapsed = time.perf_counter() - started
+    manifest = {
+        "gpu_prep_version": __version__,
+        "config": config.model_dump(mode="json"),
+        "config_sha256": config.sha256(),
+        "tokenizer": tok.identity(),
+        "device": backend.name,
+        "inputs": acct.per_file([sha256_file(Path(f.path)) for f in files]),
+        "totals": acct.totals(),
+        "dropped_examples": acct.examples,
+        "domains": domains,
+        "seconds": {"total": round(elapsed, 3), **{k: round(v, 3) for k, v in clock.seconds.items()}},
+    }
+    write_json_atomic(out_dir / MANIFEST, manifest)
+    return manifest

@@ -1,0 +1,144 @@
+"""read: input files -> bounded chunks of raw rows, each keeping its (file, line).
+
+JSON Lines (.jsonl, .json with one object per line), a JSON array file (.json starting with "["), and
+Parquet. A line that is not valid JSON, or not an object, becomes a row that carries its drop reason, so
+it is counted and never takes its neighbours with it. Blank lines are not rows.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gpu_prep.errors import ConfigError, Drop
+
+SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+@dataclass(frozen=True)
+class InputFile:
+    index: int
+    path: str
+    size_bytes: int
+
+
+@dataclass
+class RawChunk:
+    """Rows in input order. records[i] is None when the row is already dropped (reason in errors)."""
+
+    file_index: list[int] = field(default_factory=list)
+    line: list[int] = field(default_factory=list)
+    records: list[dict[str, Any] | None] = field(default_factory=list)
+    errors: dict[int, tuple[str, str]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def add(self, file_index: int, line: int, record: Any, error: tuple[str, str] | None = None) -> None:
+        if error is None and not isinstance(record, dict):
+            error = (Drop.NOT_AN_OBJECT, f"a row must be a JSON object, got {type(record).__name__}")
+        if error is not None:
+            self.errors[len(self.records)] = error
+            record = None
+        self.file_index.append(file_index)
+        self.line.append(line)
+        self.records.append(record)
+
+
+def expand_inputs(patterns: list[str]) -> list[InputFile]:
+    """Files, globs and folders -> input files in a fixed order (as given; globs and folders sorted)."""
+    paths: list[str] = []
+    for pattern in patterns:
+        if os.path.isdir(pattern):
+            found = sorted(str(p) for p in Path(pattern).rglob("*") if p.suffix in SUFFIXES and p.is_file())
+        elif glob.has_magic(pattern):
+            found = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+        else:
+            found = [pattern]
+        if not found:
+            raise ConfigError(f"input {pattern!r}: no such file, or the pattern matches nothing")
+        paths.extend(found)
+    files = []
+    for path in paths:
+        if not os.path.isfile(path):
+            raise ConfigError(f"input {path!r}: no such file")
+        if not os.access(path, os.R_OK):
+            raise ConfigError(f"input {path!r}: not readable")
+        files.append(InputFile(len(files), path, os.path.getsize(path)))
+    return files
+
+
+def _parse_line(raw: bytes) -> tuple[Any, tuple[str, str] | None]:
+    try:
+        return orjson.loads(raw), None
+    except orjson.JSONDecodeError as exc:
+        return None, (Drop.MALFORMED_JSON, f"not valid JSON: {exc}")
+
+
+def _jsonl_rows(file: InputFile) -> Iterator[tuple[int, Any, tuple[str, str] | None]]:
+    with open(file.path, "rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            if not raw.strip():
+                continue
+            record, error = _parse_line(raw)
+            yield line_no, record, error
+
+
+def _json_array_rows(file: InputFile) -> Iterator[tuple[int, Any, tuple[str, str] | None]]:
+    raw = Path(file.path).read_bytes().removeprefix(b"\xef\xbb\xbf")
+    data, error = _parse_line(raw)
+    if error is not None:
+        yield 1, None, error
+        return
+    for index, record in enumerate(data, start=1):
+        yield index, record, None
+
+
+def _parquet_rows(file: InputFile) -> Iterator[tuple[int, Any, tuple[str, str] | None]]:
+    import pyarrow.parquet as pq
+
+    row = 0
+    for batch in pq.ParquetFile(file.path).iter_batches(batch_size=4096):
+        for record in batch.to_pylist():
+            row += 1
+            yield row, record, None
+
+
+def _is_json_array(path: str) -> bool:
+    with open(path, "rb") as handle:
+        head = handle.read(64).removeprefix(b"\xef\xbb\xbf").lstrip()
+    return head.startswith(b"[")
+
+
+def file_rows(file: InputFile) -> Iterator[tuple[int, Any, tuple[str, str] | None]]:
+    """(line or row number, record, error) for every row of one file."""
+    if file.path.endswith(".parquet"):
+        return _parquet_rows(file)
+    if file.path.endswith(".json") and _is_json_array(file.path):
+        return _json_array_rows(file)
+    return _jsonl_rows(file)
+
+
+def read_chunks(files: list[InputFile], chunk_rows: int, max_items: int | None = None) -> Iterator[RawChunk]:
+    """Every row of every file, in order, in chunks of at most chunk_rows; stops after max_items rows."""
+    chunk = RawChunk()
+    seen = 0
+    for file in files:
+        for line, record, error in file_rows(file):
+            if max_items is not None and seen >= max_items:
+                break
+            chunk.add(file.index, line, record, error)
+            seen += 1
+            if len(chunk) >= chunk_rows:
+                yield chunk
+                chunk = RawChunk()
+    if len(chunk):
+        yield chunk

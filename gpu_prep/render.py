@@ -1,0 +1,170 @@
+"""render: a canonical row -> text pieces to tokenize + the byte spans that are trained.
+
+A conversation is rendered ONCE with the real chat template, and the position of every message's content
+in that rendering is found exactly: the template is rendered a second time with each content replaced by
+a sentinel, which gives the template's own text between the contents (headers, end-of-turn tokens, glue).
+When substituting the contents back reproduces the real rendering, the content spans are exact; when the
+template changes a content (trim, reasoning moved), the glue is matched in order in the real rendering and
+whatever the template wrote in a content's place is that content's span.
+
+Spans are labelled with the role (or field); the mask rules then pick the trained ones. Positions are
+UTF-8 byte offsets into the text the tokenizer sees, after the tokenizer's Unicode normalization, which is
+applied piece by piece so that positions and text agree.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import TYPE_CHECKING
+
+import jinja2
+
+from gpu_prep.errors import Drop
+from gpu_prep.format import Conversation, RowError, Segments, Shape
+
+if TYPE_CHECKING:
+    from gpu_prep.chat_template import ChatTemplate
+    from gpu_prep.config import PipelineConfig
+
+_SENTINEL = "\ue000{}\ue001"
+_SENTINEL_RE = re.compile("\ue000(\\d+)\ue001")
+
+Span = tuple[int, int, str]  # start, end, label
+
+
+@dataclass(frozen=True)
+class RenderContext:
+    config: PipelineConfig
+    template: ChatTemplate | None
+    end_of_turn: tuple[str, ...]
+    normalization: str | None  # "NFC", "NFKC", ... or None
+    prefix_text: str  # what the tokenizer adds before a plain text (BOS), as text
+    eos_text: str | None
+
+    def eot_pattern(self) -> re.Pattern[str]:
+        alternatives = "|".join(re.escape(t) for t in sorted(self.end_of_turn, key=len, reverse=True))
+        return re.compile(rf"[ \t]*(?:{alternatives})" if alternatives else r"(?!)")
+
+
+@dataclass(frozen=True)
+class RenderedRow:
+    pieces: list[str]  # tokenized independently, concatenated
+    spans: list[tuple[int, int]]  # trained byte ranges [start, end), sorted, disjoint
+    num_bytes: int
+
+
+def _content_regions(real: str, skeleton: str, contents: dict[int, str]) -> tuple[list[str], list[tuple[int, int, int]]]:
+    """(template literals, [(message index, start, end)]) of every content in the real rendering."""
+    parts = _SENTINEL_RE.split(skeleton)
+    literals, order = parts[0::2], [int(i) for i in parts[1::2]]
+    if any(b <= a for a, b in pairwise(order)):
+        raise RowError(Drop.TEMPLATE_ERROR, "the chat template repeats or reorders message contents")
+    rebuilt = literals[0] + "".join(contents[i] + lit for i, lit in zip(order, literals[1:]))
+    regions = []
+    pos = len(literals[0])
+    if rebuilt == real:
+        for i, lit in zip(order, literals[1:]):
+            regions.append((i, pos, pos + len(contents[i])))
+            pos += len(contents[i]) + len(lit)
+        return literals, regions
+    # The template transformed some content: match the glue between contents in order.
+    if not real.startswith(literals[0]):
+        raise RowError(Drop.TEMPLATE_ERROR, "cannot align the chat template's output with the messages")
+    for k, (i, lit) in enumerate(zip(order, literals[1:])):
+        last = k == len(order) - 1
+        end = len(real) - len(lit) if last else (real.find(lit, pos) if lit else -1)
+        if end < pos or (last and not real.endswith(lit)):
+            raise RowError(Drop.TEMPLATE_ERROR, f"cannot align the chat template's output with message {i}")
+        regions.append((i, pos, end))
+        pos = end + len(lit)
+    return literals, regions
+
+
+def _render(template: ChatTemplate, messages: list[dict], tools: list | None) -> str:
+    try:
+        return template.render(messages, tools)
+    except jinja2.exceptions.TemplateError as exc:
+        raise RowError(Drop.TEMPLATE_ERROR, f"the chat template refused the row: {exc}") from None
+
+
+def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, list[Span]]:
+    """The rendered conversation and its labelled character spans."""
+    if ctx.template is None:
+        raise RowError(Drop.TEMPLATE_ERROR, "the tokenizer has no chat_template")
+    real = _render(ctx.template, conv.messages, conv.tools)
+    contents = {i: m["content"] for i, m in enumerate(conv.messages) if m["content"]}
+    masked = [{**m, "content": _SENTINEL.format(i)} if i in contents else m for i, m in enumerate(conv.messages)]
+    literals, regions = _content_regions(real, _render(ctx.template, masked, conv.tools), contents)
+    eot = ctx.eot_pattern()
+    whole_turn = ctx.config.input.mask_scope == "turn"
+    spans: list[Span] = []
+    turn_start = len(ctx.prefix_text) if ctx.prefix_text and real.startswith(ctx.prefix_text) else 0
+    for k, (i, start, end) in enumerate(regions):
+        role = conv.messages[i]["role"]
+        following = literals[k + 1]
+        match = eot.match(following)
+        eot_end = end + match.end() if match else end
+        if whole_turn:
+            rest = following[match.end():] if match else following
+            turn_end = eot_end + len(rest) - len(rest.lstrip("\n"))
+            spans.append((turn_start, turn_end, role))
+            turn_start = turn_end
+        else:
+            spans.append((start, eot_end if ctx.config.input.train_end_of_turn else end, role))
+    return real, spans
+
+
+def _to_bytes(text: str, spans: list[Span], form: str | None) -> tuple[str, list[tuple[int, int, str]]]:
+    """Normalize text between span boundaries and turn character spans into byte spans."""
+    cuts = sorted({0, len(text), *(s for s, _, _ in spans), *(e for _, e, _ in spans)})
+    byte_at: dict[int, int] = {0: 0}
+    out: list[str] = []
+    total = 0
+    for a, b in pairwise(cuts):
+        segment = text[a:b]
+        if form is not None:
+            segment = unicodedata.normalize(form, segment)
+        out.append(segment)
+        total += len(segment.encode("utf-8"))
+        byte_at[b] = total
+    return "".join(out), [(byte_at[s], byte_at[e], label) for s, e, label in spans]
+
+
+def _trained(spans: list[tuple[int, int, str]], ctx: RenderContext, train_all: bool) -> list[tuple[int, int]]:
+    keep = sorted((s, e) for s, e, label in spans if e > s and (train_all or ctx.config.action(label) == "train"))
+    merged: list[tuple[int, int]] = []
+    for s, e in keep:
+        if merged and s <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(e, merged[-1][1]))
+        else:
+            merged.append((s, e))
+    return merged
+
+
+def _segments(shape: Segments, ctx: RenderContext) -> RenderedRow:
+    pieces: list[tuple[str, str | None]] = []
+    if ctx.prefix_text:
+        pieces.append((ctx.prefix_text, None))
+    pieces.extend((unicodedata.normalize(ctx.normalization, t) if ctx.normalization else t, label)
+                  for t, label in shape.pieces if t)
+    if shape.add_eos and ctx.eos_text and pieces:
+        pieces.append((ctx.eos_text, pieces[-1][1]))
+    spans: list[Span] = []
+    pos = 0
+    for text, label in pieces:
+        size = len(text.encode("utf-8"))
+        spans.append((pos, pos + size, label if label is not None else "\0untrained"))
+        pos += size
+    trained = _trained([s for s in spans if shape.train_all or s[2] != "\0untrained"], ctx, shape.train_all)
+    return RenderedRow([t for t, _ in pieces], trained, pos)
+
+
+def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
+    if isinstance(shape, Segments):
+        return _segments(shape, ctx)
+    text, char_spans = conversation_spans(shape, ctx)
+    text, byte_spans = _to_bytes(text, char_spans, ctx.normalization)
+    return RenderedRow([text], _trained(byte_spans, ctx, False), len(text.encode("utf-8")))

@@ -1,0 +1,160 @@
+"""tokenize: text pieces -> flat token ids + per-piece counts, and each token's length in bytes.
+
+The tokenizer is a directory with tokenizer.json (run by HF tokenizers) and tokenizer_config.json (its
+chat_template and special tokens), or the name of a bundled one. Masks need no offsets from the engine:
+for byte-level BPE every token stands for a fixed byte string, so a lookup table gives each token's byte
+length and positions are a running sum.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpu_prep.errors import ConfigError
+
+# End-of-turn tokens of the common template families; those present in the vocabulary, plus the eos token,
+# close a turn (and are trained with a trained turn).
+KNOWN_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>", "<|end_of_turn|>",
+                     "<｜end▁of▁sentence｜>", "<|endoftext|>", "</s>")
+_NORMALIZERS = {"NFC", "NFD", "NFKC", "NFKD"}
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _contains_type(node: Any, kind: str) -> bool:
+    if isinstance(node, dict):
+        return node.get("type") == kind or any(_contains_type(v, kind) for v in node.values())
+    if isinstance(node, list):
+        return any(_contains_type(v, kind) for v in node)
+    return False
+
+
+def _normalization(spec: Any, where: str) -> str | None:
+    if spec is None:
+        return None
+    kinds = [n.get("type") for n in spec.get("normalizers", [])] if spec.get("type") == "Sequence" else [spec.get("type")]
+    if len(kinds) == 1 and kinds[0] in _NORMALIZERS:
+        return kinds[0]
+    if not kinds:
+        return None
+    raise ConfigError(f"{where}: normalizer {kinds} is not supported yet (only NFC/NFD/NFKC/NFKD)")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@dataclass
+class Tokenizer:
+    name: str
+    directory: Path
+    engine: Any  # tokenizers.Tokenizer
+    config: dict[str, Any]
+    token_bytes: np.ndarray  # int64 byte length of every id
+    normalization: str | None
+    prefix_text: str
+    special_tokens: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def chat_template(self) -> str | None:
+        template = self.config.get("chat_template")
+        if isinstance(template, list):  # several named templates: the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        return template
+
+    @property
+    def eos_text(self) -> str | None:
+        return self.special_tokens.get("eos_token")
+
+    def end_of_turn_tokens(self) -> tuple[str, ...]:
+        found = [t for t in KNOWN_END_OF_TURN if self.engine.token_to_id(t) is not None]
+        if self.eos_text and self.eos_text not in found:
+            found.append(self.eos_text)
+        return tuple(found)
+
+    def encode(self, pieces: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(flat int64 ids, int64 token count per piece); no special tokens are added."""
+        encodings = self.engine.encode_batch_fast(pieces, add_special_tokens=False)
+        counts = np.fromiter((len(e.ids) for e in encodings), np.int64, len(encodings))
+        ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), np.int64, int(counts.sum()))
+        return ids, counts
+
+    def decode(self, ids: Any) -> str:
+        return self.engine.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def identity(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "directory": str(self.directory),
+            "tokenizer_json_sha256": _sha256(self.directory / "tokenizer.json"),
+            "tokenizer_config_sha256": _sha256(self.directory / "tokenizer_config.json"),
+            "vocab_size": int(len(self.token_bytes)),
+            "normalization": self.normalization,
+        }
+
+
+def _byte_lengths(spec: dict[str, Any], engine: Any, where: str) -> np.ndarray:
+    model = spec.get("model", {})
+    if model.get("type") != "BPE" or not _contains_type(spec.get("pre_tokenizer"), "ByteLevel"):
+        raise ConfigError(f"{where}: only byte-level BPE tokenizers are supported on this path "
+                          f"(model {model.get('type')!r})")
+    size = engine.get_vocab_size(with_added_tokens=True)
+    vocab = engine.get_vocab(with_added_tokens=False)
+    size = max(size, max(vocab.values(), default=-1) + 1)
+    table = np.zeros(size, dtype=np.int64)
+    for token, index in vocab.items():
+        table[index] = len(token)  # one byte-level character per byte
+    for added in spec.get("added_tokens", []):
+        table[added["id"]] = len(added["content"].encode("utf-8"))
+    return table
+
+
+def load_tokenizer(spec: str) -> Tokenizer:
+    """A tokenizer directory, or the name of a bundled tokenizer (gpu_prep.bundled)."""
+    from tokenizers import Tokenizer as Engine
+
+    from gpu_prep.bundled import BUNDLED, bundled_tokenizer_dir
+
+    directory = Path(spec)
+    if not directory.is_dir():
+        if spec in BUNDLED:
+            directory = bundled_tokenizer_dir(spec)
+        else:
+            raise ConfigError(f"tokenizer {spec!r}: no such directory, and not a bundled tokenizer "
+                              f"({', '.join(BUNDLED)})")
+    files = {name: directory / name for name in ("tokenizer.json", "tokenizer_config.json")}
+    for name, path in files.items():
+        if not path.is_file():
+            raise ConfigError(f"tokenizer {spec!r}: {name} is missing in {directory}")
+    try:
+        tokenizer_spec = json.loads(files["tokenizer.json"].read_text(encoding="utf-8"))
+        config = json.loads(files["tokenizer_config.json"].read_text(encoding="utf-8"))
+        engine = Engine.from_file(str(files["tokenizer.json"]))
+    except (ValueError, OSError, Exception) as exc:  # tokenizers raises a bare Exception on bad files
+        raise ConfigError(f"tokenizer {spec!r}: cannot load {directory}: {exc}") from None
+    where = f"tokenizer {spec!r}"
+    with_special = engine.encode("a", add_special_tokens=True).ids
+    plain = engine.encode("a", add_special_tokens=False).ids
+    prefix_ids = with_special[: len(with_special) - len(plain)] if with_special[-len(plain):] == plain else []
+    special = {key: text for key in ("bos_token", "eos_token", "pad_token", "unk_token")
+               if (text := _token_text(config.get(key))) is not None}
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    return Tokenizer(
+        name=spec, directory=directory, engine=engine, config=config,
+        token_bytes=_byte_lengths(tokenizer_spec, engine, where),
+        normalization=_normalization(tokenizer_spec.get("normalizer"), where),
+        prefix_text="".join(engine.id_to_token(i) for i in prefix_ids),
+        special_tokens=special,
+    )

@@ -1,0 +1,48 @@
+"""Shared fixtures: the real bundled Qwen tokenizer (built once per session into a temp cache)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gpu_prep.config import parse_config
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", help="Rewrite tests/golden/* from the current output.")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cache_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # Keep a developer's cache if set; otherwise a cache of this test session only.
+    os.environ.setdefault("GPU_PREP_CACHE", str(tmp_path_factory.mktemp("gpu-prep-cache")))
+
+
+@pytest.fixture(scope="session")
+def qwen():
+    from gpu_prep.tokenize import load_tokenizer
+
+    return load_tokenizer("qwen2.5")
+
+
+@pytest.fixture
+def write_jsonl(tmp_path: Path):
+    def write(rows: list, name: str = "data.jsonl") -> Path:
+        path = tmp_path / name
+        with open(path, "w", encoding="utf-8") as handle:
+            for row in rows:
+                handle.write((row if isinstance(row, str) else json.dumps(row, ensure_ascii=False)) + "\n")
+        return path
+
+    return write
+
+
+@pytest.fixture
+def make_config():
+    def make(**sections) -> object:
+        return parse_config(sections)
+
+    return make
