@@ -1,0 +1,127 @@
+"""The array algorithms (written once against xp) checked against plain per-row Python references."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpu_prep.mask import offsets_from_lengths, project, row_of, segment_sums, truncate_and_filter
+from gpu_prep.write import shard_cuts
+
+xp = np
+
+
+@st.composite
+def rows_with_spans(draw):
+    """Rows of tokens (byte lengths >= 1) and sorted, disjoint trained byte spans inside each row."""
+    rows = []
+    for _ in range(draw(st.integers(0, 6))):
+        lengths = draw(st.lists(st.integers(1, 5), min_size=0, max_size=12))
+        total = sum(lengths)
+        cuts = sorted(draw(st.lists(st.integers(0, total), max_size=8)))
+        spans = [(a, b) for a, b in zip(cuts[0::2], cuts[1::2]) if b > a]
+        rows.append((lengths, spans))
+    return rows
+
+
+def reference_mask(rows) -> list[int]:
+    mask = []
+    for lengths, spans in rows:
+        pos = 0
+        for n in lengths:
+            mask.append(int(any(s < pos + n and e > pos for s, e in spans)))
+            pos += n
+    return mask
+
+
+def arrays(rows):
+    token_len = np.array([n for lengths, _ in rows for n in lengths], dtype=np.int64)
+    token_offsets = offsets_from_lengths(xp, np.array([len(l) for l, _ in rows], dtype=np.int64))
+    spans = np.array([s for _, spans in rows for s in spans], dtype=np.int64).reshape(-1, 2)
+    span_offsets = offsets_from_lengths(xp, np.array([len(s) for _, s in rows], dtype=np.int64))
+    return token_len, token_offsets, spans[:, 0].copy(), spans[:, 1].copy(), span_offsets
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows_with_spans())
+def test_projection_matches_any_byte_rule(rows) -> None:
+    token_len, token_offsets, start, end, span_offsets = arrays(rows)
+    got = project(xp, token_len, token_offsets, start, end, span_offsets)
+    assert got.dtype == np.int8
+    assert got.tolist() == reference_mask(rows)
+
+
+def test_token_touching_span_edge_is_not_trained() -> None:
+    # Tokens [0,3) [3,5) [5,9); span [3,5) trains exactly the middle token, not its neighbours.
+    rows = [([3, 2, 4], [(3, 5)])]
+    assert project(xp, *arrays(rows)).tolist() == [0, 1, 0]
+
+
+def test_token_straddling_span_start_is_trained() -> None:
+    # A token that merges a header's "\n" with content that starts with "\n" is trained.
+    rows = [([4, 3], [(3, 7)])]
+    assert project(xp, *arrays(rows)).tolist() == [1, 1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 1), max_size=10), max_size=8), st.integers(1, 6))
+def test_truncate_and_filter(rows, max_len) -> None:
+    mask = np.array([b for r in rows for b in r], dtype=np.int8)
+    ids = np.arange(len(mask), dtype=np.int64)
+    offsets = offsets_from_lengths(xp, np.array([len(r) for r in rows], dtype=np.int64))
+    valid = np.ones(len(rows), dtype=bool)
+    if rows:
+        valid[0] = False  # an invalid row is neither kept nor counted as untrained
+    out = truncate_and_filter(xp, ids, mask, offsets, max_len, valid)
+
+    kept, expected_ids, untrained = [], [], []
+    for i, r in enumerate(rows):
+        cut = r[:max_len]
+        if not valid[i]:
+            continue
+        if sum(cut):
+            kept.append(i)
+            expected_ids.extend(int(offsets[i]) + k for k in range(len(cut)))
+        else:
+            untrained.append(i)
+    assert out.kept_rows.tolist() == kept
+    assert out.no_trained_rows.tolist() == untrained
+    assert out.ids.tolist() == expected_ids
+    assert np.diff(out.offsets).tolist() == [min(len(rows[i]), max_len) for i in kept]
+    assert out.truncated_rows.tolist() == [i for i in kept if len(rows[i]) > max_len]
+
+
+def test_row_of_and_segment_sums_with_empty_rows() -> None:
+    offsets = np.array([0, 2, 2, 5], dtype=np.int64)
+    assert row_of(xp, offsets, 5).tolist() == [0, 0, 2, 2, 2]
+    assert segment_sums(xp, np.array([1, 2, 3, 4, 5]), offsets).tolist() == [3, 0, 12]
+
+
+def greedy_shards(lengths: list[int], fill: int, cap: int) -> list[int]:
+    cuts, count = [], 0
+    for n in lengths:
+        if fill + n > cap and (fill > 0 or count > 0):
+            cuts.append(count)
+            count, fill = 0, 0
+        count += 1
+        fill += n
+    cuts.append(count)
+    return cuts
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 30), min_size=1, max_size=40), st.integers(0, 40), st.integers(1, 40))
+def test_shard_cuts_match_greedy(lengths, fill, cap) -> None:
+    fill = min(fill, cap)
+    got = shard_cuts(xp, np.array(lengths, dtype=np.int64), fill, cap)
+    expected = greedy_shards(lengths, fill, cap)
+    # A leading 0 means "the open shard takes nothing, start a new one": same as the greedy split.
+    assert [c for c in got if c] == [c for c in expected if c]
+    assert sum(got) == len(lengths)
+    start = 0
+    for k, count in enumerate(got):
+        chunk = lengths[start:start + count]
+        limit = cap - (fill if k == 0 else 0)
+        assert count <= 1 or sum(chunk) <= limit  # never over the cap unless one sample is alone
+        start += count
