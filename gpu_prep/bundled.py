@@ -53,6 +53,8 @@ def _template(name: str) -> str:
 
 def _tokenizer_json(added: list[str]) -> str:
     from tokenizers import AddedToken, Tokenizer
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no advisory about PyTorch: we only convert
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     converted = json.loads(TikTokenConverter(vocab_file=str(_ranks_file()), pattern=QWEN_PATTERN).converted().to_str())
