@@ -6,6 +6,7 @@ Unknown keys are errors (a typo must not silently fall back to a default).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from pathlib import Path
@@ -86,13 +87,27 @@ class PipelineConfig(_Frozen):
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
 
+def _known_keys(loc: tuple) -> list[str]:
+    """The keys allowed in the section that holds loc's last key."""
+    model: Any = PipelineConfig
+    for part in loc[:-1]:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        model = field.annotation
+    return list(getattr(model, "model_fields", {}))
+
+
 def _describe(error: dict[str, Any]) -> str:
     path = ".".join(str(p) for p in error["loc"]) or "(top level)"
     value = error.get("input")
     kind = error["type"]
     ctx = error.get("ctx") or {}
     if kind == "extra_forbidden":
-        return f"{path}: unknown key (value {value!r}); check the spelling against the config reference"
+        known = _known_keys(error["loc"])
+        close = difflib.get_close_matches(str(error["loc"][-1]), known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return f"{path}: unknown key; {hint}allowed keys here: {', '.join(known)}"
     if kind == "literal_error":
         return f"{path}: {value!r} is not allowed; allowed: {ctx.get('expected')}"
     if kind == "value_error":

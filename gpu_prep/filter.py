@@ -2,7 +2,9 @@
 
 The text a rule looks at is the row's source text, before any chat template (templates add the same
 headers and default system prompt to every row, which would make prefixes collide): a text row's text,
-an instruction's prompt followed by its response, a conversation's message contents joined by newlines.
+an instruction's prompt followed by its response, a conversation's message contents joined by newlines
+(for dedup, without system messages: a system prompt shared by a whole dataset would make every row a
+duplicate).
 
 - min_chars: rows shorter than this are dropped; pretraining text only (as the v1 schema says), since
   short chat turns are normal.
@@ -38,9 +40,11 @@ class Deduplicator:
         return keep
 
 
-def filter_rows(backend: Backend, texts: list[str], is_pretraining: np.ndarray, config: Any,
+def filter_rows(backend: Backend, texts: list[str], keys: list[str], is_pretraining: np.ndarray, config: Any,
                 dedup: Deduplicator | None) -> list[str | None]:
-    """A drop reason, or None, for each row; rows are checked in order so dedup keeps first occurrences."""
+    """A drop reason, or None, for each row; rows are checked in order so dedup keeps first occurrences.
+
+    texts: what the length rules measure; keys: what dedup hashes a prefix of."""
     rules = config.preprocessing
     chars = np.fromiter((len(t) for t in texts), np.int64, len(texts))
     reasons: list[str | None] = [None] * len(texts)
@@ -52,7 +56,7 @@ def filter_rows(backend: Backend, texts: list[str], is_pretraining: np.ndarray, 
         reasons[i] = Drop.TOO_LONG
     if dedup is not None:
         candidates = [i for i, r in enumerate(reasons) if r is None]
-        digests = backend.md5_prefix([texts[i] for i in candidates], DEDUP_PREFIX_CHARS)
+        digests = backend.md5_prefix([keys[i] for i in candidates], DEDUP_PREFIX_CHARS)
         for i, first in zip(candidates, dedup.first_seen(digests)):
             if not first:
                 reasons[i] = Drop.DUPLICATE

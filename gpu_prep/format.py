@@ -123,10 +123,19 @@ def build_text(record: dict[str, Any], config: PipelineConfig) -> Segments:
 
 
 def source_text(shape: Shape) -> str:
-    """The row's own text, before any template: what length filters and dedup look at."""
+    """The row's own text, before any template: what the length filters look at."""
     if isinstance(shape, Segments):
         return shape.source_text or "".join(text for text, _ in shape.pieces)
     return "\n".join(m["content"] for m in shape.messages)
+
+
+def dedup_text(shape: Shape) -> str:
+    """What deduplication hashes a prefix of: the source text, less a conversation's system messages (a
+    long system prompt shared by a whole dataset would otherwise make every row a duplicate)."""
+    if isinstance(shape, Segments):
+        return source_text(shape)
+    turns = [m["content"] for m in shape.messages if m["role"] != "system"]
+    return "\n".join(turns) if turns else source_text(shape)
 
 
 def domain_of(record: dict[str, Any], domain_key: str | None) -> str:

@@ -24,7 +24,7 @@ from gpu_prep.chat_template import ChatTemplate
 from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError, Drop
 from gpu_prep.filter import Deduplicator, filter_rows
-from gpu_prep.format import RowError, Segments, domain_of, get_builder, source_text
+from gpu_prep.format import RowError, Segments, dedup_text, domain_of, get_builder, source_text
 from gpu_prep.mask import offsets_from_lengths, project, segment_sums, truncate_and_filter
 from gpu_prep.read import RawChunk, expand_inputs, read_chunks
 from gpu_prep.render import RenderContext, RenderedRow, render_row
@@ -92,8 +92,9 @@ def _drop_where(rows: Rows, reasons: list[tuple[str, str] | None], chunk: RawChu
 
 def _filter(backend: Backend, rows: Rows, config: PipelineConfig, dedup: Deduplicator | None) -> list:
     texts = [source_text(shape) for shape in rows.payload]
+    keys = [dedup_text(shape) for shape in rows.payload]
     pretraining = np.fromiter((isinstance(s, Segments) and s.train_all for s in rows.payload), bool, len(texts))
-    reasons = filter_rows(backend, texts, pretraining, config, dedup)
+    reasons = filter_rows(backend, texts, keys, pretraining, config, dedup)
     return [None if r is None else (r, f"{r.replace('_', ' ')} ({len(t)} characters)") for r, t in zip(reasons, texts)]
 
 

@@ -56,8 +56,9 @@ class RenderedRow:
     num_bytes: int
 
 
-def _content_regions(real: str, skeleton: str, contents: dict[int, str]) -> tuple[list[str], list[tuple[int, int, int]]]:
-    """(template literals, [(message index, start, end)]) of every content in the real rendering."""
+def _content_regions(real: str, skeleton: str, contents: dict[int, str], exact_only: bool = False
+                     ) -> list[tuple[int, int, int]] | None:
+    """[(message index, start, end)] of every content in the real rendering (None: not exact, when asked)."""
     parts = _SENTINEL_RE.split(skeleton)
     literals, order = parts[0::2], [int(i) for i in parts[1::2]]
     if any(b <= a for a, b in pairwise(order)):
@@ -69,7 +70,9 @@ def _content_regions(real: str, skeleton: str, contents: dict[int, str]) -> tupl
         for i, lit in zip(order, literals[1:]):
             regions.append((i, pos, pos + len(contents[i])))
             pos += len(contents[i]) + len(lit)
-        return literals, regions
+        return regions
+    if exact_only:
+        return None
     # The template transformed some content: match the glue between contents in order.
     if not real.startswith(literals[0]):
         raise RowError(Drop.TEMPLATE_ERROR, "cannot align the chat template's output with the messages")
@@ -80,7 +83,7 @@ def _content_regions(real: str, skeleton: str, contents: dict[int, str]) -> tupl
             raise RowError(Drop.TEMPLATE_ERROR, f"cannot align the chat template's output with message {i}")
         regions.append((i, pos, end))
         pos = end + len(lit)
-    return literals, regions
+    return regions
 
 
 def _render(template: ChatTemplate, messages: list[dict], tools: list | None) -> str:
@@ -90,30 +93,68 @@ def _render(template: ChatTemplate, messages: list[dict], tools: list | None) ->
         raise RowError(Drop.TEMPLATE_ERROR, f"the chat template refused the row: {exc}") from None
 
 
+def _locate_contents(real: str, conv: Conversation, template: ChatTemplate) -> list[tuple[int, int, int]]:
+    """Content regions of every message; an empty content gets an empty region (its end-of-turn token can
+    still be trained) unless the template renders empty contents differently, then it gets none."""
+    def skeleton(indices: dict[int, str]) -> str:
+        masked = [{**m, "content": _SENTINEL.format(i)} if i in indices else m for i, m in enumerate(conv.messages)]
+        return _render(template, masked, conv.tools)
+
+    every = {i: m["content"] for i, m in enumerate(conv.messages)}
+    non_empty = {i: c for i, c in every.items() if c}
+    if len(non_empty) < len(every):
+        regions = _content_regions(real, skeleton(every), every, exact_only=True)
+        if regions is not None:
+            return regions
+    return _content_regions(real, skeleton(non_empty), non_empty)
+
+
+def _after_eot(text: str, eot: re.Pattern[str], last: bool) -> int | None:
+    """Where the first (or last) end-of-turn token in text ends, newlines after it included."""
+    matches = list(eot.finditer(text)) if last else [m] if (m := eot.search(text)) else []
+    if not matches:
+        return None
+    end = matches[-1].end()
+    return end + len(text[end:]) - len(text[end:].lstrip("\n"))
+
+
+def _turn_spans(real: str, regions: list[tuple[int, int, int]], roles: list[str], ctx: RenderContext) -> list[Span]:
+    """Whole turns: each turn runs from the end of the previous turn's end-of-turn token (or, with none, from
+    the end of its content) to the same point of its own, so headers belong to their own turn and text
+    before the first header (BOS, an injected default system prompt) to none."""
+    eot = ctx.eot_pattern()
+    head = real[: regions[0][1]]
+    first = _after_eot(head, eot, last=True)
+    if first is None:
+        first = len(ctx.prefix_text) if ctx.prefix_text and head.startswith(ctx.prefix_text) else 0
+    bounds = [first]
+    for (_, _, prev_end), (_, start, _) in pairwise(regions):
+        after = _after_eot(real[prev_end:start], eot, last=True)
+        bounds.append(prev_end + (after or 0))
+    last_end = regions[-1][2]
+    bounds.append(last_end + (_after_eot(real[last_end:], eot, last=False) or 0))
+    return [(a, b, roles[i]) for (i, _, _), a, b in zip(regions, bounds, bounds[1:])]
+
+
 def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, list[Span]]:
     """The rendered conversation and its labelled character spans."""
     if ctx.template is None:
         raise RowError(Drop.TEMPLATE_ERROR, "the tokenizer has no chat_template")
     real = _render(ctx.template, conv.messages, conv.tools)
-    contents = {i: m["content"] for i, m in enumerate(conv.messages) if m["content"]}
-    masked = [{**m, "content": _SENTINEL.format(i)} if i in contents else m for i, m in enumerate(conv.messages)]
-    literals, regions = _content_regions(real, _render(ctx.template, masked, conv.tools), contents)
+    regions = _locate_contents(real, conv, ctx.template)
+    if not regions:
+        return real, []
+    roles = [m["role"] for m in conv.messages]
+    if ctx.config.input.mask_scope == "turn":
+        return real, _turn_spans(real, regions, roles, ctx)
+    # A trained content runs on to the end-of-turn token that closes it: what the template writes between
+    # them (tool calls, a space) is the same turn's output.
     eot = ctx.eot_pattern()
-    whole_turn = ctx.config.input.mask_scope == "turn"
+    bounds = [start for _, start, _ in regions[1:]] + [len(real)]
     spans: list[Span] = []
-    turn_start = len(ctx.prefix_text) if ctx.prefix_text and real.startswith(ctx.prefix_text) else 0
-    for k, (i, start, end) in enumerate(regions):
-        role = conv.messages[i]["role"]
-        following = literals[k + 1]
-        match = eot.match(following)
-        eot_end = end + match.end() if match else end
-        if whole_turn:
-            rest = following[match.end():] if match else following
-            turn_end = eot_end + len(rest) - len(rest.lstrip("\n"))
-            spans.append((turn_start, turn_end, role))
-            turn_start = turn_end
-        else:
-            spans.append((start, eot_end if ctx.config.input.train_end_of_turn else end, role))
+    for (i, start, end), limit in zip(regions, bounds):
+        match = eot.search(real, end, limit) if ctx.config.input.train_end_of_turn else None
+        spans.append((start, match.end() if match else end, roles[i]))
     return real, spans
 
 

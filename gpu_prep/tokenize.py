@@ -79,7 +79,9 @@ class Tokenizer:
         return self.special_tokens.get("eos_token")
 
     def end_of_turn_tokens(self) -> tuple[str, ...]:
-        found = [t for t in KNOWN_END_OF_TURN if self.engine.token_to_id(t) is not None]
+        # Only added tokens: "</s>" is an ordinary piece of text in some byte-level vocabularies.
+        added = {token.content for token in self.engine.get_added_tokens_decoder().values()}
+        found = [t for t in KNOWN_END_OF_TURN if t in added]
         if self.eos_text and self.eos_text not in found:
             found.append(self.eos_text)
         return tuple(found)

@@ -46,3 +46,20 @@ def make_config():
         return parse_config(sections)
 
     return make
+
+
+@pytest.fixture
+def fast_tokenizer(qwen, monkeypatch: pytest.MonkeyPatch):
+    """pipeline.run with the session's "qwen2.5" instead of a fresh 2-second load per run.
+
+    Only the loading is shortcut: any other spec (a directory, a wrong name) goes to the real loader, so
+    tokenizer errors are still the pipeline's own.
+    """
+    import gpu_prep.pipeline
+    from gpu_prep.tokenize import load_tokenizer
+
+    def load(spec: str):
+        return qwen if spec == "qwen2.5" else load_tokenizer(spec)
+
+    monkeypatch.setattr(gpu_prep.pipeline, "load_tokenizer", load)
+    return qwen

@@ -1,0 +1,210 @@
+"""The command line: clear errors (exit 2, the key path and what is allowed, no traceback), and the shipped
+configs run as they are on the shipped examples.
+
+Most tests run in process with typer's CliRunner; one runs the installed `gpu-prep` console script in a
+subprocess, the way a user does. Rich may wrap long messages, so messages are compared with all
+whitespace removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from gpu_prep.cli import app
+from helpers import REPO
+
+pytestmark = pytest.mark.usefixtures("fast_tokenizer")
+
+EXAMPLES = {"sft": "chat.jsonl", "instruction": "instruction.jsonl", "pretrain": "pretrain.jsonl"}
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+def _invoke(*args: str) -> Result:
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def _assert_clear_error(result: Result, *fragments: str) -> None:
+    """Exit 2 from our own handler (not a crash, not a click usage error), naming every fragment."""
+    shown = result.stdout + result.stderr
+    assert result.exit_code == 2, shown
+    assert isinstance(result.exception, SystemExit), f"crashed with {result.exception!r}"
+    assert "Traceback" not in shown and "error:" in shown, shown
+    for fragment in fragments:
+        assert _squash(fragment) in _squash(shown), f"{fragment!r} missing from:\n{shown}"
+
+
+# name -> (file name, file text, fragments the message must contain)
+BAD_CONFIGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "unknown_key": ("c.json", '{"preprocessing": {"max_seq_lenn": 512}}',
+                    ("preprocessing.max_seq_lenn", "unknown key")),
+    "input_type": ("c.json", '{"input": {"type": "foo"}}',
+                   ("input.type", "'foo'", "allowed: chat, instruction, text")),
+    "storage_format": ("c.json", '{"output": {"storage_format": "csv"}}',
+                       ("output.storage_format", "'csv'", "'bin'", "'h5'")),
+    "max_seq_len": ("c.json", '{"preprocessing": {"max_seq_len": 0}}',
+                    ("preprocessing.max_seq_len", "greater than or equal to 1")),
+    "mask_value": ("c.yaml", "mask:\n  assistant: maybe\n", ("mask.assistant", "'maybe'", "'mask'", "'train'")),
+    "yaml_syntax": ("c.yaml", "input:\n  type: [chat\n", ("not valid YAML", "line")),
+    "json_syntax": ("c.json", '{"input": ', ("not valid JSON",)),
+    "not_a_mapping": ("c.yaml", "- chat\n", ("must be a mapping",)),
+}
+
+
+def _config_file(tmp_path: Path, name: str) -> tuple[Path, tuple[str, ...]]:
+    file_name, text, fragments = BAD_CONFIGS[name]
+    path = tmp_path / file_name
+    path.write_text(text, encoding="utf-8")
+    return path, fragments
+
+
+@pytest.mark.parametrize("name", sorted(BAD_CONFIGS))
+def test_validate_rejects_a_bad_config(tmp_path: Path, name: str) -> None:
+    path, fragments = _config_file(tmp_path, name)
+    _assert_clear_error(_invoke("validate", "-c", path), str(path.name), *fragments)
+
+
+@pytest.mark.parametrize("name", sorted(BAD_CONFIGS))
+def test_run_rejects_a_bad_config_before_writing(tmp_path: Path, name: str) -> None:
+    path, fragments = _config_file(tmp_path, name)
+    out = tmp_path / "out"
+    _assert_clear_error(_invoke("run", REPO / "examples" / "chat.jsonl", "-c", path, "-o", out), *fragments)
+    assert not out.exists()
+
+
+def test_unknown_key_message_names_the_allowed_keys(tmp_path: Path) -> None:
+    path, _ = _config_file(tmp_path, "unknown_key")
+    _assert_clear_error(_invoke("validate", "-c", path), "max_seq_len", "min_chars", "max_items")
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_missing_config_file(tmp_path: Path, command: str) -> None:
+    missing = tmp_path / "nope.json"
+    args = ["-c", missing] if command == "validate" else [REPO / "examples" / "chat.jsonl", "-c", missing,
+                                                          "-o", tmp_path / "out"]
+    _assert_clear_error(_invoke(command, *args), str(missing), "cannot read the config")
+
+
+def test_unknown_device(tmp_path: Path) -> None:
+    result = _run_sft(tmp_path, "-o", tmp_path / "out", "--device", "tpu")
+    _assert_clear_error(result, "--device 'tpu'", "allowed: auto, cpu, gpu")
+
+
+def _run_sft(tmp_path: Path, *extra: Any, inputs: Any = None) -> Result:
+    inputs = inputs if inputs is not None else REPO / "examples" / "chat.jsonl"
+    return _invoke("run", inputs, "-c", REPO / "configs" / "sft.json", "-q", *extra)
+
+
+def test_missing_tokenizer_directory(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-tokenizer"
+    result = _run_sft(tmp_path, "-o", tmp_path / "out", "--tokenizer", missing)
+    _assert_clear_error(result, f"tokenizer '{missing}'", "no such directory", "qwen2.5")
+
+
+def test_tokenizer_directory_without_its_files(tmp_path: Path) -> None:
+    empty = tmp_path / "empty-tokenizer"
+    empty.mkdir()
+    _assert_clear_error(_run_sft(tmp_path, "-o", tmp_path / "out", "--tokenizer", empty), "tokenizer.json is missing")
+
+
+def test_missing_input_file(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.jsonl"
+    _assert_clear_error(_run_sft(tmp_path, "-o", tmp_path / "out", inputs=missing), f"input '{missing}'",
+                        "no such file")
+
+
+def test_input_glob_matching_nothing(tmp_path: Path) -> None:
+    pattern = str(tmp_path / "*.jsonl")
+    _assert_clear_error(_run_sft(tmp_path, "-o", tmp_path / "out", inputs=pattern), "matches nothing")
+
+
+def test_output_path_that_is_a_file(tmp_path: Path) -> None:
+    target = tmp_path / "taken"
+    target.write_text("not a directory", encoding="utf-8")
+    _assert_clear_error(_run_sft(tmp_path, "-o", target), f"output '{target}'", "is a file")
+    assert target.read_text(encoding="utf-8") == "not a directory"
+
+
+def test_non_empty_output_needs_overwrite(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert _run_sft(tmp_path, "-o", out).exit_code == 0
+    _assert_clear_error(_run_sft(tmp_path, "-o", out), "is not empty", "--overwrite")
+    assert _run_sft(tmp_path, "-o", out, "--overwrite").exit_code == 0  # a previous run may be replaced
+
+
+def test_overwrite_never_deletes_a_directory_that_is_not_a_run(tmp_path: Path) -> None:
+    out = tmp_path / "precious"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me", encoding="utf-8")
+    _assert_clear_error(_run_sft(tmp_path, "-o", out, "--overwrite"), "not a gpu-prep run")
+    assert (out / "notes.txt").read_text(encoding="utf-8") == "keep me"
+
+
+def test_validate_accepts_the_sft_config() -> None:
+    result = _invoke("validate", "-c", REPO / "configs" / "sft.json")
+    assert result.exit_code == 0, result.output
+    assert "ok" in result.stdout
+    assert '"min_chars": 50' in result.stdout  # printed with the defaults filled in
+
+
+# What each example file holds by construction (read off the example files, not the output):
+# chat.jsonl line 9 repeats line 3, line 12 has a string for messages, line 13 is cut off mid-JSON;
+# instruction.jsonl line 5 repeats line 1; pretrain.jsonl line 2 is under min_chars, line 5 repeats line 1.
+EXPECTED_DROPS = {
+    "sft": {"duplicate": 1, "wrong_type": 1, "malformed_json": 1},
+    "instruction": {"duplicate": 1},
+    "pretrain": {"too_short": 1, "duplicate": 1},
+}
+
+
+def _example_rows(name: str) -> int:
+    lines = (REPO / "examples" / EXAMPLES[name]).read_text(encoding="utf-8").splitlines()
+    return sum(1 for line in lines if line.strip())
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_shipped_configs_run_on_the_examples(tmp_path: Path, name: str) -> None:
+    out = tmp_path / "out"
+    result = _invoke("run", REPO / "examples" / EXAMPLES[name], "-c", REPO / "configs" / f"{name}.json", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert "rows written" in result.stdout  # the summary table
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    (entry,) = manifest["inputs"]
+    assert entry["rows_dropped"] == EXPECTED_DROPS[name]
+    assert entry["rows_read"] == _example_rows(name)
+    assert entry["rows_written"] == entry["rows_read"] - sum(EXPECTED_DROPS[name].values())
+    assert manifest["totals"]["trained_tokens"] > 0
+
+
+def _script() -> Path:
+    script = Path(sys.executable).parent / "gpu-prep"
+    assert script.exists(), f"the gpu-prep console script is not installed next to {sys.executable}"
+    return script
+
+
+def _subprocess(*args: Any) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200"}  # GPU_PREP_CACHE is inherited from conftest
+    return subprocess.run([str(_script()), *map(str, args)], capture_output=True, text=True, env=env, timeout=120,
+                          cwd=REPO)
+
+
+def test_installed_script_reports_errors_and_runs(tmp_path: Path) -> None:
+    bad, _ = _config_file(tmp_path, "storage_format")
+    failed = _subprocess("validate", "-c", bad)
+    assert failed.returncode == 2
+    assert "output.storage_format" in failed.stderr and "'bin' or 'h5'" in failed.stderr
+    assert "Traceback" not in failed.stderr + failed.stdout
+    done = _subprocess("run", "examples/chat.jsonl", "-c", "configs/sft.json", "-o", tmp_path / "out", "-q")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "manifest.json").is_file()
