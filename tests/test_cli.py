@@ -208,3 +208,30 @@ def test_installed_script_reports_errors_and_runs(tmp_path: Path) -> None:
     done = _subprocess("run", "examples/chat.jsonl", "-c", "configs/sft.json", "-o", tmp_path / "out", "-q")
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "out" / "manifest.json").is_file()
+
+
+def test_globs_and_folders_expand_in_sorted_order(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("b.jsonl", "a.jsonl"):
+        row = {"messages": [{"role": "user", "content": f"from {name}"}, {"role": "assistant", "content": "ok"}]}
+        (data / name).write_text(json.dumps(row) + "\n", encoding="utf-8")
+    for n, inputs in enumerate([str(data / "*.jsonl"), str(data)]):
+        out = tmp_path / f"out{n}"
+        result = _run_sft(tmp_path, "-o", out, inputs=inputs)
+        assert result.exit_code == 0, result.output
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert [Path(e["path"]).name for e in manifest["inputs"]] == ["a.jsonl", "b.jsonl"]
+        assert manifest["totals"]["rows_written"] == 2
+
+
+def test_tokenizer_option_overrides_the_config(tmp_path: Path) -> None:
+    from gpu_prep.bundled import bundled_tokenizer_dir
+
+    directory = bundled_tokenizer_dir("qwen3")  # another real template: no default system prompt injected
+    out = tmp_path / "out"
+    result = _run_sft(tmp_path, "-o", out, "--tokenizer", directory)
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["tokenizer"]["directory"] == str(directory)
+    assert manifest["totals"]["rows_written"] > 0
