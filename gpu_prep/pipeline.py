@@ -25,7 +25,7 @@ from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError, Drop
 from gpu_prep.filter import Deduplicator, filter_rows
 from gpu_prep.format import RowError, Segments, dedup_text, domain_of, get_builder, source_text
-from gpu_prep.mask import offsets_from_lengths, project, segment_sums, truncate_and_filter
+from gpu_prep.mask import offsets_from_lengths, project, row_of, segment_sums, truncate_and_filter
 from gpu_prep.read import RawChunk, expand_inputs, read_chunks
 from gpu_prep.render import RenderContext, RenderedRow, render_row
 from gpu_prep.tokenize import Tokenizer, load_tokenizer
@@ -113,18 +113,26 @@ def _render(rows: Rows, ctx: RenderContext) -> tuple[Rows, list]:
 def _tokenize_and_mask(backend: Backend, tok: Tokenizer, rendered: list[RenderedRow], max_seq_len: int) -> Any:
     xp = backend.xp
     pieces = [p for row in rendered for p in row.pieces]
-    piece_counts = np.fromiter((len(row.pieces) for row in rendered), np.int64, len(rendered))
+    piece_offsets = offsets_from_lengths(np, np.fromiter((len(r.pieces) for r in rendered), np.int64, len(rendered)))
     ids, tokens_per_piece = tok.encode(pieces)
-    token_offsets = offsets_from_lengths(np, segment_sums(np, tokens_per_piece, offsets_from_lengths(np, piece_counts)))
-    span_counts = np.fromiter((len(row.spans) for row in rendered), np.int64, len(rendered))
-    spans = np.array([s for row in rendered for s in row.spans], dtype=np.int64).reshape(-1, 2)
-    row_bytes = np.fromiter((row.num_bytes for row in rendered), np.int64, len(rendered))
+    token_offsets = offsets_from_lengths(np, segment_sums(np, tokens_per_piece, piece_offsets))
+    piece_trained = np.fromiter((t for r in rendered for t in r.piece_trained), np.int8, len(pieces))
+    spans = np.array([s for r in rendered for s in r.spans], dtype=np.int64).reshape(-1, 2)
+    span_offsets = offsets_from_lengths(np, np.fromiter((len(r.spans) for r in rendered), np.int64, len(rendered)))
+    row_bytes = np.fromiter((r.num_bytes for r in rendered), np.int64, len(rendered))
+    has_spans = np.diff(span_offsets) > 0
 
     ids_d, offsets_d = backend.asarray(ids), backend.asarray(token_offsets)
-    token_len = backend.asarray(tok.token_bytes)[ids_d]
-    valid = segment_sums(xp, token_len, offsets_d) == backend.asarray(row_bytes)
-    loss_mask = project(xp, token_len, offsets_d, backend.asarray(spans[:, 0].copy()),
-                        backend.asarray(spans[:, 1].copy()), backend.asarray(offsets_from_lengths(np, span_counts)))
+    if tok.token_bytes is None:
+        token_len = xp.zeros(len(ids), dtype=xp.int64)
+    else:
+        token_len = backend.asarray(tok.token_bytes)[ids_d]
+    # Rows masked by byte spans must be covered byte for byte by their tokens; rows masked by pieces need not.
+    valid = (segment_sums(xp, token_len, offsets_d) == backend.asarray(row_bytes)) | ~backend.asarray(has_spans)
+    by_span = project(xp, token_len, offsets_d, backend.asarray(spans[:, 0].copy()),
+                      backend.asarray(spans[:, 1].copy()), backend.asarray(span_offsets))
+    piece_of_token = row_of(xp, backend.asarray(offsets_from_lengths(np, tokens_per_piece)), len(ids))
+    loss_mask = xp.maximum(by_span, backend.asarray(piece_trained)[piece_of_token])
     return truncate_and_filter(xp, ids_d, loss_mask, offsets_d, max_seq_len, valid), backend.to_host(valid)
 
 
@@ -172,7 +180,9 @@ def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
         template=ChatTemplate(template, tok.special_tokens) if template else None,
         end_of_turn=tok.end_of_turn_tokens(),
         normalization=tok.normalization,
+        span_problem=tok.span_problem(),
         prefix_text=tok.prefix_text,
+        suffix_text=tok.suffix_text,
         eos_text=tok.eos_text,
     )
 

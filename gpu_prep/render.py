@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import jinja2
 
-from gpu_prep.errors import Drop
+from gpu_prep.errors import ConfigError, Drop
 from gpu_prep.format import Conversation, RowError, Segments, Shape
 
 if TYPE_CHECKING:
@@ -41,7 +41,9 @@ class RenderContext:
     template: ChatTemplate | None
     end_of_turn: tuple[str, ...]
     normalization: str | None  # "NFC", "NFKC", ... or None
-    prefix_text: str  # what the tokenizer adds before a plain text (BOS), as text
+    span_problem: str | None  # why this tokenizer cannot take byte-span masks (chat), or None
+    prefix_text: str  # what the tokenizer adds before a plain text (BOS, [CLS]), as text
+    suffix_text: str  # what it adds after one ([SEP]), as text
     eos_text: str | None
 
     def eot_pattern(self) -> re.Pattern[str]:
@@ -52,7 +54,8 @@ class RenderContext:
 @dataclass(frozen=True)
 class RenderedRow:
     pieces: list[str]  # tokenized independently, concatenated
-    spans: list[tuple[int, int]]  # trained byte ranges [start, end), sorted, disjoint
+    piece_trained: list[bool]  # every token of such a piece is trained
+    spans: list[tuple[int, int]]  # trained byte ranges [start, end) of the concatenated text, sorted, disjoint
     num_bytes: int
 
 
@@ -138,8 +141,10 @@ def _turn_spans(real: str, regions: list[tuple[int, int, int]], roles: list[str]
 
 def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, list[Span]]:
     """The rendered conversation and its labelled character spans."""
+    if ctx.span_problem:
+        raise ConfigError(ctx.span_problem)
     if ctx.template is None:
-        raise RowError(Drop.TEMPLATE_ERROR, "the tokenizer has no chat_template")
+        raise ConfigError("chat rows need a chat template: the tokenizer's tokenizer_config.json has no chat_template")
     real = _render(ctx.template, conv.messages, conv.tools)
     regions = _locate_contents(real, conv, ctx.template)
     if not regions:
@@ -174,8 +179,8 @@ def _to_bytes(text: str, spans: list[Span], form: str | None) -> tuple[str, list
     return "".join(out), [(byte_at[s], byte_at[e], label) for s, e, label in spans]
 
 
-def _trained(spans: list[tuple[int, int, str]], ctx: RenderContext, train_all: bool) -> list[tuple[int, int]]:
-    keep = sorted((s, e) for s, e, label in spans if e > s and (train_all or ctx.config.action(label) == "train"))
+def _trained(spans: list[tuple[int, int, str]], ctx: RenderContext) -> list[tuple[int, int]]:
+    keep = sorted((s, e) for s, e, label in spans if e > s and ctx.config.action(label) == "train")
     merged: list[tuple[int, int]] = []
     for s, e in keep:
         if merged and s <= merged[-1][1]:
@@ -186,21 +191,15 @@ def _trained(spans: list[tuple[int, int, str]], ctx: RenderContext, train_all: b
 
 
 def _segments(shape: Segments, ctx: RenderContext) -> RenderedRow:
-    pieces: list[tuple[str, str | None]] = []
-    if ctx.prefix_text:
-        pieces.append((ctx.prefix_text, None))
-    pieces.extend((unicodedata.normalize(ctx.normalization, t) if ctx.normalization else t, label)
-                  for t, label in shape.pieces if t)
+    """Pieces are tokenized one by one, so a piece's tokens are exactly its own: its label decides them all
+    (no byte positions needed, which is what lets tokenizers that drop whitespace, like WordPiece, work)."""
+    pieces: list[tuple[str, str | None]] = [(t, label) for t, label in shape.pieces if t]
     if shape.add_eos and ctx.eos_text and pieces:
         pieces.append((ctx.eos_text, pieces[-1][1]))
-    spans: list[Span] = []
-    pos = 0
-    for text, label in pieces:
-        size = len(text.encode("utf-8"))
-        spans.append((pos, pos + size, label if label is not None else "\0untrained"))
-        pos += size
-    trained = _trained([s for s in spans if shape.train_all or s[2] != "\0untrained"], ctx, shape.train_all)
-    return RenderedRow([t for t, _ in pieces], trained, pos)
+    pieces = [(ctx.prefix_text, None)] * bool(ctx.prefix_text) + pieces + [(ctx.suffix_text, None)] * bool(ctx.suffix_text)
+    trained = [shape.train_all or (label is not None and ctx.config.action(label) == "train") for _, label in pieces]
+    texts = [t for t, _ in pieces]
+    return RenderedRow(texts, trained, [], sum(len(t.encode("utf-8")) for t in texts))
 
 
 def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
@@ -208,4 +207,4 @@ def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
         return _segments(shape, ctx)
     text, char_spans = conversation_spans(shape, ctx)
     text, byte_spans = _to_bytes(text, char_spans, ctx.normalization)
-    return RenderedRow([text], _trained(byte_spans, ctx, False), len(text.encode("utf-8")))
+    return RenderedRow([text], [False], _trained(byte_spans, ctx), len(text.encode("utf-8")))

@@ -41,15 +41,10 @@ def _contains_type(node: Any, kind: str) -> bool:
     return False
 
 
-def _normalization(spec: Any, where: str) -> str | None:
+def _normalizer_kinds(spec: Any) -> list[str]:
     if spec is None:
-        return None
-    kinds = [n.get("type") for n in spec.get("normalizers", [])] if spec.get("type") == "Sequence" else [spec.get("type")]
-    if len(kinds) == 1 and kinds[0] in _NORMALIZERS:
-        return kinds[0]
-    if not kinds:
-        return None
-    raise ConfigError(f"{where}: normalizer {kinds} is not supported yet (only NFC/NFD/NFKC/NFKD)")
+        return []
+    return [n.get("type") for n in spec.get("normalizers", [])] if spec.get("type") == "Sequence" else [spec.get("type")]
 
 
 def _sha256(path: Path) -> str:
@@ -62,9 +57,11 @@ class Tokenizer:
     directory: Path
     engine: Any  # tokenizers.Tokenizer
     config: dict[str, Any]
-    token_bytes: np.ndarray  # int64 byte length of every id
-    normalization: str | None
+    token_bytes: np.ndarray | None  # int64 byte length of every id (byte-level BPE), else None
+    normalizer_kinds: list[str]
+    model: str  # "BPE", "WordPiece", ...
     prefix_text: str
+    suffix_text: str
     special_tokens: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -73,6 +70,20 @@ class Tokenizer:
         if isinstance(template, list):  # several named templates: the default one
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
         return template
+
+    @property
+    def normalization(self) -> str | None:
+        """The Unicode form the tokenizer normalizes to, when that is all its normalizer does."""
+        kinds = self.normalizer_kinds
+        return kinds[0] if len(kinds) == 1 and kinds[0] in _NORMALIZERS else None
+
+    def span_problem(self) -> str | None:
+        """Why byte spans (chat masks) cannot be projected onto this tokenizer's tokens, or None."""
+        if self.token_bytes is None:
+            return f"chat rows need a byte-level BPE tokenizer (this one is {self.model})"
+        if self.normalizer_kinds and self.normalization is None:
+            return f"chat rows need a tokenizer whose normalizer is at most NFC/NFKC (this one has {self.normalizer_kinds})"
+        return None
 
     @property
     def eos_text(self) -> str | None:
@@ -102,16 +113,19 @@ class Tokenizer:
             "directory": str(self.directory),
             "tokenizer_json_sha256": _sha256(self.directory / "tokenizer.json"),
             "tokenizer_config_sha256": _sha256(self.directory / "tokenizer_config.json"),
-            "vocab_size": int(len(self.token_bytes)),
+            "model": self.model,
+            "byte_level": self.token_bytes is not None,
+            "vocab_size": int(self.engine.get_vocab_size(with_added_tokens=True)),
             "normalization": self.normalization,
         }
 
 
-def _byte_lengths(spec: dict[str, Any], engine: Any, where: str) -> np.ndarray:
+def _byte_lengths(spec: dict[str, Any], engine: Any) -> np.ndarray | None:
+    """Byte length of every id for byte-level BPE; None for vocabularies whose tokens do not spell out
+    the text byte for byte (WordPiece drops spaces and may lowercase)."""
     model = spec.get("model", {})
     if model.get("type") != "BPE" or not _contains_type(spec.get("pre_tokenizer"), "ByteLevel"):
-        raise ConfigError(f"{where}: only byte-level BPE tokenizers are supported on this path "
-                          f"(model {model.get('type')!r})")
+        return None
     size = engine.get_vocab_size(with_added_tokens=True)
     vocab = engine.get_vocab(with_added_tokens=False)
     size = max(size, max(vocab.values(), default=-1) + 1)
@@ -121,6 +135,16 @@ def _byte_lengths(spec: dict[str, Any], engine: Any, where: str) -> np.ndarray:
     for added in spec.get("added_tokens", []):
         table[added["id"]] = len(added["content"].encode("utf-8"))
     return table
+
+
+def _added_around(engine: Any) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer's post-processor puts before and after a plain text (BOS; [CLS] ... [SEP])."""
+    with_special = engine.encode("a", add_special_tokens=True).ids
+    plain = engine.encode("a", add_special_tokens=False).ids
+    for start in range(len(with_special) - len(plain) + 1):
+        if with_special[start:start + len(plain)] == plain:
+            return with_special[:start], with_special[start + len(plain):]
+    return [], []
 
 
 def load_tokenizer(spec: str) -> Tokenizer:
@@ -146,17 +170,16 @@ def load_tokenizer(spec: str) -> Tokenizer:
         engine = Engine.from_file(str(files["tokenizer.json"]))
     except (ValueError, OSError, Exception) as exc:  # tokenizers raises a bare Exception on bad files
         raise ConfigError(f"tokenizer {spec!r}: cannot load {directory}: {exc}") from None
-    where = f"tokenizer {spec!r}"
-    with_special = engine.encode("a", add_special_tokens=True).ids
-    plain = engine.encode("a", add_special_tokens=False).ids
-    prefix_ids = with_special[: len(with_special) - len(plain)] if with_special[-len(plain):] == plain else []
+    prefix_ids, suffix_ids = _added_around(engine)
     special = {key: text for key in ("bos_token", "eos_token", "pad_token", "unk_token")
                if (text := _token_text(config.get(key))) is not None}
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     return Tokenizer(
         name=spec, directory=directory, engine=engine, config=config,
-        token_bytes=_byte_lengths(tokenizer_spec, engine, where),
-        normalization=_normalization(tokenizer_spec.get("normalizer"), where),
+        token_bytes=_byte_lengths(tokenizer_spec, engine),
+        normalizer_kinds=_normalizer_kinds(tokenizer_spec.get("normalizer")),
+        model=tokenizer_spec.get("model", {}).get("type", "?"),
         prefix_text="".join(engine.id_to_token(i) for i in prefix_ids),
+        suffix_text="".join(engine.id_to_token(i) for i in suffix_ids),
         special_tokens=special,
     )
