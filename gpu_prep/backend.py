@@ -95,20 +95,20 @@ def gpu_missing_reason() -> str | None:
     return f"CuPy reports no usable GPU ({count} device(s) seen)"
 
 
-def configure_gpu_memory(pool_bytes: int | None, spill: bool) -> None:
-    """An RMM pool of pool_bytes (None: RMM's default allocator), then cuDF spilling to host if asked.
+def configure_gpu_memory(pool_size: int | str | None, spill: bool) -> None:
+    """An RMM pool of pool_size (None: RMM's default allocator), then cuDF spilling to host if asked.
 
     Order matters: RMM first, then spilling, then any data."""
     import cudf
     import rmm
 
-    if pool_bytes:
-        rmm.reinitialize(pool_allocator=True, initial_pool_size=pool_bytes, maximum_pool_size=None)
+    if pool_size:
+        rmm.reinitialize(pool_allocator=True, initial_pool_size=pool_size, maximum_pool_size=None)
     if spill:
         cudf.set_option("spill", True)
 
 
-def select_backend(device: str, gpu_pool_bytes: int | None = None, gpu_spill: bool = False) -> Backend:
+def select_backend(device: str, gpu_pool_size: int | str | None = None, gpu_spill: bool = False) -> Backend:
     """auto -> the GPU when CuPy can use one, else the CPU; gpu -> the GPU or a clear error."""
     if device == "cpu":
         return CPU
@@ -116,7 +116,7 @@ def select_backend(device: str, gpu_pool_bytes: int | None = None, gpu_spill: bo
     if missing is None:
         import cupy
 
-        configure_gpu_memory(gpu_pool_bytes, gpu_spill)
+        configure_gpu_memory(gpu_pool_size, gpu_spill)
         return GpuBackend("gpu", cupy)
     if device == "gpu":
         raise ConfigError(f"--device gpu: {missing}")

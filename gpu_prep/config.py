@@ -64,12 +64,22 @@ class OutputConfig(_Frozen):
     max_tokens_per_shard: int = Field(100_000_000, ge=1)
 
 
+class GpuConfig(_Frozen):
+    """gpu-prep's own: device memory for the GPU backend (ignored on the CPU)."""
+
+    # An RMM pool of this many bytes (or a size such as "8GiB"); null keeps RMM's default allocator.
+    rmm_pool_size: int | str | None = None
+    # Let cuDF spill device memory to host when the device is full.
+    spill: bool = False
+
+
 class PipelineConfig(_Frozen):
     version: Literal[1] = 1
     # gpu-prep's own: a tokenizer directory (tokenizer.json + tokenizer_config.json) or a bundled name.
     tokenizer: str | None = None
     # gpu-prep's own: which backend runs the array stages.
     device: Literal["auto", "cpu", "gpu"] = "auto"
+    gpu: GpuConfig = GpuConfig()
     input: InputConfig = InputConfig()
     mask: dict[str, Action] = {}
     mask_default: Action = "mask"

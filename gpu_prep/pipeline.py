@@ -195,7 +195,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
     files = expand_inputs(inputs)
     tok_spec = tokenizer or config.tokenizer or DEFAULT_TOKENIZER
     tok = load_tokenizer(tok_spec)
-    backend = select_backend(device or config.device)
+    backend = select_backend(device or config.device, config.gpu.rmm_pool_size, config.gpu.spill)
     out_dir = Path(out_dir)
     prepare_output(out_dir, overwrite)
     ctx = render_context(config, tok)

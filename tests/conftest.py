@@ -63,3 +63,14 @@ def fast_tokenizer(qwen, monkeypatch: pytest.MonkeyPatch):
 
     monkeypatch.setattr(gpu_prep.pipeline, "load_tokenizer", load)
     return qwen
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked gpu run only where CuPy can use a GPU; elsewhere they skip, saying why."""
+    from gpu_prep.backend import gpu_missing_reason
+
+    marked = [item for item in items if "gpu" in item.keywords]
+    reason = gpu_missing_reason() if marked else None
+    if reason:
+        for item in marked:
+            item.add_marker(pytest.mark.skip(reason=f"no GPU: {reason}"))

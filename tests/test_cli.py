@@ -235,3 +235,14 @@ def test_tokenizer_option_overrides_the_config(tmp_path: Path) -> None:
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["tokenizer"]["directory"] == str(directory)
     assert manifest["totals"]["rows_written"] > 0
+
+
+def test_device_gpu_without_a_gpu_says_what_is_missing(tmp_path: Path) -> None:
+    from gpu_prep.backend import gpu_missing_reason
+
+    if gpu_missing_reason() is None:
+        pytest.skip("a GPU is available here")
+    result = _run_sft(tmp_path, "-o", tmp_path / "out", "--device", "gpu")
+    assert result.exit_code == 2
+    assert re.search(r"--device gpu: .*(extra|driver|device)", result.output.replace("\n", " "))
+    assert "Traceback" not in result.output
