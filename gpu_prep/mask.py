@@ -62,15 +62,19 @@ class Masked:
     truncated_rows: Any  # rows cut to max_seq_len (among those kept)
 
 
-def truncate_and_filter(xp: Any, ids: Any, loss_mask: Any, offsets: Any, max_seq_len: int, valid: Any) -> Masked:
+def truncate_and_filter(xp: Any, ids: Any, loss_mask: Any, offsets: Any, max_seq_len: int, valid: Any,
+                        keep_tail: Any = None) -> Masked:
     """Keep the first max_seq_len tokens of each row, then drop rows with no trained token.
 
     valid: bool per row; rows that are not valid (tokenizer mismatch) are neither kept nor counted here.
+    keep_tail: per row, how many closing tokens survive truncation (a tokenizer's [SEP]); the row keeps its
+    first max_seq_len - keep_tail tokens and then those, as HF tokenizers truncate.
     """
     lengths = offsets[1:] - offsets[:-1]
     rows = row_of(xp, offsets, len(ids))
     position = xp.arange(len(ids), dtype=xp.int64) - offsets[rows]
-    keep_token = position < max_seq_len
+    tail = xp.zeros(len(lengths), dtype=xp.int64) if keep_tail is None else xp.minimum(keep_tail, max_seq_len)
+    keep_token = (position < (max_seq_len - tail)[rows]) | (position >= (lengths - tail)[rows])
     trained = segment_sums(xp, loss_mask * keep_token, offsets)
     keep_row = valid & (trained > 0)
     keep_token &= keep_row[rows]

@@ -133,7 +133,10 @@ def _tokenize_and_mask(backend: Backend, tok: Tokenizer, rendered: list[Rendered
                       backend.asarray(spans[:, 1].copy()), backend.asarray(span_offsets))
     piece_of_token = row_of(xp, backend.asarray(offsets_from_lengths(np, tokens_per_piece)), len(ids))
     loss_mask = xp.maximum(by_span, backend.asarray(piece_trained)[piece_of_token])
-    return truncate_and_filter(xp, ids_d, loss_mask, offsets_d, max_seq_len, valid), backend.to_host(valid)
+    closing = np.fromiter((r.closing_piece for r in rendered), bool, len(rendered))
+    keep_tail = np.where(closing, tokens_per_piece[np.maximum(piece_offsets[1:] - 1, 0)], 0)
+    masked = truncate_and_filter(xp, ids_d, loss_mask, offsets_d, max_seq_len, valid, backend.asarray(keep_tail))
+    return masked, backend.to_host(valid)
 
 
 def _write(backend: Backend, masked: Any, valid: np.ndarray, rows: Rows, chunk: RawChunk,

@@ -57,6 +57,7 @@ class RenderedRow:
     piece_trained: list[bool]  # every token of such a piece is trained
     spans: list[tuple[int, int]]  # trained byte ranges [start, end) of the concatenated text, sorted, disjoint
     num_bytes: int
+    closing_piece: bool = False  # the last piece (a tokenizer's [SEP]) survives truncation
 
 
 def _content_regions(real: str, skeleton: str, contents: dict[int, str], exact_only: bool = False
@@ -199,7 +200,7 @@ def _segments(shape: Segments, ctx: RenderContext) -> RenderedRow:
     pieces = [(ctx.prefix_text, None)] * bool(ctx.prefix_text) + pieces + [(ctx.suffix_text, None)] * bool(ctx.suffix_text)
     trained = [shape.train_all or (label is not None and ctx.config.action(label) == "train") for _, label in pieces]
     texts = [t for t, _ in pieces]
-    return RenderedRow(texts, trained, [], sum(len(t.encode("utf-8")) for t in texts))
+    return RenderedRow(texts, trained, [], sum(len(t.encode("utf-8")) for t in texts), bool(ctx.suffix_text))
 
 
 def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:

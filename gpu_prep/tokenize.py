@@ -151,15 +151,15 @@ def load_tokenizer(spec: str) -> Tokenizer:
     """A tokenizer directory, or the name of a bundled tokenizer (gpu_prep.bundled)."""
     from tokenizers import Tokenizer as Engine
 
-    from gpu_prep.bundled import BUNDLED, bundled_tokenizer_dir
+    from gpu_prep.bundled import bundled_names, bundled_tokenizer_dir
 
     directory = Path(spec)
     if not directory.is_dir():
-        if spec in BUNDLED:
+        if spec in bundled_names():
             directory = bundled_tokenizer_dir(spec)
         else:
             raise ConfigError(f"tokenizer {spec!r}: no such directory, and not a bundled tokenizer "
-                              f"({', '.join(BUNDLED)})")
+                              f"({', '.join(bundled_names())})")
     files = {name: directory / name for name in ("tokenizer.json", "tokenizer_config.json")}
     for name, path in files.items():
         if not path.is_file():
@@ -168,6 +168,9 @@ def load_tokenizer(spec: str) -> Tokenizer:
         tokenizer_spec = json.loads(files["tokenizer.json"].read_text(encoding="utf-8"))
         config = json.loads(files["tokenizer_config.json"].read_text(encoding="utf-8"))
         engine = Engine.from_file(str(files["tokenizer.json"]))
+        # Some tokenizer.json files carry padding or truncation settings: lengths are this pipeline's job.
+        engine.no_padding()
+        engine.no_truncation()
     except (ValueError, OSError, Exception) as exc:  # tokenizers raises a bare Exception on bad files
         raise ConfigError(f"tokenizer {spec!r}: cannot load {directory}: {exc}") from None
     prefix_ids, suffix_ids = _added_around(engine)

@@ -65,6 +65,24 @@ def test_token_straddling_span_start_is_trained() -> None:
 
 
 @settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 1), min_size=2, max_size=10), max_size=8), st.integers(2, 6),
+       st.integers(0, 1))
+def test_truncation_keeps_closing_tokens(rows, max_len, tail) -> None:
+    # Like HF's BERT truncation: the first max_len - tail tokens, then the row's last `tail` tokens.
+    mask = np.ones(sum(len(r) for r in rows), dtype=np.int8)
+    ids = np.arange(len(mask), dtype=np.int64)
+    offsets = offsets_from_lengths(xp, np.array([len(r) for r in rows], dtype=np.int64))
+    out = truncate_and_filter(xp, ids, mask, offsets, max_len, np.ones(len(rows), dtype=bool),
+                              keep_tail=np.full(len(rows), tail, dtype=np.int64))
+    expected = []
+    for i, r in enumerate(rows):
+        row_ids = list(range(int(offsets[i]), int(offsets[i + 1])))
+        expected += row_ids if len(r) <= max_len else row_ids[:max_len - tail] + row_ids[len(r) - tail:]
+    assert out.ids.tolist() == expected
+    assert np.diff(out.offsets).tolist() == [min(len(r), max_len) for r in rows]
+
+
+@settings(max_examples=200, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 1), max_size=10), max_size=8), st.integers(1, 6))
 def test_truncate_and_filter(rows, max_len) -> None:
     mask = np.array([b for r in rows for b in r], dtype=np.int8)
