@@ -11,12 +11,16 @@ by tests/test_gpu_api_contract.py, so a renamed or removed API fails CI even tho
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gpu_prep.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gpu_prep.tokenize import Tokenizer
 
 GPU_EXTRA = 'pip install "gpu-prep[gpu]"'
 
@@ -30,9 +34,18 @@ GPU_API: list[tuple[str, str, tuple[str, ...]]] = [
     ("cudf", "Series.str", ()),
     ("cudf", "Series.hash_values", ("method",)),
     ("cudf", "Series.to_arrow", ()),
+    ("cudf", "Series.to_numpy", ()),
+    ("cudf", "Series.fillna", ()),
     ("cudf", "set_option", ()),
     ("cudf.core.accessors.string", "StringMethods.slice", ("start", "stop")),
     ("rmm", "reinitialize", ("pool_allocator", "initial_pool_size", "maximum_pool_size")),
+    ("cudf.core.wordpiece_tokenize", "WordPieceVocabulary", ("vocabulary",)),
+    ("cudf.core.wordpiece_tokenize", "WordPieceVocabulary.tokenize", ("text", "max_words_per_row")),
+    ("cudf.core.character_normalizer", "CharacterNormalizer", ("do_lower", "special_tokens")),
+    ("cudf.core.character_normalizer", "CharacterNormalizer.normalize", ("text",)),
+    ("cudf", "Series.list", ()),
+    ("cudf.core.accessors.lists", "ListMethods.len", ()),
+    ("cudf.core.accessors.lists", "ListMethods.leaves", ()),
 ]
 
 
@@ -54,6 +67,10 @@ class Backend:
         """MD5 digests of each text's first `chars` characters (code points), as hashlib computes them."""
         return [hashlib.md5(t[:chars].encode("utf-8")).digest() for t in texts]
 
+    def encoder(self, tok: Tokenizer) -> Callable[[list[str]], tuple[np.ndarray, np.ndarray]]:
+        """What turns text pieces into (flat ids, tokens per piece): the tokenizer's own engine here."""
+        return tok.encode
+
 
 class GpuBackend(Backend):
     """Arrays in CuPy; string hashing in cuDF. Results are the CPU backend's, byte for byte."""
@@ -70,6 +87,57 @@ class GpuBackend(Backend):
         # and returns lowercase hex. No text is null here, so no null-hashes-like-"" surprise.
         hex_digests = cudf.Series(texts, dtype="str").str.slice(0, chars).hash_values(method="md5")
         return [bytes.fromhex(h) for h in hex_digests.to_arrow().to_pylist()]
+
+
+    def encoder(self, tok: Tokenizer) -> Callable[[list[str]], tuple[np.ndarray, np.ndarray]]:
+        # WordPiece runs on the GPU; byte-level BPE cannot run exactly in cuDF, so it stays on the CPU
+        # engine and its ids move to the device for the mask stage.
+        if tok.model == "WordPiece":
+            return GpuWordPiece(tok).encode
+        return tok.encode
+
+
+class GpuWordPiece:
+    """BERT-style WordPiece with nvtext: CharacterNormalizer (lower case, accents, spaces around
+    punctuation and CJK) then WordPieceVocabulary. Pieces that are exactly a special token ([CLS], [SEP])
+    map straight to its id, as HF tokenizers' added-token matching does."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        import cudf
+        from cudf.core.character_normalizer import CharacterNormalizer
+        from cudf.core.wordpiece_tokenize import WordPieceVocabulary
+
+        vocab = tok.engine.get_vocab(with_added_tokens=False)
+        by_id = [""] * (max(vocab.values()) + 1)
+        for token, index in vocab.items():
+            by_id[index] = token
+        self.vocabulary = WordPieceVocabulary(cudf.Series(by_id, dtype="str"))
+        self.special_ids = {t.content: i for i, t in tok.engine.get_added_tokens_decoder().items()}
+        specials = cudf.Series(sorted(self.special_ids), dtype="str")
+        self.normalizer = CharacterNormalizer(do_lower=tok.lowercases(), special_tokens=specials)
+
+    def encode(self, pieces: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        import cudf
+
+        from gpu_prep.mask import offsets_from_lengths, row_of
+
+        special = np.array([p in self.special_ids for p in pieces], dtype=bool)
+        counts = np.ones(len(pieces), dtype=np.int64)
+        plain = [p for p, s in zip(pieces, special) if not s]
+        plain_ids = np.zeros(0, dtype=np.int64)
+        if plain:
+            normalized = self.normalizer.normalize(cudf.Series(plain, dtype="str"))
+            tokens = self.vocabulary.tokenize(normalized, max_words_per_row=0)
+            counts[~special] = tokens.list.len().fillna(0).to_numpy().astype(np.int64)
+            plain_ids = tokens.list.leaves.to_numpy().astype(np.int64)
+        offsets = offsets_from_lengths(np, counts)
+        ids = np.empty(int(offsets[-1]), dtype=np.int64)
+        ids[offsets[:-1][special]] = [self.special_ids[p] for p, s in zip(pieces, special) if s]
+        # Scatter the plain pieces' ids into their places, in piece order.
+        plain_offsets = offsets_from_lengths(np, counts[~special])
+        owner = row_of(np, plain_offsets, len(plain_ids))
+        ids[offsets[:-1][~special][owner] + np.arange(len(plain_ids)) - plain_offsets[owner]] = plain_ids
+        return ids, counts
 
 
 CPU = Backend("cpu", np)

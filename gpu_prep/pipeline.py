@@ -110,11 +110,12 @@ def _render(rows: Rows, ctx: RenderContext) -> tuple[Rows, list]:
     return Rows(rows.index, rows.domain, rendered), reasons
 
 
-def _tokenize_and_mask(backend: Backend, tok: Tokenizer, rendered: list[RenderedRow], max_seq_len: int) -> Any:
+def _tokenize_and_mask(backend: Backend, tok: Tokenizer, encode: Callable, rendered: list[RenderedRow],
+                       max_seq_len: int) -> Any:
     xp = backend.xp
     pieces = [p for row in rendered for p in row.pieces]
     piece_offsets = offsets_from_lengths(np, np.fromiter((len(r.pieces) for r in rendered), np.int64, len(rendered)))
-    ids, tokens_per_piece = tok.encode(pieces)
+    ids, tokens_per_piece = encode(pieces)
     token_offsets = offsets_from_lengths(np, segment_sums(np, tokens_per_piece, piece_offsets))
     piece_trained = np.fromiter((t for r in rendered for t in r.piece_trained), np.int8, len(pieces))
     spans = np.array([s for r in rendered for s in r.spans], dtype=np.int64).reshape(-1, 2)
@@ -202,6 +203,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
     out_dir = Path(out_dir)
     prepare_output(out_dir, overwrite)
     ctx = render_context(config, tok)
+    encode = backend.encoder(tok)
     acct, clock = Accounting(files), Stopwatch()
     writer = DatasetWriter(out_dir, config.output.storage_format, config.output.max_tokens_per_shard)
     dedup = Deduplicator() if config.preprocessing.deduplicate else None
@@ -212,7 +214,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
         rows, reasons = clock.time("render", _render, rows, ctx)
         rows = _drop_where(rows, reasons, chunk, acct)
         if rows.index:
-            masked, valid = clock.time("tokenize+mask", _tokenize_and_mask, backend, tok, rows.payload,
+            masked, valid = clock.time("tokenize+mask", _tokenize_and_mask, backend, tok, encode, rows.payload,
                                        config.preprocessing.max_seq_len)
             clock.time("write", _write, backend, masked, valid, rows, chunk, writer, acct)
         if progress is not None:

@@ -77,6 +77,12 @@ class Tokenizer:
         kinds = self.normalizer_kinds
         return kinds[0] if len(kinds) == 1 and kinds[0] in _NORMALIZERS else None
 
+    def lowercases(self) -> bool:
+        """Whether the tokenizer's normalizer lower-cases (BERT uncased)."""
+        spec = json.loads((self.directory / "tokenizer.json").read_text(encoding="utf-8")).get("normalizer") or {}
+        parts = spec.get("normalizers", [spec]) if spec.get("type") == "Sequence" else [spec]
+        return any(p.get("type") == "Lowercase" or p.get("lowercase") is True for p in parts)
+
     def span_problem(self) -> str | None:
         """Why byte spans (chat masks) cannot be projected onto this tokenizer's tokens, or None."""
         if self.token_bytes is None:

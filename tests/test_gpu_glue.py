@@ -1,0 +1,91 @@
+"""The GPU backend's own code around cuDF calls, run on the CPU with the cuDF calls stood in for.
+
+The stand-ins return what the real calls are documented to return (a list<int> column per row, its lengths
+and its flattened leaves); the tokenizing itself is done by HF tokenizers, so what is checked here is the
+assembly: special pieces, empty pieces and the scatter of every piece's ids into place.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpu_prep.backend import GpuWordPiece
+from gpu_prep.bundled import bundled_tokenizer_dir
+from gpu_prep.errors import ConfigError
+from gpu_prep.tokenize import load_tokenizer
+
+
+class _Column(list):
+    """Enough of a cudf.Series for the calls GpuWordPiece makes."""
+
+    def __init__(self, values: Any, dtype: str | None = None) -> None:
+        super().__init__(values)
+
+    @property
+    def list(self) -> Any:
+        rows = self
+        return types.SimpleNamespace(len=lambda: _Column(len(r) for r in rows),
+                                     leaves=_Column(i for r in rows for i in r))
+
+    def fillna(self, value: Any) -> _Column:
+        return _Column(value if v is None else v for v in self)
+
+    def to_numpy(self) -> np.ndarray:
+        return np.array(list(self), dtype=np.int64)
+
+
+@pytest.fixture
+def bert(monkeypatch: pytest.MonkeyPatch):
+    try:
+        tok = load_tokenizer(str(bundled_tokenizer_dir("bert-uncased")))
+    except ConfigError as exc:
+        pytest.skip(str(exc))
+    monkeypatch.setitem(sys.modules, "cudf", types.SimpleNamespace(Series=_Column))
+    engine = GpuWordPiece.__new__(GpuWordPiece)
+    engine.special_ids = {t.content: i for i, t in tok.engine.get_added_tokens_decoder().items()}
+    engine.normalizer = types.SimpleNamespace(normalize=lambda texts: texts)
+    engine.vocabulary = types.SimpleNamespace(tokenize=lambda texts, max_words_per_row: _Column(
+        tok.engine.encode(t, add_special_tokens=False).ids for t in texts))
+    return tok, engine
+
+
+@pytest.mark.parametrize("pieces", [
+    ["[CLS]", "Hello, world!", "[SEP]"],
+    ["[CLS]", "What is the capital of Canada?", "Ottawa.", "[SEP]", "[CLS]", "Second row", "[SEP]"],
+    ["plain only", "two pieces"],
+    ["[CLS]", "[SEP]"],
+    ["[CLS]", "", "x", "[SEP]"],
+    [],
+])
+def test_gpu_wordpiece_assembles_pieces_like_the_cpu_engine(bert, pieces: list[str]) -> None:
+    tok, engine = bert
+    ids, counts = engine.encode(pieces)
+    cpu_ids, cpu_counts = tok.encode(pieces)
+    assert ids.tolist() == cpu_ids.tolist()
+    assert counts.tolist() == cpu_counts.tolist()
+    assert ids.dtype == np.int64 and counts.dtype == np.int64
+
+
+def test_gpu_md5_prefix_returns_the_cpu_digests(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hashlib
+
+    from gpu_prep.backend import CPU, GpuBackend
+
+    class Strings(_Column):
+        @property
+        def str(self) -> Any:
+            return types.SimpleNamespace(slice=lambda start, stop: Strings(t[start:stop] for t in self))
+
+        def hash_values(self, method: str) -> Any:
+            assert method == "md5"
+            hexes = [hashlib.md5(t.encode("utf-8")).hexdigest() for t in self]
+            return types.SimpleNamespace(to_arrow=lambda: types.SimpleNamespace(to_pylist=lambda: hexes))
+
+    monkeypatch.setitem(sys.modules, "cudf", types.SimpleNamespace(Series=Strings))
+    texts = ["é" * 250, "short", "", "🙂" * 300]
+    assert GpuBackend("gpu", np).md5_prefix(texts, 200) == CPU.md5_prefix(texts, 200)
