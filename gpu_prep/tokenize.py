@@ -9,7 +9,6 @@ length and positions are a running sum.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass, field
 from itertools import chain
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 from gpu_prep.errors import ConfigError
 
@@ -41,12 +41,6 @@ def _contains_type(node: Any, kind: str) -> bool:
     return False
 
 
-def _normalizer_kinds(spec: Any) -> list[str]:
-    if spec is None:
-        return []
-    return [n.get("type") for n in spec.get("normalizers", [])] if spec.get("type") == "Sequence" else [spec.get("type")]
-
-
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -58,7 +52,7 @@ class Tokenizer:
     engine: Any  # tokenizers.Tokenizer
     config: dict[str, Any]
     token_bytes: np.ndarray | None  # int64 byte length of every id (byte-level BPE), else None
-    normalizer_kinds: list[str]
+    normalizer: dict[str, Any]  # the tokenizer.json normalizer spec ({} for none)
     model: str  # "BPE", "WordPiece", ...
     prefix_text: str
     suffix_text: str
@@ -72,6 +66,13 @@ class Tokenizer:
         return template
 
     @property
+    def normalizer_kinds(self) -> list[str]:
+        spec = self.normalizer
+        if not spec:
+            return []
+        return [n.get("type") for n in spec.get("normalizers", [])] if spec.get("type") == "Sequence" else [spec.get("type")]
+
+    @property
     def normalization(self) -> str | None:
         """The Unicode form the tokenizer normalizes to, when that is all its normalizer does."""
         kinds = self.normalizer_kinds
@@ -79,7 +80,7 @@ class Tokenizer:
 
     def lowercases(self) -> bool:
         """Whether the tokenizer's normalizer lower-cases (BERT uncased)."""
-        spec = json.loads((self.directory / "tokenizer.json").read_text(encoding="utf-8")).get("normalizer") or {}
+        spec = self.normalizer
         parts = spec.get("normalizers", [spec]) if spec.get("type") == "Sequence" else [spec]
         return any(p.get("type") == "Lowercase" or p.get("lowercase") is True for p in parts)
 
@@ -132,9 +133,8 @@ def _byte_lengths(spec: dict[str, Any], engine: Any) -> np.ndarray | None:
     model = spec.get("model", {})
     if model.get("type") != "BPE" or not _contains_type(spec.get("pre_tokenizer"), "ByteLevel"):
         return None
-    size = engine.get_vocab_size(with_added_tokens=True)
-    vocab = engine.get_vocab(with_added_tokens=False)
-    size = max(size, max(vocab.values(), default=-1) + 1)
+    vocab = model.get("vocab") or {}
+    size = max(engine.get_vocab_size(with_added_tokens=True), max(vocab.values(), default=-1) + 1)
     table = np.zeros(size, dtype=np.int64)
     for token, index in vocab.items():
         table[index] = len(token)  # one byte-level character per byte
@@ -171,9 +171,10 @@ def load_tokenizer(spec: str) -> Tokenizer:
         if not path.is_file():
             raise ConfigError(f"tokenizer {spec!r}: {name} is missing in {directory}")
     try:
-        tokenizer_spec = json.loads(files["tokenizer.json"].read_text(encoding="utf-8"))
-        config = json.loads(files["tokenizer_config.json"].read_text(encoding="utf-8"))
-        engine = Engine.from_file(str(files["tokenizer.json"]))
+        raw = files["tokenizer.json"].read_text(encoding="utf-8")
+        tokenizer_spec = orjson.loads(raw)
+        config = orjson.loads(files["tokenizer_config.json"].read_bytes())
+        engine = Engine.from_str(raw)
         # Some tokenizer.json files carry padding or truncation settings: lengths are this pipeline's job.
         engine.no_padding()
         engine.no_truncation()
@@ -186,7 +187,7 @@ def load_tokenizer(spec: str) -> Tokenizer:
     return Tokenizer(
         name=spec, directory=directory, engine=engine, config=config,
         token_bytes=_byte_lengths(tokenizer_spec, engine),
-        normalizer_kinds=_normalizer_kinds(tokenizer_spec.get("normalizer")),
+        normalizer=tokenizer_spec.get("normalizer") or {},
         model=tokenizer_spec.get("model", {}).get("type", "?"),
         prefix_text="".join(engine.id_to_token(i) for i in prefix_ids),
         suffix_text="".join(engine.id_to_token(i) for i in suffix_ids),
