@@ -53,3 +53,12 @@ def test_sharegpt_sft_matches_across_chunks_and_shards(storage_format: str, tmp_
                            "preprocessing": {"max_seq_len": 1024},
                            "output": {"storage_format": storage_format, "max_tokens_per_shard": 50_000}})
     _assert_same(*_both(config, [str(data)], tmp_path, chunk_rows=97))
+
+
+def test_wordpiece_text_matches(tmp_path: Path) -> None:
+    # GPU WordPiece (nvtext) against HF's BERT tokenizer on the CPU, with truncation that keeps [SEP].
+    rows = [{"text": m["content"]} for chat in sharegpt_chats(300) for m in chat["messages"]]
+    data = write_jsonl(rows, tmp_path / "text.jsonl")
+    config = parse_config({"tokenizer": "bert-uncased", "input": {"type": "text"},
+                           "preprocessing": {"max_seq_len": 128, "min_chars": 1}})
+    _assert_same(*_both(config, [str(data)], tmp_path, chunk_rows=61))
