@@ -45,7 +45,7 @@ def cases(rows: int) -> list[tuple[str, dict, list[dict]]]:
 
 def raw_engine(config: Any, rows: list[dict]) -> tuple[float, int]:
     """Seconds and tokens of the bare engine on exactly the pieces the pipeline tokenizes."""
-    tok = load_tokenizer(config.tokenizer)
+    tok = load_tokenizer(config.tokenizer.name)
     ctx, build = render_context(config, tok), get_builder(config.input.type)
     pieces = [p for row in rows for p in render_row(build(row, config), ctx).pieces]
     start = time.perf_counter()

@@ -64,6 +64,14 @@ class OutputConfig(_Frozen):
     max_tokens_per_shard: int = Field(100_000_000, ge=1)
 
 
+class TokenizerConfig(_Frozen):
+    """gpu-prep's own: which tokenizer, and which engine runs it."""
+
+    name: str | None = None  # a directory or a bundled name
+    # auto: tiktoken where it reproduces HF exactly on a sample of the input, else HF tokenizers.
+    engine: Literal["auto", "hf", "tiktoken"] = "auto"
+
+
 class GpuConfig(_Frozen):
     """gpu-prep's own: device memory for the GPU backend (ignored on the CPU)."""
 
@@ -76,7 +84,7 @@ class GpuConfig(_Frozen):
 class PipelineConfig(_Frozen):
     version: Literal[1] = 1
     # gpu-prep's own: a tokenizer directory (tokenizer.json + tokenizer_config.json) or a bundled name.
-    tokenizer: str | None = None
+    tokenizer: TokenizerConfig = TokenizerConfig()
     # gpu-prep's own: which backend runs the array stages.
     device: Literal["auto", "cpu", "gpu"] = "auto"
     gpu: GpuConfig = GpuConfig()
@@ -85,6 +93,11 @@ class PipelineConfig(_Frozen):
     mask_default: Action = "mask"
     preprocessing: PreprocessingConfig = PreprocessingConfig()
     output: OutputConfig = OutputConfig()
+
+    @field_validator("tokenizer", mode="before")
+    @classmethod
+    def _tokenizer_shorthand(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) or value is None else value
 
     def action(self, label: str) -> Action:
         """The mask rule for a role (chat) or field (instruction)."""

@@ -46,6 +46,7 @@ from gpu_prep.write import DatasetWriter, sha256_file, write_json_atomic
 
 DEFAULT_TOKENIZER = "qwen2.5"
 MANIFEST = "manifest.json"
+ENGINE_SAMPLE_ROWS = 512  # rows of the first chunk on which a fast engine must equal HF before it is used
 
 
 @dataclass
@@ -214,12 +215,12 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
     started = time.perf_counter()
     clock = Stopwatch()
     files = expand_inputs(inputs)
-    tok = clock.time("load tokenizer", load_tokenizer, tokenizer or config.tokenizer or DEFAULT_TOKENIZER)
+    tok = clock.time("load tokenizer", load_tokenizer, tokenizer or config.tokenizer.name or DEFAULT_TOKENIZER)
     backend = select_backend(device or config.device, config.gpu.rmm_pool_size, config.gpu.spill)
     out_dir = Path(out_dir)
     prepare_output(out_dir, overwrite)
     ctx = render_context(config, tok)
-    encode = backend.encoder(tok)
+    encode, engine_pending = backend.encoder(tok), True
     acct = Accounting(files)
     writer = DatasetWriter(out_dir, config.output.storage_format, config.output.max_tokens_per_shard)
     dedup = Deduplicator() if config.preprocessing.deduplicate else None
@@ -229,6 +230,10 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
         rows = _drop_where(rows, clock.time("filter", _filter, backend, rows, config, dedup), chunk, acct)
         rows, reasons = clock.time("render", _render, rows, ctx)
         rows = _drop_where(rows, reasons, chunk, acct)
+        if rows.index and engine_pending:
+            sample = [p for row in rows.payload[:ENGINE_SAMPLE_ROWS] for p in row.pieces]
+            clock.time("load tokenizer", tok.use_engine, config.tokenizer.engine, sample)
+            encode, engine_pending = backend.encoder(tok), False
         if rows.index:
             ids, tokens_per_piece = clock.time("tokenize", _tokenize, encode, rows.payload)
             masked, valid = clock.time("mask", _mask, backend, tok, rows.payload, ids, tokens_per_piece,

@@ -11,13 +11,13 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass, field
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 
+from gpu_prep.engines import HfEngine, choose_engine
 from gpu_prep.errors import ConfigError
 
 # End-of-turn tokens of the common template families; those present in the vocabulary, plus the eos token,
@@ -57,6 +57,13 @@ class Tokenizer:
     prefix_text: str
     suffix_text: str
     special_tokens: dict[str, str] = field(default_factory=dict)
+    spec: dict[str, Any] = field(default_factory=dict, repr=False)  # the parsed tokenizer.json
+    active: Any = None  # the engine encode() runs: HF until use_engine() picks
+    engine_choice: str = "hf: default"
+
+    def __post_init__(self) -> None:
+        if self.active is None:
+            self.active = HfEngine(self.engine)
 
     @property
     def chat_template(self) -> str | None:
@@ -106,10 +113,15 @@ class Tokenizer:
 
     def encode(self, pieces: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(flat int64 ids, int64 token count per piece); no special tokens are added."""
-        encodings = self.engine.encode_batch_fast(pieces, add_special_tokens=False)
-        counts = np.fromiter((len(e.ids) for e in encodings), np.int64, len(encodings))
-        ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), np.int64, int(counts.sum()))
-        return ids, counts
+        return self.active.encode(pieces)
+
+    def use_engine(self, requested: str, sample: list[str], threads: int | None = None) -> str:
+        """Pick the engine for this run (auto | hf | tiktoken), checked on a sample of the input."""
+        stat = (self.directory / "tokenizer.json").stat()
+        key = (str(self.directory.resolve()), stat.st_size, stat.st_mtime_ns)
+        self.active, self.engine_choice = choose_engine(requested, self.spec, HfEngine(self.engine), sample,
+                                                        threads, cache_key=key)
+        return self.engine_choice
 
     def decode(self, ids: Any) -> str:
         return self.engine.decode([int(i) for i in ids], skip_special_tokens=False)
@@ -121,6 +133,8 @@ class Tokenizer:
             "tokenizer_json_sha256": _sha256(self.directory / "tokenizer.json"),
             "tokenizer_config_sha256": _sha256(self.directory / "tokenizer_config.json"),
             "model": self.model,
+            "engine": self.active.name,
+            "engine_choice": self.engine_choice,
             "byte_level": self.token_bytes is not None,
             "vocab_size": int(self.engine.get_vocab_size(with_added_tokens=True)),
             "normalization": self.normalization,
@@ -192,4 +206,5 @@ def load_tokenizer(spec: str) -> Tokenizer:
         prefix_text="".join(engine.id_to_token(i) for i in prefix_ids),
         suffix_text="".join(engine.id_to_token(i) for i in suffix_ids),
         special_tokens=special,
+        spec=tokenizer_spec,
     )
