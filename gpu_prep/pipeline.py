@@ -46,7 +46,7 @@ from gpu_prep.write import DatasetWriter, sha256_file, write_json_atomic
 
 DEFAULT_TOKENIZER = "qwen2.5"
 MANIFEST = "manifest.json"
-ENGINE_SAMPLE_ROWS = 512  # rows of the first chunk on which a fast engine must equal HF before it is used
+ENGINE_SAMPLE_BYTES = 1 << 20  # text of the first chunk on which a fast engine must equal HF before it is used
 
 
 @dataclass
@@ -122,6 +122,18 @@ def _render(rows: Rows, ctx: RenderContext) -> tuple[Rows, list]:
             rendered.append(None)
             reasons.append((err.reason, err.detail))
     return Rows(rows.index, rows.domain, rendered), reasons
+
+
+def _engine_sample(rendered: list[RenderedRow]) -> list[str]:
+    """The first pieces of the input, about ENGINE_SAMPLE_BYTES of them (at least one row's)."""
+    sample: list[str] = []
+    size = 0
+    for row in rendered:
+        sample.extend(row.pieces)
+        size += row.num_bytes
+        if size >= ENGINE_SAMPLE_BYTES:
+            break
+    return sample
 
 
 def _tokenize(encode: Callable, rendered: list[RenderedRow]) -> tuple[np.ndarray, np.ndarray]:
@@ -231,8 +243,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
         rows, reasons = clock.time("render", _render, rows, ctx)
         rows = _drop_where(rows, reasons, chunk, acct)
         if rows.index and engine_pending:
-            sample = [p for row in rows.payload[:ENGINE_SAMPLE_ROWS] for p in row.pieces]
-            clock.time("load tokenizer", tok.use_engine, config.tokenizer.engine, sample)
+            clock.time("engine check", tok.use_engine, config.tokenizer.engine, _engine_sample(rows.payload))
             encode, engine_pending = backend.encoder(tok), False
         if rows.index:
             ids, tokens_per_piece = clock.time("tokenize", _tokenize, encode, rows.payload)
