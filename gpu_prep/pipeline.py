@@ -7,6 +7,7 @@ tokens is array code on the backend's `xp`.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from collections import defaultdict
@@ -19,6 +20,7 @@ import numpy as np
 
 from gpu_prep import __version__
 from gpu_prep.accounting import Accounting
+from gpu_prep.affix import detect_affix
 from gpu_prep.backend import Backend, select_backend
 from gpu_prep.chat_template import ChatTemplate
 from gpu_prep.config import PipelineConfig
@@ -40,7 +42,7 @@ from gpu_prep.mask import (
     truncate_and_filter,
 )
 from gpu_prep.read import RawChunk, expand_inputs, read_chunks
-from gpu_prep.render import RenderContext, RenderedRow, render_row
+from gpu_prep.render import RenderContext, RenderedRow, affix_disagreement, render_row
 from gpu_prep.tokenize import Tokenizer, load_tokenizer
 from gpu_prep.write import DatasetWriter, sha256_file, write_json_atomic
 
@@ -207,10 +209,12 @@ def prepare_output(out_dir: Path, overwrite: bool) -> None:
 
 
 def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
-    template = tok.chat_template
+    template = ChatTemplate(tok.chat_template, tok.special_tokens) if tok.chat_template else None
+    affix = detect_affix(template.render) if template is not None and config.input.type == "chat" else None
     return RenderContext(
         config=config,
-        template=ChatTemplate(template, tok.special_tokens) if template else None,
+        template=template,
+        affix=affix,
         end_of_turn=tok.end_of_turn_tokens(),
         normalization=tok.normalization,
         span_problem=tok.span_problem(),
@@ -237,8 +241,14 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
     writer = DatasetWriter(out_dir, config.output.storage_format, config.output.max_tokens_per_shard)
     dedup = Deduplicator() if config.preprocessing.deduplicate else None
     chunks = read_chunks(files, chunk_rows, config.preprocessing.max_items)
+    affix_pending = ctx.affix is not None
     while (chunk := clock.time("read", next, chunks, None)) is not None:
         rows = clock.time("format", _format, chunk, config, acct)
+        if affix_pending and rows.index:
+            # Trust the Jinja-free rendering only once it matched Jinja on the first chunk's rows.
+            if clock.time("render", affix_disagreement, rows.payload, ctx) is not None:
+                ctx = dataclasses.replace(ctx, affix=None)
+            affix_pending = False
         rows = _drop_where(rows, clock.time("filter", _filter, backend, rows, config, dedup), chunk, acct)
         rows, reasons = clock.time("render", _render, rows, ctx)
         rows = _drop_where(rows, reasons, chunk, acct)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import jinja2
 
+from gpu_prep.affix import AffixTemplate
 from gpu_prep.errors import ConfigError, Drop
 from gpu_prep.format import Conversation, RowError, Segments, Shape
 
@@ -33,6 +34,7 @@ _SENTINEL = "\ue000{}\ue001"
 _SENTINEL_RE = re.compile("\ue000(\\d+)\ue001")
 
 Span = tuple[int, int, str]  # start, end, label
+AFFIX_CHECK_ROWS = 256  # rows of the first chunk rendered both ways before the Jinja-free path is trusted
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class RenderContext:
     prefix_text: str  # what the tokenizer adds before a plain text (BOS, [CLS]), as text
     suffix_text: str  # what it adds after one ([SEP]), as text
     eos_text: str | None
+    affix: AffixTemplate | None = None  # the template as plain concatenation, when it is one
 
     def eot_pattern(self) -> re.Pattern[str]:
         alternatives = "|".join(re.escape(t) for t in sorted(self.end_of_turn, key=len, reverse=True))
@@ -146,8 +149,11 @@ def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, lis
         raise ConfigError(ctx.span_problem)
     if ctx.template is None:
         raise ConfigError("chat rows need a chat template: the tokenizer's tokenizer_config.json has no chat_template")
-    real = _render(ctx.template, conv.messages, conv.tools)
-    regions = _locate_contents(real, conv, ctx.template)
+    if ctx.affix is not None and ctx.affix.covers(conv.messages, conv.tools):
+        real, regions = ctx.affix.render(conv.messages)
+    else:
+        real = _render(ctx.template, conv.messages, conv.tools)
+        regions = _locate_contents(real, conv, ctx.template)
     if not regions:
         return real, []
     roles = [m["role"] for m in conv.messages]
@@ -201,6 +207,21 @@ def _segments(shape: Segments, ctx: RenderContext) -> RenderedRow:
     trained = [shape.train_all or (label is not None and ctx.config.action(label) == "train") for _, label in pieces]
     texts = [t for t, _ in pieces]
     return RenderedRow(texts, trained, [], sum(len(t.encode("utf-8")) for t in texts), bool(ctx.suffix_text))
+
+
+def affix_disagreement(shapes: list[Shape], ctx: RenderContext) -> str | None:
+    """Render the conversations the affix path would take through Jinja too; say where they differ."""
+    if ctx.affix is None:
+        return None
+    for n, shape in enumerate(shapes[:AFFIX_CHECK_ROWS]):
+        if isinstance(shape, Conversation) and ctx.affix.covers(shape.messages, shape.tools):
+            try:
+                expected = ctx.template.render(shape.messages, shape.tools)
+            except jinja2.exceptions.TemplateError as exc:
+                return f"row {n}: Jinja refuses a conversation the affix path accepts ({exc})"
+            if ctx.affix.render(shape.messages)[0] != expected:
+                return f"row {n}: the affix rendering differs from Jinja's"
+    return None
 
 
 def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
