@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -63,6 +64,7 @@ def run(
     device: Annotated[Optional[str], typer.Option(help="auto | cpu | gpu; overrides the config.")] = None,
     chunk_rows: Annotated[int, typer.Option(min=1, help="Rows per chunk; output does not depend on it.")] = 2048,
     overwrite: Annotated[bool, typer.Option(help="Replace a previous run in OUTPUT.")] = False,
+    workers: Annotated[Optional[int], typer.Option(min=1, help="Tokenizer threads (default: every core); output does not depend on it.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no summary.")] = False,
 ) -> None:
     """Run the pipeline described by CONFIG over INPUTS into OUTPUT."""
@@ -70,6 +72,8 @@ def run(
 
     if device not in (None, "auto", "cpu", "gpu"):
         raise _fail(ConfigError(f"--device {device!r} is not allowed; allowed: auto, cpu, gpu"))
+    if workers is not None:  # read by HF tokenizers' thread pool when it starts, so set before any tokenizing
+        os.environ["RAYON_NUM_THREADS"] = str(workers)
     try:
         cfg = load_config(config)
         columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,} rows"),
@@ -77,7 +81,7 @@ def run(
         with Progress(*columns, console=err, disable=quiet, transient=True) as bar:
             task = bar.add_task("preprocessing", total=None)
             manifest = run_pipeline(cfg, inputs, output, tokenizer=tokenizer, device=device, chunk_rows=chunk_rows,
-                                    overwrite=overwrite, progress=lambda n: bar.advance(task, n))
+                                    overwrite=overwrite, workers=workers, progress=lambda n: bar.advance(task, n))
     except GpuPrepError as exc:
         raise _fail(exc) from None
     if not quiet:

@@ -8,13 +8,15 @@ tokens is array code on the backend's `xp`.
 from __future__ import annotations
 
 import dataclasses
+import queue
 import shutil
+import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -46,6 +48,7 @@ from gpu_prep.render import RenderContext, RenderedRow, affix_disagreement, rend
 from gpu_prep.tokenize import Tokenizer, load_tokenizer
 from gpu_prep.write import DatasetWriter, sha256_file, write_json_atomic
 
+T = TypeVar("T")
 DEFAULT_TOKENIZER = "qwen2.5"
 MANIFEST = "manifest.json"
 ENGINE_SAMPLE_BYTES = 1 << 20  # text of the first chunk on which a fast engine must equal HF before it is used
@@ -53,14 +56,18 @@ ENGINE_SAMPLE_BYTES = 1 << 20  # text of the first chunk on which a fast engine 
 
 @dataclass
 class Stopwatch:
+    """Seconds spent in each stage, added up over chunks (stages overlap, so they may sum past the total)."""
+
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def time(self, stage: str, fn: Callable[..., Any], *args: Any) -> Any:
         start = time.perf_counter()
         try:
             return fn(*args)
         finally:
-            self.seconds[stage] += time.perf_counter() - start
+            with self.lock:
+                self.seconds[stage] += time.perf_counter() - start
 
 
 @dataclass
@@ -72,21 +79,22 @@ class Rows:
     payload: list[Any]
 
 
-def _format(chunk: RawChunk, config: PipelineConfig, acct: Accounting) -> Rows:
+Drops = list[tuple[int, int, str, str]]  # (file index, line, reason, detail), in row order
+
+
+def _format(chunk: RawChunk, config: PipelineConfig, drops: Drops) -> Rows:
     build = get_builder(config.input.type)
     rows = Rows([], [], [])
     for i, record in enumerate(chunk.records):
         file_index, line = chunk.file_index[i], chunk.line[i]
-        acct.read(file_index)
         if record is None:
-            reason, detail = chunk.errors[i]
-            acct.dropped(file_index, line, reason, detail)
+            drops.append((file_index, line, *chunk.errors[i]))
             continue
         try:
             domain = domain_of(record, config.output.domain_key)
             shape = build(record, config)
         except RowError as err:
-            acct.dropped(file_index, line, err.reason, err.detail)
+            drops.append((file_index, line, err.reason, err.detail))
             continue
         rows.index.append(i)
         rows.domain.append(domain)
@@ -94,7 +102,7 @@ def _format(chunk: RawChunk, config: PipelineConfig, acct: Accounting) -> Rows:
     return rows
 
 
-def _drop_where(rows: Rows, reasons: list[tuple[str, str] | None], chunk: RawChunk, acct: Accounting) -> Rows:
+def _drop_where(rows: Rows, reasons: list[tuple[str, str] | None], chunk: RawChunk, drops: Drops) -> Rows:
     kept = Rows([], [], [])
     for i, domain, payload, reason in zip(rows.index, rows.domain, rows.payload, reasons):
         if reason is None:
@@ -102,7 +110,7 @@ def _drop_where(rows: Rows, reasons: list[tuple[str, str] | None], chunk: RawChu
             kept.domain.append(domain)
             kept.payload.append(payload)
         else:
-            acct.dropped(chunk.file_index[i], chunk.line[i], *reason)
+            drops.append((chunk.file_index[i], chunk.line[i], *reason))
     return kept
 
 
@@ -196,6 +204,48 @@ def _write(backend: Backend, masked: Any, valid: np.ndarray, rows: Rows, chunk: 
     acct.trained_tokens += int(loss_mask.sum())
 
 
+def _prepare(chunks: Iterator[RawChunk], config: PipelineConfig, ctx: RenderContext, backend: Backend,
+             dedup: Deduplicator | None, clock: Stopwatch) -> Iterator[tuple[RawChunk, Rows, Drops]]:
+    """The host stages, chunk by chunk: read -> format -> filter -> render."""
+    affix_pending = ctx.affix is not None
+    while (chunk := clock.time("read", next, chunks, None)) is not None:
+        drops: Drops = []
+        rows = clock.time("format", _format, chunk, config, drops)
+        if affix_pending and rows.index:
+            # Trust the Jinja-free rendering only once it matched Jinja on the first chunk's rows.
+            if clock.time("render", affix_disagreement, rows.payload, ctx) is not None:
+                ctx = dataclasses.replace(ctx, affix=None)
+            affix_pending = False
+        rows = _drop_where(rows, clock.time("filter", _filter, backend, rows, config, dedup), chunk, drops)
+        rows, reasons = clock.time("render", _render, rows, ctx)
+        yield chunk, _drop_where(rows, reasons, chunk, drops), drops
+
+
+def overlapped(items: Iterator[T], depth: int = 2) -> Iterator[T]:
+    """The items of an iterator produced in a thread of their own, at most `depth` ahead of the consumer."""
+    done = object()
+    handoff: queue.Queue = queue.Queue(maxsize=depth)
+
+    def produce() -> None:
+        try:
+            for item in items:
+                handoff.put(item)
+            handoff.put(done)
+        except BaseException as exc:  # handed to the consumer, which raises it
+            handoff.put(_Failure(exc))
+
+    threading.Thread(target=produce, name="gpu-prep-host-stages", daemon=True).start()
+    while (item := handoff.get()) is not done:
+        if isinstance(item, _Failure):
+            raise item.exc
+        yield item
+
+
+@dataclass
+class _Failure:
+    exc: BaseException
+
+
 def prepare_output(out_dir: Path, overwrite: bool) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"output {str(out_dir)!r} is a file, not a directory")
@@ -225,7 +275,7 @@ def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
 
 
 def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, tokenizer: str | None = None,
-        device: str | None = None, chunk_rows: int = 2048, overwrite: bool = False,
+        device: str | None = None, chunk_rows: int = 2048, overwrite: bool = False, workers: int | None = None,
         progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Run the whole pipeline and return the manifest (also written to OUT_DIR/manifest.json)."""
     started = time.perf_counter()
@@ -241,19 +291,16 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
     writer = DatasetWriter(out_dir, config.output.storage_format, config.output.max_tokens_per_shard)
     dedup = Deduplicator() if config.preprocessing.deduplicate else None
     chunks = read_chunks(files, chunk_rows, config.preprocessing.max_items)
-    affix_pending = ctx.affix is not None
-    while (chunk := clock.time("read", next, chunks, None)) is not None:
-        rows = clock.time("format", _format, chunk, config, acct)
-        if affix_pending and rows.index:
-            # Trust the Jinja-free rendering only once it matched Jinja on the first chunk's rows.
-            if clock.time("render", affix_disagreement, rows.payload, ctx) is not None:
-                ctx = dataclasses.replace(ctx, affix=None)
-            affix_pending = False
-        rows = _drop_where(rows, clock.time("filter", _filter, backend, rows, config, dedup), chunk, acct)
-        rows, reasons = clock.time("render", _render, rows, ctx)
-        rows = _drop_where(rows, reasons, chunk, acct)
+    # Reading, formatting, filtering and rendering run one chunk ahead, in a thread of their own, while
+    # this thread tokenizes (the engines release the GIL), masks and writes. Order is kept: output does
+    # not depend on the overlap.
+    for chunk, rows, drops in overlapped(_prepare(chunks, config, ctx, backend, dedup, clock)):
+        for file_index in chunk.file_index:
+            acct.read(file_index)
+        for drop in drops:
+            acct.dropped(*drop)
         if rows.index and engine_pending:
-            clock.time("engine check", tok.use_engine, config.tokenizer.engine, _engine_sample(rows.payload))
+            clock.time("engine check", tok.use_engine, config.tokenizer.engine, _engine_sample(rows.payload), workers)
             encode, engine_pending = backend.encoder(tok), False
         if rows.index:
             ids, tokens_per_piece = clock.time("tokenize", _tokenize, encode, rows.payload)
