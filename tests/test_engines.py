@@ -71,3 +71,15 @@ def test_wordpiece_is_not_a_tiktoken_vocabulary() -> None:
         pytest.skip(str(exc))
     assert "WordPiece" in tiktoken_problem(tok.spec)
     assert tok.use_engine("auto", ["hello"]).startswith("hf: tiktoken cannot run")
+
+
+def test_output_does_not_depend_on_workers_or_chunk_size(tmp_path: Path) -> None:
+    rows = sharegpt_chats(120)
+    config = {"tokenizer": {"name": "qwen2.5", "engine": "tiktoken"}, "mask": {"assistant": "train"},
+              "preprocessing": {"max_seq_len": 512}, "output": {"max_tokens_per_shard": 20_000}}
+    hashes = [
+        _shard_hashes(run_rows(tmp_path, config, rows, name=f"w{workers}-c{chunk}", workers=workers, chunk_rows=chunk))
+        for workers, chunk in [(1, 2048), (2, 7), (1, 1), (2, 64)]
+    ]
+    assert all(h == hashes[0] for h in hashes[1:])
+    assert sum(len(v) for v in hashes[0].values()) > 1  # several shards, so shard cuts are compared too
