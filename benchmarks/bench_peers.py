@@ -94,7 +94,8 @@ def sharegpt_documents(limit: int) -> list[dict]:
     """ShareGPT assistant answers as pretraining documents (blank ones would be dropped by gpu-prep)."""
     docs: list[dict] = []
     for chat in sharegpt_chats(limit):
-        docs.extend({"text": m["content"]} for m in chat["messages"] if m["role"] == "assistant" and m["content"].strip())
+        docs.extend({"text": m["content"]} for m in chat["messages"]
+                    if m["role"] == "assistant" and m["content"].strip())
         if len(docs) >= limit:
             break
     return docs[:limit]
@@ -406,7 +407,7 @@ def run_route(name: str, ws: Workspace) -> None:
     np.savez(ws.result(name), **arrays)
     report = {"seconds": seconds, "load_seconds": load_seconds, "rss_mb": rss + (workers if route.forks else 0),
               "start_rss_mb": start_rss, "worker_rss_mb": workers if route.forks else 0.0, "floor_rss_mb": floor,
-              "rows": len(output.ids), "tokens": int(len(flat_ids)), "notes": output.notes}
+              "rows": len(output.ids), "tokens": len(flat_ids), "notes": output.notes}
     ws.report(name).write_text(json.dumps(report), encoding="utf-8")
 
 
@@ -446,7 +447,7 @@ def child(args: list[str], device: str = "auto") -> None:
     """This script again in a fresh interpreter: a clean RSS, and no route warms another's caches."""
     env = {**os.environ, "BENCH_DEVICE": device, "TRANSFORMERS_VERBOSITY": "error"}
     done = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], capture_output=True, text=True,
-                          env=env)
+                          env=env, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(args[:2])} failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
 
@@ -545,13 +546,38 @@ def versions() -> str:
     return ", ".join(found)
 
 
+def source_revision() -> str:
+    """Which gpu-prep was measured: its commit, and whether gpu_prep/ had uncommitted changes."""
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "gpu_prep"], cwd=repo, capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "gpu-prep source: not a git checkout"
+    return f"gpu-prep source: {head}" + (" + uncommitted changes in gpu_prep/" if dirty else "")
+
+
+@dataclass
+class MachineState:
+    revision: str
+    load_before: float  # 1-minute load average: other work on the machine slows every route
+    load_after: float = 0.0
+    launcher_mb: float = 0.0
+
+    def line(self) -> str:
+        return (f"machine: {os.cpu_count()} cores, {cpu_model()}; load average {self.load_before:.2f} before, "
+                f"{self.load_after:.2f} after; {versions()}; {self.revision}")
+
+
 def print_table(results: dict[str, Measured], kind: str) -> None:
     ours = results[GPU_PREP].tokens_per_s
     print(f"{'route':<22}{'rows/s':>9}{'tokens/s':>12}{'seconds':>9}{'load s':>8}{'peak RSS MB':>13}"
           f"{'start MB':>10}{'gpu-prep x':>12}")
     for m in results.values():
-        print(f"{label(m.route, kind):<22}{m.rows_per_s:>9,.0f}{m.tokens_per_s:>12,.0f}{m.seconds:>9.2f}{m.load_seconds:>8.2f}"
-              f"{m.rss_mb:>13,.0f}{m.start_rss_mb:>10,.0f}{ours / m.tokens_per_s:>11.2f}x")
+        print(f"{label(m.route, kind):<22}{m.rows_per_s:>9,.0f}{m.tokens_per_s:>12,.0f}{m.seconds:>9.2f}"
+              f"{m.load_seconds:>8.2f}{m.rss_mb:>13,.0f}{m.start_rss_mb:>10,.0f}{ours / m.tokens_per_s:>11.2f}x")
 
 
 def correctness_lines(results: dict[str, Measured], comparisons: dict[str, Comparison], kind: str) -> list[str]:
@@ -565,18 +591,44 @@ def correctness_lines(results: dict[str, Measured], comparisons: dict[str, Compa
         elif same == n:
             lines.append(f"{label(name, kind)}: {made} equal the reference on {n}/{n} rows")
         else:
+            why = "" if name in EXACT else " (not exact by design)"
             lines.append(f"{label(name, kind)}: ids differ from the reference on {len(result.ids_differ)}/{n} rows, "
-                         f"masks on {len(result.masks_differ)} more" + ("" if name in EXACT else " (not exact by design)"))
+                         f"masks on {len(result.masks_differ)} more{why}")
     return lines
+
+
+# gpu-prep's manifest names its engine ("hf" or "tiktoken"); the raw route running that same engine.
+ENGINE_ROUTES = {"hf": RAW_ENGINE, "tiktoken": "tiktoken"}
+
+
+def engine_lines(results: dict[str, Measured]) -> list[str]:
+    """gpu-prep's tokens/s over the raw engine it ran (and over HF tokenizers, the brief's yardstick)."""
+    ours = results[GPU_PREP]
+    used = ENGINE_ROUTES.get(ours.notes.get("engine", "hf"), RAW_ENGINE)
+    lines = []
+    for route in dict.fromkeys([used, RAW_ENGINE]):
+        if route in results:
+            label = "raw engine it used" if route == used else "raw engine it did not use"
+            lines.append(f"gpu-prep / {label} ({route}) = {ours.tokens_per_s / results[route].tokens_per_s:.2f}x"
+                         + (" (target >= 0.8x)" if route == used else ""))
+    return lines
+
+
+def stage_line(ours: Measured) -> str:
+    """gpu-prep's own stopwatch, so a reader sees where it spends the time the table charges it."""
+    seconds = {k: v for k, v in ours.notes.get("seconds", {}).items() if k not in ("total", "load tokenizer")}
+    inside = sum(seconds.values())
+    parts = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(seconds.items(), key=lambda kv: -kv[1]) if v >= 0.005)
+    return f"gpu-prep stages ({inside:.2f}s of its {ours.seconds:.2f}s): {parts}"
 
 
 def footnotes(results: dict[str, Measured], launcher_mb: float) -> list[str]:
     floor = max(m.floor_rss_mb for m in results.values())
     lines = [
         "timed: input in hand -> ids and masks in hand; tokenizer construction excluded (load s).",
-        f"peak RSS: ru_maxrss of the route's own process (no process starts below ~{floor:.0f} MB: interpreter "
-        f"and numpy; the launcher peaked at {launcher_mb:.0f} MB); start MB: the same just before the clock "
-        "(libraries, tokenizer, parsed rows), so where peak = start the work itself added nothing.",
+        (f"peak RSS: ru_maxrss of the route's own process (no process starts below ~{floor:.0f} MB: interpreter "
+         f"and numpy; the launcher peaked at {launcher_mb:.0f} MB); start MB: the same just before the clock "
+         "(libraries, tokenizer, parsed rows), so where peak = start the work itself added nothing."),
     ]
     for m in results.values():
         if m.worker_rss_mb:
@@ -588,6 +640,34 @@ def footnotes(results: dict[str, Measured], launcher_mb: float) -> list[str]:
                          f"{m.worker_rss_mb:.0f} MB (RUSAGE_CHILDREN); a worker is a fork of the {m.start_rss_mb:.0f} "
                          f"MB parent, so counting only its growth its {workers} workers add ~{workers * grown:.0f} MB")
     return lines
+
+
+def report(results: dict[str, Measured], ws: Workspace, corpus: Corpus, corpus_name: str,
+           machine: MachineState) -> None:
+    want, ours = results[REFERENCE], results[GPU_PREP]
+    comparisons = {name: compare(m, want) for name, m in results.items() if name != REFERENCE}
+    trained = int(want.masks.sum()) if want.masks is not None else want.tokens
+    print(f"corpus {corpus_name}: {corpus.about}; {want.rows:,} rows, {want.tokens:,} tokens "
+          f"({want.tokens / max(want.rows, 1):,.0f} per row), {trained / max(want.tokens, 1):.0%} trained")
+    print(f"gpu-prep: device {ours.notes.get('device', '?')}, engine {ours.notes.get('engine', '?')}"
+          + (f" ({ours.notes['engine_choice']})" if ours.notes.get("engine_choice") else "")
+          + f"; datasets.map num_proc={os.cpu_count()}")
+    print()
+    print_table(results, ws.kind)
+    print()
+    for line in correctness_lines(results, comparisons, ws.kind):
+        print(line)
+    print(f"gpu-prep / datasets.map = {ours.tokens_per_s / want.tokens_per_s:.2f}x (target >= 5x)")
+    for line in engine_lines(results):
+        print(line)
+    print(stage_line(ours))
+    print(machine.line())
+    for line in footnotes(results, machine.launcher_mb):
+        print(line)
+    ours_check = comparisons[GPU_PREP]
+    if ours_check.ids_differ or ours_check.masks_differ:
+        print(describe_failure(ours, want, ours_check, ws), file=sys.stderr)
+        raise SystemExit(1)
 
 
 def main() -> None:
@@ -622,77 +702,15 @@ def main() -> None:
         # transformers and the parsed corpus would swell this launcher, hence a process of its own.
         child(["--prepare", str(args.rows), "--work", str(root), "--corpus", args.corpus])
         ws = Workspace(root, corpus.kind)
+        # Taken before the routes run: the tree may change while they do (say, on a shared checkout).
+        machine = MachineState(source_revision(), os.getloadavg()[0])
         results = {name: measure(name, ws, args.device, args.repeat) for name in names}
-        launcher_mb = peak_rss_mb()
-        report({name: load_output(m, ws) for name, m in results.items()}, ws, corpus, args.corpus, launcher_mb)
+        machine.load_after = os.getloadavg()[0]
+        machine.launcher_mb = peak_rss_mb()
+        report({name: load_output(m, ws) for name, m in results.items()}, ws, corpus, args.corpus, machine)
     finally:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)
-
-
-# gpu-prep's manifest names its engine ("hf" or "tiktoken"); the raw route running that same engine.
-ENGINE_ROUTES = {"hf": RAW_ENGINE, "tiktoken": "tiktoken"}
-
-
-def engine_lines(results: dict[str, Measured]) -> list[str]:
-    """gpu-prep's tokens/s over the raw engine it ran (and over HF tokenizers, the brief's yardstick)."""
-    ours = results[GPU_PREP]
-    used = ENGINE_ROUTES.get(ours.notes.get("engine", "hf"), RAW_ENGINE)
-    lines = []
-    for route in dict.fromkeys([used, RAW_ENGINE]):
-        if route in results:
-            label = "raw engine it used" if route == used else "raw engine it did not use"
-            lines.append(f"gpu-prep / {label} ({route}) = {ours.tokens_per_s / results[route].tokens_per_s:.2f}x"
-                         + (" (target >= 0.8x)" if route == used else ""))
-    return lines
-
-
-def stage_line(ours: Measured) -> str:
-    """gpu-prep's own stopwatch, so a reader sees where it spends the time the table charges it."""
-    seconds = {k: v for k, v in ours.notes.get("seconds", {}).items() if k not in ("total", "load tokenizer")}
-    inside = sum(seconds.values())
-    parts = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(seconds.items(), key=lambda kv: -kv[1]) if v >= 0.005)
-    return f"gpu-prep stages ({inside:.2f}s of its {ours.seconds:.2f}s): {parts}"
-
-
-def source_revision() -> str:
-    """Which gpu-prep was measured: its commit, and whether gpu_prep/ had uncommitted changes."""
-    repo = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "gpu_prep"], cwd=repo, capture_output=True,
-                               text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "gpu-prep source: not a git checkout"
-    return f"gpu-prep source: {head}" + (" + uncommitted changes in gpu_prep/" if dirty else "")
-
-
-def report(results: dict[str, Measured], ws: Workspace, corpus: Corpus, corpus_name: str, launcher_mb: float) -> None:
-    want, ours = results[REFERENCE], results[GPU_PREP]
-    comparisons = {name: compare(m, want) for name, m in results.items() if name != REFERENCE}
-    trained = int(want.masks.sum()) if want.masks is not None else want.tokens
-    print(f"corpus {corpus_name}: {corpus.about}; {want.rows:,} rows, {want.tokens:,} tokens "
-          f"({want.tokens / max(want.rows, 1):,.0f} per row), {trained / max(want.tokens, 1):.0%} trained")
-    print(f"gpu-prep: device {ours.notes.get('device', '?')}, engine {ours.notes.get('engine', '?')}"
-          + (f" ({ours.notes['engine_choice']})" if ours.notes.get("engine_choice") else "")
-          + f"; datasets.map num_proc={os.cpu_count()}")
-    print()
-    print_table(results, ws.kind)
-    print()
-    for line in correctness_lines(results, comparisons, ws.kind):
-        print(line)
-    print(f"gpu-prep / datasets.map = {ours.tokens_per_s / want.tokens_per_s:.2f}x (target >= 5x)")
-    for line in engine_lines(results):
-        print(line)
-    print(stage_line(ours))
-    print(f"machine: {os.cpu_count()} cores, {cpu_model()}; {versions()}; {source_revision()}")
-    for line in footnotes(results, launcher_mb):
-        print(line)
-    ours_check = comparisons[GPU_PREP]
-    if ours_check.ids_differ or ours_check.masks_differ:
-        print(describe_failure(ours, want, ours_check, ws), file=sys.stderr)
-        raise SystemExit(1)
 
 
 if __name__ == "__main__":

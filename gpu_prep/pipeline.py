@@ -221,7 +221,7 @@ def _prepare(chunks: Iterator[RawChunk], config: PipelineConfig, ctx: RenderCont
         yield chunk, _drop_where(rows, reasons, chunk, drops), drops
 
 
-def overlapped(items: Iterator[T], depth: int = 2) -> Iterator[T]:
+def overlapped(items: Iterator[T], depth: int = 1) -> Iterator[T]:
     """The items of an iterator produced in a thread of their own, at most `depth` ahead of the consumer."""
     done = object()
     handoff: queue.Queue = queue.Queue(maxsize=depth)

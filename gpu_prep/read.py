@@ -19,6 +19,10 @@ import orjson
 from gpu_prep.errors import ConfigError, Drop
 
 SUFFIXES = (".jsonl", ".json", ".parquet")
+# A chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so memory stays
+# bounded whatever the rows' sizes.
+CHUNK_BYTES = 4 << 20
+Row = tuple[int, Any, "tuple[str, str] | None", int]  # line (or row) number, record, error, bytes of JSON
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,7 @@ def _parse_line(raw: bytes) -> tuple[Any, tuple[str, str] | None]:
         return None, (Drop.MALFORMED_JSON, f"not valid JSON: {exc}")
 
 
-def _jsonl_rows(file: InputFile) -> Iterator[tuple[int, Any, tuple[str, str] | None]]:
+def _jsonl_rows(file: InputFile) -> Iterator[Row]:
     with open(file.path, "rb") as handle:
         for line_no, raw in enumerate(handle, start=1):
             if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
@@ -89,27 +93,27 @@ def _jsonl_rows(file: InputFile) -> Iterator[tuple[int, Any, tuple[str, str] | N
             if not raw.strip():
                 continue
             record, error = _parse_line(raw)
-            yield line_no, record, error
+            yield line_no, record, error, len(raw)
 
 
-def _json_array_rows(file: InputFile) -> Iterator[tuple[int, Any, tuple[str, str] | None]]:
+def _json_array_rows(file: InputFile) -> Iterator[Row]:
     raw = Path(file.path).read_bytes().removeprefix(b"\xef\xbb\xbf")
     data, error = _parse_line(raw)
     if error is not None:
-        yield 1, None, error
+        yield 1, None, error, len(raw)
         return
     for index, record in enumerate(data, start=1):
-        yield index, record, None
+        yield index, record, None, 0
 
 
-def _parquet_rows(file: InputFile) -> Iterator[tuple[int, Any, tuple[str, str] | None]]:
+def _parquet_rows(file: InputFile) -> Iterator[Row]:
     import pyarrow.parquet as pq
 
     row = 0
     for batch in pq.ParquetFile(file.path).iter_batches(batch_size=4096):
         for record in batch.to_pylist():
             row += 1
-            yield row, record, None
+            yield row, record, None, 0
 
 
 def _is_json_array(path: str) -> bool:
@@ -118,7 +122,7 @@ def _is_json_array(path: str) -> bool:
     return head.startswith(b"[")
 
 
-def file_rows(file: InputFile) -> Iterator[tuple[int, Any, tuple[str, str] | None]]:
+def file_rows(file: InputFile) -> Iterator[Row]:
     """(line or row number, record, error) for every row of one file."""
     if file.path.endswith(".parquet"):
         return _parquet_rows(file)
@@ -127,18 +131,21 @@ def file_rows(file: InputFile) -> Iterator[tuple[int, Any, tuple[str, str] | Non
     return _jsonl_rows(file)
 
 
-def read_chunks(files: list[InputFile], chunk_rows: int, max_items: int | None = None) -> Iterator[RawChunk]:
-    """Every row of every file, in order, in chunks of at most chunk_rows; stops after max_items rows."""
+def read_chunks(files: list[InputFile], chunk_rows: int, max_items: int | None = None,
+                chunk_bytes: int = CHUNK_BYTES) -> Iterator[RawChunk]:
+    """Every row of every file, in order, in chunks of at most chunk_rows rows (or about chunk_bytes of
+    JSON); stops after max_items rows."""
     chunk = RawChunk()
-    seen = 0
+    seen = size = 0
     for file in files:
-        for line, record, error in file_rows(file):
+        for line, record, error, nbytes in file_rows(file):
             if max_items is not None and seen >= max_items:
                 break
             chunk.add(file.index, line, record, error)
             seen += 1
-            if len(chunk) >= chunk_rows:
+            size += nbytes
+            if len(chunk) >= chunk_rows or size >= chunk_bytes:
                 yield chunk
-                chunk = RawChunk()
+                chunk, size = RawChunk(), 0
     if len(chunk):
         yield chunk
