@@ -619,7 +619,9 @@ def stage_line(ours: Measured) -> str:
     seconds = {k: v for k, v in ours.notes.get("seconds", {}).items() if k not in ("total", "load tokenizer")}
     inside = sum(seconds.values())
     parts = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(seconds.items(), key=lambda kv: -kv[1]) if v >= 0.005)
-    return f"gpu-prep stages ({inside:.2f}s of its {ours.seconds:.2f}s): {parts}"
+    # Stages may run in threads of their own, so their sum can exceed the wall-clock time.
+    overlap = " (stages overlap in threads)" if inside > ours.seconds else ""
+    return f"gpu-prep stages, summing to {inside:.2f}s of its {ours.seconds:.2f}s wall{overlap}: {parts}"
 
 
 def footnotes(results: dict[str, Measured], launcher_mb: float) -> list[str]:

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import orjson
+
+from gpu_prep.errors import Drop, InputError
 from gpu_prep.read import InputFile
+from gpu_prep.write import finish_file
 
 EXAMPLES_PER_REASON = 3
 
@@ -24,12 +29,27 @@ class FileCounts:
 
 
 class Accounting:
-    def __init__(self, files: list[InputFile]) -> None:
+    """Counts per file; optionally writes every dropped row to a rejects file (JSON Lines, renamed into
+    place when the run ends) and, when strict, stops at the first row that is bad data."""
+
+    def __init__(self, files: list[InputFile], rejects: Path | None = None, strict: bool = False) -> None:
         self.files = files
         self.counts = [FileCounts() for _ in files]
         self.examples: dict[str, list[dict[str, Any]]] = {}
         self.tokens = 0
         self.trained_tokens = 0
+        self.strict = strict
+        self.rejects_path = rejects
+        self.rejects = None
+        if rejects is not None:
+            rejects.parent.mkdir(parents=True, exist_ok=True)
+            self.rejects = open(rejects.with_name(f".{rejects.name}.tmp"), "wb")
+
+    def close(self) -> None:
+        if self.rejects is not None:
+            self.rejects.close()
+            finish_file(Path(self.rejects.name), self.rejects_path)
+            self.rejects = None
 
     def read(self, file_index: int) -> None:
         self.counts[file_index].rows_read += 1
@@ -38,8 +58,14 @@ class Accounting:
         self.counts[file_index].rows_written += 1
         self.counts[file_index].rows_truncated += int(truncated)
 
-    def dropped(self, file_index: int, line: int, reason: str, detail: str) -> None:
+    def dropped(self, file_index: int, line: int, reason: str, detail: str, row: Any = None) -> None:
+        where = f"{self.files[file_index].path}:{line}"
+        if self.strict and reason in Drop.BAD_DATA:
+            raise InputError(f"{where}: {reason.replace('_', ' ')}: {detail} (--strict stops at the first bad row)")
         self.counts[file_index].dropped[reason] += 1
+        if self.rejects is not None:
+            entry = {"file": self.files[file_index].path, "line": line, "reason": reason, "detail": detail, "row": row}
+            self.rejects.write(orjson.dumps(entry, default=repr) + b"\n")
         examples = self.examples.setdefault(reason, [])
         if len(examples) < EXAMPLES_PER_REASON:
             examples.append({"file": self.files[file_index].path, "line": line, "detail": detail})

@@ -65,6 +65,8 @@ def run(
     chunk_rows: Annotated[int, typer.Option(min=1, help="Rows per chunk; output does not depend on it.")] = 2048,
     overwrite: Annotated[bool, typer.Option(help="Replace a previous run in OUTPUT.")] = False,
     workers: Annotated[Optional[int], typer.Option(min=1, help="Tokenizer threads (default: every core); output does not depend on it.")] = None,
+    rejects: Annotated[Optional[Path], typer.Option(help="Write every dropped row, with file, line and reason, to this JSONL file.")] = None,
+    strict: Annotated[bool, typer.Option(help="Stop at the first bad row (malformed, wrong type, ...), naming file:line and the cause.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no summary.")] = False,
 ) -> None:
     """Run the pipeline described by CONFIG over INPUTS into OUTPUT."""
@@ -81,7 +83,8 @@ def run(
         with Progress(*columns, console=err, disable=quiet, transient=True) as bar:
             task = bar.add_task("preprocessing", total=None)
             manifest = run_pipeline(cfg, inputs, output, tokenizer=tokenizer, device=device, chunk_rows=chunk_rows,
-                                    overwrite=overwrite, workers=workers, progress=lambda n: bar.advance(task, n))
+                                    overwrite=overwrite, workers=workers, rejects=rejects, strict=strict,
+                                    progress=lambda n: bar.advance(task, n))
     except GpuPrepError as exc:
         raise _fail(exc) from None
     if not quiet:

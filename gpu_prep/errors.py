@@ -33,3 +33,8 @@ class Drop:
     DUPLICATE = "duplicate"
     NO_TRAINED_TOKENS = "no_trained_tokens"
     TOKENIZER_MISMATCH = "tokenizer_mismatch"
+
+    # Reasons that mean the row itself is bad data (--strict stops at the first), as opposed to rows that are
+    # well formed but filtered out by a rule (length, duplicate, nothing left to train).
+    BAD_DATA = frozenset({MALFORMED_JSON, NOT_AN_OBJECT, MISSING_FIELD, WRONG_TYPE, EMPTY, TEMPLATE_ERROR,
+                          TOKENIZER_MISMATCH})

@@ -79,7 +79,7 @@ class Rows:
     payload: list[Any]
 
 
-Drops = list[tuple[int, int, str, str]]  # (file index, line, reason, detail), in row order
+Drops = list[tuple[int, int, str, str, Any]]  # (file index, line, reason, detail, row), in row order
 
 
 def _format(chunk: RawChunk, config: PipelineConfig, drops: Drops) -> Rows:
@@ -94,7 +94,7 @@ def _format(chunk: RawChunk, config: PipelineConfig, drops: Drops) -> Rows:
             domain = domain_of(record, config.output.domain_key)
             shape = build(record, config)
         except RowError as err:
-            drops.append((file_index, line, err.reason, err.detail))
+            drops.append((file_index, line, err.reason, err.detail, record))
             continue
         rows.index.append(i)
         rows.domain.append(domain)
@@ -110,7 +110,7 @@ def _drop_where(rows: Rows, reasons: list[tuple[str, str] | None], chunk: RawChu
             kept.domain.append(domain)
             kept.payload.append(payload)
         else:
-            drops.append((chunk.file_index[i], chunk.line[i], *reason))
+            drops.append((chunk.file_index[i], chunk.line[i], *reason, chunk.records[i]))
     return kept
 
 
@@ -119,7 +119,11 @@ def _filter(backend: Backend, rows: Rows, config: PipelineConfig, dedup: Dedupli
     keys = [dedup_text(shape) for shape in rows.payload]
     pretraining = np.fromiter((isinstance(s, Segments) and s.train_all for s in rows.payload), bool, len(texts))
     reasons = filter_rows(backend, texts, keys, pretraining, config, dedup)
-    return [None if r is None else (r, f"{r.replace('_', ' ')} ({len(t)} characters)") for r, t in zip(reasons, texts)]
+    rules = config.preprocessing
+    details = {Drop.TOO_SHORT: f"shorter than min_chars {rules.min_chars}",
+               Drop.TOO_LONG: f"longer than max_chars {rules.max_chars}",
+               Drop.DUPLICATE: "its first 200 characters have the MD5 of an earlier row's"}
+    return [None if r is None else (r, f"{len(t)} characters; {details[r]}") for r, t in zip(reasons, texts)]
 
 
 def _render(rows: Rows, ctx: RenderContext) -> tuple[Rows, list]:
@@ -184,12 +188,14 @@ def _write(backend: Backend, masked: Any, valid: np.ndarray, rows: Rows, chunk: 
     ids, loss_mask = backend.to_host(masked.ids), backend.to_host(masked.loss_mask)
     offsets, kept = backend.to_host(masked.offsets), backend.to_host(masked.kept_rows)
     truncated = set(backend.to_host(masked.truncated_rows).tolist())
+    def drop(r: int, reason: str, detail: str) -> None:
+        i = rows.index[r]
+        acct.dropped(chunk.file_index[i], chunk.line[i], reason, detail, chunk.records[i])
+
     for r in np.nonzero(~valid)[0]:
-        acct.dropped(chunk.file_index[rows.index[r]], chunk.line[rows.index[r]], Drop.TOKENIZER_MISMATCH,
-                     "the tokens do not cover the rendered text byte for byte")
+        drop(r, Drop.TOKENIZER_MISMATCH, "the tokens do not cover the rendered text byte for byte")
     for r in backend.to_host(masked.no_trained_rows):
-        acct.dropped(chunk.file_index[rows.index[r]], chunk.line[rows.index[r]], Drop.NO_TRAINED_TOKENS,
-                     "no trained token within max_seq_len")
+        drop(r, Drop.NO_TRAINED_TOKENS, "no trained token within max_seq_len")
     by_domain: dict[str, list[int]] = defaultdict(list)
     for k, r in enumerate(kept):
         by_domain[rows.domain[r]].append(k)
@@ -276,6 +282,7 @@ def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
 
 def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, tokenizer: str | None = None,
         device: str | None = None, chunk_rows: int = 2048, overwrite: bool = False, workers: int | None = None,
+        rejects: str | Path | None = None, strict: bool = False,
         progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Run the whole pipeline and return the manifest (also written to OUT_DIR/manifest.json)."""
     started = time.perf_counter()
@@ -287,7 +294,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
     prepare_output(out_dir, overwrite)
     ctx = render_context(config, tok)
     encode, engine_pending = backend.encoder(tok), True
-    acct = Accounting(files)
+    acct = Accounting(files, rejects=Path(rejects) if rejects else None, strict=strict)
     writer = DatasetWriter(out_dir, config.output.storage_format, config.output.max_tokens_per_shard)
     dedup = Deduplicator() if config.preprocessing.deduplicate else None
     chunks = read_chunks(files, chunk_rows, config.preprocessing.max_items)
@@ -309,6 +316,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
             clock.time("write", _write, backend, masked, valid, rows, chunk, writer, acct)
         if progress is not None:
             progress(len(chunk))
+    acct.close()
     domains = clock.time("write", writer.finish)
     checksums = clock.time("checksums", lambda: [sha256_file(Path(f.path)) for f in files])
     elapsed = time.perf_counter() - started

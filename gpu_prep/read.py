@@ -22,7 +22,7 @@ SUFFIXES = (".jsonl", ".json", ".parquet")
 # A chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so memory stays
 # bounded whatever the rows' sizes.
 CHUNK_BYTES = 4 << 20
-Row = tuple[int, Any, "tuple[str, str] | None", int]  # line (or row) number, record, error, bytes of JSON
+Row = tuple[int, Any, "tuple[str, str, Any] | None", int]  # line (or row) number, record, error, bytes of JSON
 
 
 @dataclass(frozen=True)
@@ -39,14 +39,14 @@ class RawChunk:
     file_index: list[int] = field(default_factory=list)
     line: list[int] = field(default_factory=list)
     records: list[dict[str, Any] | None] = field(default_factory=list)
-    errors: dict[int, tuple[str, str]] = field(default_factory=dict)
+    errors: dict[int, tuple[str, str, Any]] = field(default_factory=dict)  # reason, detail, the row as read
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def add(self, file_index: int, line: int, record: Any, error: tuple[str, str] | None = None) -> None:
+    def add(self, file_index: int, line: int, record: Any, error: tuple[str, str, Any] | None = None) -> None:
         if error is None and not isinstance(record, dict):
-            error = (Drop.NOT_AN_OBJECT, f"a row must be a JSON object, got {type(record).__name__}")
+            error = (Drop.NOT_AN_OBJECT, f"a row must be a JSON object, got {type(record).__name__}", record)
         if error is not None:
             self.errors[len(self.records)] = error
             record = None
@@ -78,11 +78,15 @@ def expand_inputs(patterns: list[str]) -> list[InputFile]:
     return files
 
 
-def _parse_line(raw: bytes) -> tuple[Any, tuple[str, str] | None]:
+REJECT_TEXT_CHARS = 1 << 20  # how much of a malformed line a rejects file keeps
+
+
+def _parse_line(raw: bytes) -> tuple[Any, tuple[str, str, Any] | None]:
     try:
         return orjson.loads(raw), None
     except orjson.JSONDecodeError as exc:
-        return None, (Drop.MALFORMED_JSON, f"not valid JSON: {exc}")
+        text = raw[:REJECT_TEXT_CHARS].decode("utf-8", errors="replace").rstrip("\r\n")
+        return None, (Drop.MALFORMED_JSON, f"not valid JSON: {exc}", text)
 
 
 def _jsonl_rows(file: InputFile) -> Iterator[Row]:

@@ -246,3 +246,26 @@ def test_device_gpu_without_a_gpu_says_what_is_missing(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert re.search(r"--device gpu: .*(extra|driver|device)", result.output.replace("\n", " "))
     assert "Traceback" not in result.output
+
+
+def test_rejects_file_lists_every_dropped_row(tmp_path: Path) -> None:
+    rejects = tmp_path / "rejects.jsonl"
+    out = tmp_path / "out"
+    result = _run_sft(tmp_path, "-o", out, "--rejects", rejects)
+    assert result.exit_code == 0, result.output
+    entries = [json.loads(line) for line in rejects.read_text().splitlines()]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(entries) == sum(manifest["totals"]["rows_dropped"].values()) > 0
+    by_reason = {e["reason"]: e for e in entries}
+    assert set(by_reason) == set(manifest["totals"]["rows_dropped"])
+    assert by_reason["malformed_json"]["row"].startswith('{"source"')  # the line as it was
+    assert isinstance(by_reason["wrong_type"]["row"], dict)
+    assert all(e["file"].endswith("chat.jsonl") and e["line"] >= 1 for e in entries)
+
+
+def test_strict_stops_at_the_first_bad_row_naming_file_and_line(tmp_path: Path) -> None:
+    result = _run_sft(tmp_path, "-o", tmp_path / "out", "--strict")
+    assert result.exit_code == 1
+    text = result.output.replace("\n", " ")
+    assert re.search(r"chat\.jsonl:12: wrong type: field 'messages' must be a list", text), text
+    assert "Traceback" not in result.output
