@@ -51,7 +51,7 @@ from gpu_prep.write import DatasetWriter, sha256_file, write_json_atomic
 T = TypeVar("T")
 DEFAULT_TOKENIZER = "qwen2.5"
 MANIFEST = "manifest.json"
-ENGINE_SAMPLE_BYTES = 1 << 20  # text of the first chunk on which a fast engine must equal HF before it is used
+ENGINE_SAMPLE_BYTES = 256 << 10  # text of the first chunk on which a fast engine must equal HF before it is used
 
 
 @dataclass

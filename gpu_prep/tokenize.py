@@ -57,7 +57,7 @@ class Tokenizer:
     prefix_text: str
     suffix_text: str
     special_tokens: dict[str, str] = field(default_factory=dict)
-    spec: dict[str, Any] = field(default_factory=dict, repr=False)  # the parsed tokenizer.json
+    spec: dict[str, Any] = field(default_factory=dict, repr=False)  # the parts of tokenizer.json in use
     active: Any = None  # the engine encode() runs: HF until use_engine() picks
     engine_choice: str = "hf: default"
 
@@ -157,6 +157,23 @@ def _byte_lengths(spec: dict[str, Any], engine: Any) -> np.ndarray | None:
     return table
 
 
+def _outline(engine: Any) -> dict[str, Any]:
+    """The parts of tokenizer.json this package reads (model type and vocabulary, pre-tokenizer,
+    normalizer, added tokens), taken from the loaded engine: parsing the file again would also build the
+    whole merges list in Python, for nothing."""
+    def state(component: Any) -> Any:
+        return orjson.loads(component.__getstate__()) if component is not None else None
+
+    added = sorted(engine.get_added_tokens_decoder().items())
+    return {
+        "model": {"type": type(engine.model).__name__, "vocab": engine.get_vocab(with_added_tokens=False)},
+        "pre_tokenizer": state(engine.pre_tokenizer),
+        "normalizer": state(engine.normalizer),
+        "added_tokens": [{"id": i, "content": t.content, "lstrip": t.lstrip, "rstrip": t.rstrip,
+                          "single_word": t.single_word, "special": t.special} for i, t in added],
+    }
+
+
 def _added_around(engine: Any) -> tuple[list[int], list[int]]:
     """The ids the tokenizer's post-processor puts before and after a plain text (BOS; [CLS] ... [SEP])."""
     with_special = engine.encode("a", add_special_tokens=True).ids
@@ -185,15 +202,14 @@ def load_tokenizer(spec: str) -> Tokenizer:
         if not path.is_file():
             raise ConfigError(f"tokenizer {spec!r}: {name} is missing in {directory}")
     try:
-        raw = files["tokenizer.json"].read_text(encoding="utf-8")
-        tokenizer_spec = orjson.loads(raw)
         config = orjson.loads(files["tokenizer_config.json"].read_bytes())
-        engine = Engine.from_str(raw)
+        engine = Engine.from_file(str(files["tokenizer.json"]))
         # Some tokenizer.json files carry padding or truncation settings: lengths are this pipeline's job.
         engine.no_padding()
         engine.no_truncation()
     except (ValueError, OSError, Exception) as exc:  # tokenizers raises a bare Exception on bad files
         raise ConfigError(f"tokenizer {spec!r}: cannot load {directory}: {exc}") from None
+    tokenizer_spec = _outline(engine)
     prefix_ids, suffix_ids = _added_around(engine)
     special = {key: text for key in ("bos_token", "eos_token", "pad_token", "unk_token")
                if (text := _token_text(config.get(key))) is not None}
