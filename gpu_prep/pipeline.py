@@ -8,15 +8,13 @@ tokens is array code on the backend's `xp`.
 from __future__ import annotations
 
 import dataclasses
-import queue
 import shutil
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -43,31 +41,15 @@ from gpu_prep.mask import (
     segment_sums,
     truncate_and_filter,
 )
+from gpu_prep.overlap import Sink, Stopwatch, overlapped
 from gpu_prep.read import RawChunk, expand_inputs, read_chunks
 from gpu_prep.render import RenderContext, RenderedRow, affix_disagreement, render_row
 from gpu_prep.tokenize import Tokenizer, load_tokenizer
 from gpu_prep.write import DatasetWriter, sha256_file, write_json_atomic
 
-T = TypeVar("T")
 DEFAULT_TOKENIZER = "qwen2.5"
 MANIFEST = "manifest.json"
 ENGINE_SAMPLE_BYTES = 256 << 10  # text of the first chunk on which a fast engine must equal HF before it is used
-
-
-@dataclass
-class Stopwatch:
-    """Seconds spent in each stage, added up over chunks (stages overlap, so they may sum past the total)."""
-
-    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def time(self, stage: str, fn: Callable[..., Any], *args: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return fn(*args)
-        finally:
-            with self.lock:
-                self.seconds[stage] += time.perf_counter() - start
 
 
 @dataclass
@@ -227,31 +209,6 @@ def _prepare(chunks: Iterator[RawChunk], config: PipelineConfig, ctx: RenderCont
         yield chunk, _drop_where(rows, reasons, chunk, drops), drops
 
 
-def overlapped(items: Iterator[T], depth: int = 1) -> Iterator[T]:
-    """The items of an iterator produced in a thread of their own, at most `depth` ahead of the consumer."""
-    done = object()
-    handoff: queue.Queue = queue.Queue(maxsize=depth)
-
-    def produce() -> None:
-        try:
-            for item in items:
-                handoff.put(item)
-            handoff.put(done)
-        except BaseException as exc:  # handed to the consumer, which raises it
-            handoff.put(_Failure(exc))
-
-    threading.Thread(target=produce, name="gpu-prep-host-stages", daemon=True).start()
-    while (item := handoff.get()) is not done:
-        if isinstance(item, _Failure):
-            raise item.exc
-        yield item
-
-
-@dataclass
-class _Failure:
-    exc: BaseException
-
-
 def prepare_output(out_dir: Path, overwrite: bool) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"output {str(out_dir)!r} is a file, not a directory")
@@ -298,24 +255,34 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
     writer = DatasetWriter(out_dir, config.output.storage_format, config.output.max_tokens_per_shard)
     dedup = Deduplicator() if config.preprocessing.deduplicate else None
     chunks = read_chunks(files, chunk_rows, config.preprocessing.max_items)
-    # Reading, formatting, filtering and rendering run one chunk ahead, in a thread of their own, while
-    # this thread tokenizes (the engines release the GIL), masks and writes. Order is kept: output does
-    # not depend on the overlap.
-    for chunk, rows, drops in overlapped(_prepare(chunks, config, ctx, backend, dedup, clock)):
+
+    def finish_chunk(item: tuple[RawChunk, Rows, Drops, Any]) -> None:
+        """Account for a chunk, mask it and write it (the only place accounting and writing happen)."""
+        chunk, rows, drops, tokens = item
         for file_index in chunk.file_index:
             acct.read(file_index)
         for drop in drops:
             acct.dropped(*drop)
-        if rows.index and engine_pending:
-            clock.time("engine check", tok.use_engine, config.tokenizer.engine, _engine_sample(rows.payload), workers)
-            encode, engine_pending = backend.encoder(tok), False
-        if rows.index:
-            ids, tokens_per_piece = clock.time("tokenize", _tokenize, encode, rows.payload)
-            masked, valid = clock.time("mask", _mask, backend, tok, rows.payload, ids, tokens_per_piece,
+        if tokens is not None:
+            masked, valid = clock.time("mask", _mask, backend, tok, rows.payload, *tokens,
                                        config.preprocessing.max_seq_len)
             clock.time("write", _write, backend, masked, valid, rows, chunk, writer, acct)
         if progress is not None:
             progress(len(chunk))
+
+    # Three stages overlap, each in its own thread and in order: reading, formatting, filtering and
+    # rendering run a chunk ahead; this thread tokenizes (the engines release the GIL); masking, accounting
+    # and writing run a chunk behind. Output does not depend on the overlap.
+    with Sink(finish_chunk) as finish:
+        for chunk, rows, drops in overlapped(_prepare(chunks, config, ctx, backend, dedup, clock)):
+            tokens = None
+            if rows.index and engine_pending:
+                clock.time("engine check", tok.use_engine, config.tokenizer.engine, _engine_sample(rows.payload),
+                           workers)
+                encode, engine_pending = backend.encoder(tok), False
+            if rows.index:
+                tokens = clock.time("tokenize", _tokenize, encode, rows.payload)
+            finish.put((chunk, rows, drops, tokens))
     acct.close()
     domains = clock.time("write", writer.finish)
     checksums = clock.time("checksums", lambda: [sha256_file(Path(f.path)) for f in files])

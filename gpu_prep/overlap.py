@@ -1,0 +1,96 @@
+"""Stages that overlap: each runs in a thread of its own and hands its results on in order.
+
+The tokenizer engines release the GIL, so while one thread tokenizes a chunk, another can read and render
+the next and a third mask and write the previous one. Order is kept everywhere, so output does not depend
+on how the work interleaves.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass
+class Stopwatch:
+    """Seconds spent in each stage, added up over chunks (stages overlap, so they may sum past the total)."""
+
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def time(self, stage: str, fn: Callable[..., Any], *args: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            with self.lock:
+                self.seconds[stage] += time.perf_counter() - start
+
+
+def overlapped(items: Iterator[T], depth: int = 1) -> Iterator[T]:
+    """The items of an iterator produced in a thread of their own, at most `depth` ahead of the consumer."""
+    done = object()
+    handoff: queue.Queue = queue.Queue(maxsize=depth)
+
+    def produce() -> None:
+        try:
+            for item in items:
+                handoff.put(item)
+            handoff.put(done)
+        except BaseException as exc:  # handed to the consumer, which raises it
+            handoff.put(_Failure(exc))
+
+    threading.Thread(target=produce, name="gpu-prep-host-stages", daemon=True).start()
+    while (item := handoff.get()) is not done:
+        if isinstance(item, _Failure):
+            raise item.exc
+        yield item
+
+
+@dataclass
+class _Failure:
+    exc: BaseException
+
+
+class Sink:
+    """Runs fn on each item put, in order, in a thread of its own, at most one item behind the producer.
+    An exception in fn is raised again in the producer, at its next put or when the sink closes."""
+
+    def __init__(self, fn: Callable[[Any], None]) -> None:
+        self.fn = fn
+        self.handoff: queue.Queue = queue.Queue(maxsize=1)
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._drain, name="gpu-prep-write", daemon=True)
+
+    def _drain(self) -> None:
+        while (item := self.handoff.get()) is not _CLOSE:
+            if self.failure is None:
+                try:
+                    self.fn(item)
+                except BaseException as exc:  # handed to the producer
+                    self.failure = exc
+
+    def put(self, item: Any) -> None:
+        if self.failure is not None:
+            raise self.failure
+        self.handoff.put(item)
+
+    def __enter__(self) -> Sink:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.handoff.put(_CLOSE)
+        self.thread.join()
+        if self.failure is not None and exc_info[0] is None:
+            raise self.failure
+
+
+_CLOSE = object()
