@@ -12,8 +12,12 @@ from typing import Any
 
 
 def row_of(xp: Any, offsets: Any, n: int) -> Any:
-    """The row index of each of n flat elements, given int64 row offsets (len rows + 1)."""
-    return xp.searchsorted(offsets[1:], xp.arange(n, dtype=xp.int64), side="right")
+    """The row index of each of n flat elements, given int64 row offsets (len rows + 1).
+
+    Counts the rows that start at or before each element: one pass (bincount + cumsum) instead of a
+    binary search per element, and no repeat() (whose CuPy semantics changed between releases)."""
+    starts = xp.bincount(offsets[1:-1], minlength=n + 1)[:n]
+    return xp.cumsum(starts)
 
 
 def offsets_from_lengths(xp: Any, lengths: Any) -> Any:

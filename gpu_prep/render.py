@@ -172,6 +172,8 @@ def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, lis
 
 def _to_bytes(text: str, spans: list[Span], form: str | None) -> tuple[str, list[tuple[int, int, str]]]:
     """Normalize text between span boundaries and turn character spans into byte spans."""
+    if text.isascii():  # one byte per character, and every normal form leaves ASCII alone
+        return text, spans
     cuts = sorted({0, len(text), *(s for s, _, _ in spans), *(e for _, e, _ in spans)})
     byte_at: dict[int, int] = {0: 0}
     out: list[str] = []
