@@ -213,6 +213,7 @@ def setup_gpu_prep(ws: Workspace) -> Job:
     from gpu_prep.tokenize import load_tokenizer
 
     tok = load_tokenizer(str(ws.tokenizer))
+    tok.prepare_engines("auto")  # building the engines is loading, as for the raw-engine routes
     # run() loads its tokenizer itself; hand it the loaded one so that, like every peer, the clock starts
     # with the tokenizer in memory (the test suite's fast_tokenizer fixture does the same). Should run()
     # stop looking it up there, the load would silently land inside the clock: refuse instead.

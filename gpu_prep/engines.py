@@ -115,6 +115,16 @@ def first_difference(a: Any, b: Any, pieces: list[str]) -> str | None:
 _BUILT: dict[Any, TiktokenEngine] = {}  # building one takes a good part of a second: once per process
 
 
+def build_fast_engine(requested: str, spec: dict[str, Any], cache_key: Any) -> None:
+    """Build (once per process) the tiktoken engine choose_engine will consider: part of loading the
+    tokenizer, before any input is read."""
+    if requested != "hf" and tiktoken_problem(spec) is None and cache_key not in _BUILT:
+        try:
+            _BUILT[cache_key] = TiktokenEngine.from_spec(spec)
+        except ImportError:
+            pass
+
+
 def choose_engine(requested: str, spec: dict[str, Any], hf: HfEngine, sample: list[str],
                   threads: int | None = None, cache_key: Any = None) -> tuple[Any, str]:
     """The engine to run and a sentence saying why. `requested`: auto | hf | tiktoken.

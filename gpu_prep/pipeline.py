@@ -246,6 +246,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
     clock = Stopwatch()
     files = expand_inputs(inputs)
     tok = clock.time("load tokenizer", load_tokenizer, tokenizer or config.tokenizer.name or DEFAULT_TOKENIZER)
+    clock.time("load tokenizer", tok.prepare_engines, config.tokenizer.engine)
     backend = select_backend(device or config.device, config.gpu.rmm_pool_size, config.gpu.spill)
     out_dir = Path(out_dir)
     prepare_output(out_dir, overwrite)

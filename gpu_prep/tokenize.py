@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from gpu_prep.engines import HfEngine, choose_engine
+from gpu_prep.engines import HfEngine, build_fast_engine, choose_engine
 from gpu_prep.errors import ConfigError
 
 # End-of-turn tokens of the common template families; those present in the vocabulary, plus the eos token,
@@ -115,12 +115,18 @@ class Tokenizer:
         """(flat int64 ids, int64 token count per piece); no special tokens are added."""
         return self.active.encode(pieces)
 
+    def _engine_key(self) -> tuple:
+        stat = (self.directory / "tokenizer.json").stat()
+        return str(self.directory.resolve()), stat.st_size, stat.st_mtime_ns
+
+    def prepare_engines(self, requested: str) -> None:
+        """Build the fast engine a run may use (auto | hf | tiktoken) before it reads any input."""
+        build_fast_engine(requested, self.spec, self._engine_key())
+
     def use_engine(self, requested: str, sample: list[str], threads: int | None = None) -> str:
         """Pick the engine for this run (auto | hf | tiktoken), checked on a sample of the input."""
-        stat = (self.directory / "tokenizer.json").stat()
-        key = (str(self.directory.resolve()), stat.st_size, stat.st_mtime_ns)
         self.active, self.engine_choice = choose_engine(requested, self.spec, HfEngine(self.engine), sample,
-                                                        threads, cache_key=key)
+                                                        threads, cache_key=self._engine_key())
         return self.engine_choice
 
     def decode(self, ids: Any) -> str:
