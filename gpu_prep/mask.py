@@ -75,6 +75,11 @@ def truncate_and_filter(xp: Any, ids: Any, loss_mask: Any, offsets: Any, max_seq
     first max_seq_len - keep_tail tokens and then those, as HF tokenizers truncate.
     """
     lengths = offsets[1:] - offsets[:-1]
+    if len(lengths) and int(lengths.max()) <= max_seq_len:
+        trained = segment_sums(xp, loss_mask, offsets)
+        if bool((valid & (trained > 0)).all()):  # nothing to cut and nothing to drop: keep every array as is
+            none = xp.zeros(0, dtype=xp.int64)
+            return Masked(ids, loss_mask, offsets, xp.arange(len(lengths), dtype=xp.int64), none, none)
     rows = row_of(xp, offsets, len(ids))
     position = xp.arange(len(ids), dtype=xp.int64) - offsets[rows]
     tail = xp.zeros(len(lengths), dtype=xp.int64) if keep_tail is None else xp.minimum(keep_tail, max_seq_len)

@@ -157,8 +157,13 @@ def _mask(backend: Backend, tok: Tokenizer, rendered: list[RenderedRow], ids: np
     valid = (segment_sums(xp, token_len, offsets_d) == backend.asarray(row_bytes)) | ~backend.asarray(has_spans)
     by_span = project(xp, token_len, offsets_d, backend.asarray(spans[:, 0].copy()),
                       backend.asarray(spans[:, 1].copy()), backend.asarray(span_offsets))
-    piece_of_token = row_of(xp, backend.asarray(offsets_from_lengths(np, tokens_per_piece)), len(ids))
-    loss_mask = xp.maximum(by_span, backend.asarray(piece_trained)[piece_of_token])
+    if piece_trained.all():  # pretraining text: every token counts
+        loss_mask = xp.ones(len(ids), dtype=xp.int8)
+    elif piece_trained.any():
+        piece_of_token = row_of(xp, backend.asarray(offsets_from_lengths(np, tokens_per_piece)), len(ids))
+        loss_mask = xp.maximum(by_span, backend.asarray(piece_trained)[piece_of_token])
+    else:  # chat: byte spans say it all
+        loss_mask = by_span
     closing = np.fromiter((r.closing_piece for r in rendered), bool, len(rendered))
     keep_tail = np.where(closing, tokens_per_piece[np.maximum(piece_offsets[1:] - 1, 0)], 0)
     masked = truncate_and_filter(xp, ids_d, loss_mask, offsets_d, max_seq_len, valid, backend.asarray(keep_tail))
