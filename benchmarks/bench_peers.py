@@ -57,20 +57,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.corpora import debian_docs, sharegpt_chats, write_jsonl  # noqa: E402
+from benchmarks.reference import hf_tokenizer, write_tokenizer_dir  # noqa: E402
 
-# Same template as tests/test_reference_masks.py: the test proves gpu-prep's masks equal transformers'
-# generation masks under it, so here a mismatch means a real regression, not a template difference.
-CHATML_WITH_GENERATION = (
-    "{%- for message in messages %}"
-    "{%- if message['role'] == 'assistant' %}"
-    "{{- '<|im_start|>assistant\\n' }}"
-    "{% generation %}{{- message['content'] + '<|im_end|>' }}{% endgeneration %}"
-    "{{- '\\n' }}"
-    "{%- else %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-)
 REFERENCE = "datasets.map"
 GPU_PREP = "gpu-prep"
 RAW_ENGINE = "HF tokenizers"
@@ -146,30 +134,6 @@ class Workspace:
 
     def report(self, route: str) -> Path:
         return self.root / f"{route.replace(' ', '_')}.json"
-
-
-def write_tokenizer_dir(target: Path) -> Path:
-    """The bundled Qwen2.5 tokenizer.json beside a tokenizer_config.json carrying the generation template."""
-    from gpu_prep.bundled import bundled_tokenizer_dir
-
-    source = bundled_tokenizer_dir("qwen2.5")
-    target.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(source / "tokenizer.json", target / "tokenizer.json")
-    config = json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8"))
-    config["chat_template"] = CHATML_WITH_GENERATION
-    (target / "tokenizer_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
-    return target
-
-
-def hf_tokenizer(directory: Path) -> Any:
-    """transformers' fast tokenizer over exactly this tokenizer.json (not a class that rebuilds its own)."""
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no advisory about PyTorch: we only tokenize
-    from transformers import PreTrainedTokenizerFast
-
-    config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
-    return PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"),
-                                   chat_template=config["chat_template"], eos_token=config["eos_token"],
-                                   pad_token=config["pad_token"])
 
 
 def prepare(root: Path, corpus: Corpus, rows: int) -> None:
@@ -342,7 +306,12 @@ def setup_tiktoken(ws: Workspace) -> Job:
     import tiktoken
     from tiktoken.load import load_tiktoken_bpe
 
-    from gpu_prep.bundled import _QWEN25_ADDED, QWEN_FIRST_ADDED_ID, QWEN_PATTERN, _ranks_file
+    from gpu_prep.bundled import (
+        _QWEN25_ADDED,
+        QWEN_FIRST_ADDED_ID,
+        QWEN_PATTERN,
+        _ranks_file,
+    )
 
     # Built as tests/test_bundled.py builds it, the test that proves it equals the bundled tokenizer.
     special = {t: QWEN_FIRST_ADDED_ID + i for i, t in enumerate(_QWEN25_ADDED)}

@@ -18,7 +18,6 @@ transformers' text rendering.
 from __future__ import annotations
 
 import json
-import shutil
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ import pytest
 
 import gpu_prep
 from benchmarks.corpora import sharegpt_records
+from benchmarks.reference import hf_tokenizer, write_tokenizer_dir
 from gpu_prep.bundled import bundled_tokenizer_dir
 from gpu_prep.config import parse_config
 from gpu_prep.pipeline import run
@@ -41,20 +41,6 @@ MIN_CORPUS = 1000
 PADDED_EVERY = 10  # every tenth ShareGPT conversation also goes in with whitespace-padded messages
 QWEN_SAMPLE = 200
 EOT = "<|im_end|>"
-
-# ChatML with transformers' generation markers around what an assistant turn trains: its content and the
-# end-of-turn token. Kept free of Jinja whitespace control surprises: every piece is an explicit `{{- }}`.
-CHATML_WITH_GENERATION = (
-    "{%- for message in messages %}"
-    "{%- if message['role'] == 'assistant' %}"
-    "{{- '<|im_start|>assistant\\n' }}"
-    "{% generation %}{{- message['content'] + '<|im_end|>' }}{% endgeneration %}"
-    "{{- '\\n' }}"
-    "{%- else %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-)
 
 # (prefix, suffix) pairs wrapped around messages of the padded variants: newlines, spaces, tabs, CRLF,
 # and mixes, since those are the characters that byte-level BPE merges across a content boundary.
@@ -204,27 +190,6 @@ def test_corpus_covers_hard_cases(corpus: Corpus) -> None:
 # ---------------------------------------------------------------- helpers
 
 
-def write_tokenizer_dir(target: Path, source: Path, chat_template: str) -> Path:
-    """source's tokenizer.json, and its tokenizer_config.json with another chat template."""
-    target.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(source / "tokenizer.json", target / "tokenizer.json")
-    config = json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8"))
-    config["chat_template"] = chat_template
-    (target / "tokenizer_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
-    return target
-
-
-def hf_tokenizer(directory: Path) -> Any:
-    """transformers' fast tokenizer over exactly this tokenizer.json, with the directory's chat template."""
-    from transformers import PreTrainedTokenizerFast
-
-    config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
-    return PreTrainedTokenizerFast(
-        tokenizer_file=str(directory / "tokenizer.json"), chat_template=config["chat_template"],
-        eos_token=config["eos_token"], pad_token=config["pad_token"],
-    )
-
-
 def run_gpu_prep(conversations: list[Conversation], tokenizer: str, work: Path) -> tuple[dict, list]:
     """The real pipeline over a JSONL of the conversations: (manifest, [(ids, loss_mask)] in input order)."""
     work.mkdir(parents=True, exist_ok=True)
@@ -275,8 +240,7 @@ def token_window(tok: Any, ids: list[int], mask: list[int], pos: int, radius: in
 
 @pytest.fixture(scope="session")
 def chatml_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tokenizer_dir(tmp_path_factory.mktemp("chatml-generation"), bundled_tokenizer_dir("qwen2.5"),
-                               CHATML_WITH_GENERATION)
+    return write_tokenizer_dir(tmp_path_factory.mktemp("chatml-generation"))
 
 
 def reference(tok: Any, conversations: list[Conversation], batch: int = 128) -> list[tuple[list[int], list[int]]]:

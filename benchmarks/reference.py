@@ -1,0 +1,52 @@
+"""The independent reference for chat masks, shared by tests/test_reference_masks.py and bench_peers.py.
+
+transformers marks what `{% generation %}` encloses when asked for `return_assistant_tokens_mask`; this
+ChatML template encloses exactly what gpu-prep's default policy trains (an assistant turn's content and its
+end-of-turn token), over the bundled Qwen2.5 tokenizer.json, so ids and masks compare token for token.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+# Every piece is an explicit `{{- }}`, so no Jinja whitespace control can surprise.
+CHATML_WITH_GENERATION = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{% generation %}{{- message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{{- '\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+)
+
+
+def write_tokenizer_dir(target: Path, chat_template: str = CHATML_WITH_GENERATION, source: Path | None = None) -> Path:
+    """A tokenizer directory: source's tokenizer.json (the bundled Qwen2.5 one by default) and its
+    tokenizer_config.json with another chat template."""
+    from gpu_prep.bundled import bundled_tokenizer_dir
+
+    source = source or bundled_tokenizer_dir("qwen2.5")
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source / "tokenizer.json", target / "tokenizer.json")
+    config = json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config["chat_template"] = chat_template
+    (target / "tokenizer_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+    return target
+
+
+def hf_tokenizer(directory: Path) -> Any:
+    """transformers' fast tokenizer over exactly this tokenizer.json, with the directory's chat template."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no advisory about PyTorch: we only tokenize
+    from transformers import PreTrainedTokenizerFast
+
+    config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    return PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"),
+                                   chat_template=config["chat_template"], eos_token=config["eos_token"],
+                                   pad_token=config["pad_token"])
