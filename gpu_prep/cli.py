@@ -23,7 +23,7 @@ from gpu_prep.errors import ConfigError, GpuPrepError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Turn raw LLM training data into token shards with exact loss masks.")
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # error lines stay whole, for grep and for logs
 out = Console()
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Pipeline config (JSON or YAML).")]

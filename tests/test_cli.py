@@ -266,6 +266,6 @@ def test_rejects_file_lists_every_dropped_row(tmp_path: Path) -> None:
 def test_strict_stops_at_the_first_bad_row_naming_file_and_line(tmp_path: Path) -> None:
     result = _run_sft(tmp_path, "-o", tmp_path / "out", "--strict")
     assert result.exit_code == 1
-    text = result.output.replace("\n", " ")
+    text = re.sub(r"\s+", " ", result.output)
     assert re.search(r"chat\.jsonl:12: wrong type: field 'messages' must be a list", text), text
     assert "Traceback" not in result.output
