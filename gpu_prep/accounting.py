@@ -45,6 +45,13 @@ class Accounting:
             rejects.parent.mkdir(parents=True, exist_ok=True)
             self.rejects = open(rejects.with_name(f".{rejects.name}.tmp"), "wb")
 
+    def abort(self) -> None:
+        """The run failed: no rejects file appears."""
+        if self.rejects is not None:
+            self.rejects.close()
+            Path(self.rejects.name).unlink(missing_ok=True)
+            self.rejects = None
+
     def close(self) -> None:
         if self.rejects is not None:
             self.rejects.close()

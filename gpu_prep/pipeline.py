@@ -49,6 +49,7 @@ from gpu_prep.write import DatasetWriter, sha256_file, write_json_atomic
 
 DEFAULT_TOKENIZER = "qwen2.5"
 MANIFEST = "manifest.json"
+RUN_MARKER = ".gpu-prep-run"
 ENGINE_SAMPLE_BYTES = 256 << 10  # text of the first chunk on which a fast engine must equal HF before it is used
 
 
@@ -220,10 +221,18 @@ def prepare_output(out_dir: Path, overwrite: bool) -> None:
     if out_dir.is_dir() and any(out_dir.iterdir()):
         if not overwrite:
             raise ConfigError(f"output {str(out_dir)!r} is not empty; pass --overwrite to replace a previous run")
-        if not (out_dir / MANIFEST).exists():
+        if not (out_dir / MANIFEST).exists() and not (out_dir / RUN_MARKER).exists():
             raise ConfigError(f"output {str(out_dir)!r} holds files that are not a gpu-prep run; refusing to delete them")
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    # Marks the directory as gpu-prep's from the start, so a run that stopped early can be replaced.
+    (out_dir / RUN_MARKER).write_text("a gpu-prep run; finished once manifest.json exists\n", encoding="utf-8")
+
+
+def remove_partial_files(out_dir: Path) -> None:
+    """After a failed run: remove the temporary files of shards that were never finished."""
+    for path in out_dir.rglob(".*.tmp"):
+        path.unlink(missing_ok=True)
 
 
 def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
@@ -242,19 +251,10 @@ def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
     )
 
 
-def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, tokenizer: str | None = None,
-        device: str | None = None, chunk_rows: int = 2048, overwrite: bool = False, workers: int | None = None,
-        rejects: str | Path | None = None, strict: bool = False,
-        progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Run the whole pipeline and return the manifest (also written to OUT_DIR/manifest.json)."""
-    started = time.perf_counter()
-    clock = Stopwatch()
-    files = expand_inputs(inputs)
-    tok = clock.time("load tokenizer", load_tokenizer, tokenizer or config.tokenizer.name or DEFAULT_TOKENIZER)
-    clock.time("load tokenizer", tok.prepare_engines, config.tokenizer.engine)
-    backend = select_backend(device or config.device, config.gpu.rmm_pool_size, config.gpu.spill)
-    out_dir = Path(out_dir)
-    prepare_output(out_dir, overwrite)
+def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backend, out_dir: Path,
+             clock: Stopwatch, chunk_rows: int, workers: int | None, rejects: str | Path | None, strict: bool,
+             progress: Callable[[int], None] | None) -> tuple[Accounting, dict[str, Any]]:
+    """Every chunk through every stage; returns the accounting and the domains written."""
     ctx = render_context(config, tok)
     encode, engine_pending = backend.encoder(tok), True
     acct = Accounting(files, rejects=Path(rejects) if rejects else None, strict=strict)
@@ -279,18 +279,44 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
     # Three stages overlap, each in its own thread and in order: reading, formatting, filtering and
     # rendering run a chunk ahead; this thread tokenizes (the engines release the GIL); masking, accounting
     # and writing run a chunk behind. Output does not depend on the overlap.
-    with Sink(finish_chunk) as finish:
-        for chunk, rows, drops in overlapped(_prepare(chunks, config, ctx, backend, dedup, clock)):
-            tokens = None
-            if rows.index and engine_pending:
-                clock.time("engine check", tok.use_engine, config.tokenizer.engine, _engine_sample(rows.payload),
-                           workers)
-                encode, engine_pending = backend.encoder(tok), False
-            if rows.index:
-                tokens = clock.time("tokenize", _tokenize, encode, rows.payload)
-            finish.put((chunk, rows, drops, tokens))
+    try:
+        with Sink(finish_chunk) as finish:
+            for chunk, rows, drops in overlapped(_prepare(chunks, config, ctx, backend, dedup, clock)):
+                tokens = None
+                if rows.index and engine_pending:
+                    sample = _engine_sample(rows.payload)
+                    clock.time("engine check", tok.use_engine, config.tokenizer.engine, sample, workers)
+                    encode, engine_pending = backend.encoder(tok), False
+                if rows.index:
+                    tokens = clock.time("tokenize", _tokenize, encode, rows.payload)
+                finish.put((chunk, rows, drops, tokens))
+    except BaseException:
+        acct.abort()
+        raise
     acct.close()
     domains = clock.time("write", writer.finish)
+    return acct, domains
+
+
+def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, tokenizer: str | None = None,
+        device: str | None = None, chunk_rows: int = 2048, overwrite: bool = False, workers: int | None = None,
+        rejects: str | Path | None = None, strict: bool = False,
+        progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Run the whole pipeline and return the manifest (also written to OUT_DIR/manifest.json)."""
+    started = time.perf_counter()
+    clock = Stopwatch()
+    files = expand_inputs(inputs)
+    tok = clock.time("load tokenizer", load_tokenizer, tokenizer or config.tokenizer.name or DEFAULT_TOKENIZER)
+    clock.time("load tokenizer", tok.prepare_engines, config.tokenizer.engine)
+    backend = select_backend(device or config.device, config.gpu.rmm_pool_size, config.gpu.spill)
+    out_dir = Path(out_dir)
+    prepare_output(out_dir, overwrite)
+    try:
+        acct, domains = _process(config, files, tok, backend, out_dir, clock, chunk_rows, workers, rejects, strict,
+                                 progress)
+    except BaseException:
+        remove_partial_files(out_dir)
+        raise
     checksums = clock.time("checksums", lambda: [sha256_file(Path(f.path)) for f in files])
     elapsed = time.perf_counter() - started
     manifest = {

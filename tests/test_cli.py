@@ -269,3 +269,15 @@ def test_strict_stops_at_the_first_bad_row_naming_file_and_line(tmp_path: Path) 
     text = re.sub(r"\s+", " ", result.output)
     assert re.search(r"chat\.jsonl:12: wrong type: field 'messages' must be a list", text), text
     assert "Traceback" not in result.output
+
+
+def test_a_run_stopped_by_strict_leaves_no_temporary_files_and_can_be_replaced(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    rejects = tmp_path / "rejects.jsonl"
+    assert _run_sft(tmp_path, "-o", out, "--strict", "--rejects", rejects).exit_code == 1
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+    assert not rejects.exists() and not list(tmp_path.glob(".rejects*"))
+    assert not (out / "manifest.json").exists()
+    refused = _run_sft(tmp_path, "-o", out)
+    assert refused.exit_code == 2 and "--overwrite" in refused.output
+    assert _run_sft(tmp_path, "-o", out, "--overwrite").exit_code == 0
