@@ -35,23 +35,38 @@ class Stopwatch:
 
 
 def overlapped(items: Iterator[T], depth: int = 1) -> Iterator[T]:
-    """The items of an iterator produced in a thread of their own, at most `depth` ahead of the consumer."""
+    """The items of an iterator produced in a thread of their own, at most `depth` ahead of the consumer.
+    When the consumer stops early (an error downstream), the producer stops too instead of waiting forever."""
     done = object()
+    stopped = threading.Event()
     handoff: queue.Queue = queue.Queue(maxsize=depth)
+
+    def hand(item: Any) -> bool:
+        while not stopped.is_set():
+            try:
+                handoff.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def produce() -> None:
         try:
             for item in items:
-                handoff.put(item)
-            handoff.put(done)
+                if not hand(item):
+                    return
+            hand(done)
         except BaseException as exc:  # handed to the consumer, which raises it
-            handoff.put(_Failure(exc))
+            hand(_Failure(exc))
 
     threading.Thread(target=produce, name="gpu-prep-host-stages", daemon=True).start()
-    while (item := handoff.get()) is not done:
-        if isinstance(item, _Failure):
-            raise item.exc
-        yield item
+    try:
+        while (item := handoff.get()) is not done:
+            if isinstance(item, _Failure):
+                raise item.exc
+            yield item
+    finally:
+        stopped.set()
 
 
 @dataclass
