@@ -87,6 +87,8 @@ def run(
                                     progress=lambda n: bar.advance(task, n))
     except GpuPrepError as exc:
         raise _fail(exc) from None
+    except OSError as exc:  # an unwritable output or rejects path, an unreadable input
+        raise _fail(GpuPrepError(f"{exc.filename or ''}: {exc.strerror or exc}")) from None
     if not quiet:
         _summary(manifest, output)
 

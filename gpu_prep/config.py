@@ -150,15 +150,15 @@ def parse_config(data: Any, source: str = "<config>") -> PipelineConfig:
 
 def load_config(path: str | Path) -> PipelineConfig:
     path = Path(path)
+    is_yaml = path.suffix.lower() in (".yaml", ".yml")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the config: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: the config is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
-        if path.suffix.lower() in (".yaml", ".yml"):
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
+        data = yaml.safe_load(text) if is_yaml else json.loads(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'JSON'}: {exc}") from None
+        raise ConfigError(f"{path}: not valid {'YAML' if is_yaml else 'JSON'}: {exc}") from None
     return parse_config(data, str(path))

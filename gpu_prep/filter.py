@@ -10,7 +10,8 @@ duplicate).
   short chat turns are normal.
 - max_chars: rows longer than this are dropped, whatever the input type.
 - deduplicate: a row whose first 200 characters (code points) have the MD5 of an earlier row's first 200
-  characters is dropped. The first occurrence in input order is kept.
+  characters is dropped. The first occurrence in input order among rows that pass the length rules wins,
+  even when a later stage drops it (nothing left to train, a template that refuses it).
 """
 
 from __future__ import annotations

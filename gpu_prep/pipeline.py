@@ -25,7 +25,7 @@ from gpu_prep.backend import Backend, select_backend
 from gpu_prep.chat_template import ChatTemplate
 from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError, Drop
-from gpu_prep.filter import Deduplicator, filter_rows
+from gpu_prep.filter import DEDUP_PREFIX_CHARS, Deduplicator, filter_rows
 from gpu_prep.format import (
     RowError,
     Segments,
@@ -105,7 +105,7 @@ def _filter(backend: Backend, rows: Rows, config: PipelineConfig, dedup: Dedupli
     rules = config.preprocessing
     details = {Drop.TOO_SHORT: f"shorter than min_chars {rules.min_chars}",
                Drop.TOO_LONG: f"longer than max_chars {rules.max_chars}",
-               Drop.DUPLICATE: "its first 200 characters have the MD5 of an earlier row's"}
+               Drop.DUPLICATE: f"its first {DEDUP_PREFIX_CHARS} characters have the MD5 of an earlier row's"}
     return [None if r is None else (r, f"{len(t)} characters; {details[r]}") for r, t in zip(reasons, texts)]
 
 
@@ -166,7 +166,8 @@ def _mask(backend: Backend, tok: Tokenizer, rendered: list[RenderedRow], ids: np
     else:  # chat: byte spans say it all
         loss_mask = by_span
     closing = np.fromiter((r.closing_piece for r in rendered), bool, len(rendered))
-    keep_tail = np.where(closing, tokens_per_piece[np.maximum(piece_offsets[1:] - 1, 0)], 0)
+    keep_tail = np.zeros(len(rendered), dtype=np.int64)
+    keep_tail[closing] = tokens_per_piece[piece_offsets[1:][closing] - 1]
     masked = truncate_and_filter(xp, ids_d, loss_mask, offsets_d, max_seq_len, valid, backend.asarray(keep_tail))
     return masked, backend.to_host(valid)
 
@@ -256,7 +257,7 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
              progress: Callable[[int], None] | None) -> tuple[Accounting, dict[str, Any]]:
     """Every chunk through every stage; returns the accounting and the domains written."""
     ctx = render_context(config, tok)
-    encode, engine_pending = backend.encoder(tok), True
+    encode, engine_pending = None, True
     acct = Accounting(files, rejects=Path(rejects) if rejects else None, strict=strict)
     writer = DatasetWriter(out_dir, config.output.storage_format, config.output.max_tokens_per_shard)
     dedup = Deduplicator() if config.preprocessing.deduplicate else None

@@ -19,8 +19,8 @@ import orjson
 from gpu_prep.errors import ConfigError, Drop
 
 SUFFIXES = (".jsonl", ".json", ".parquet")
-# A chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so memory stays
-# bounded whatever the rows' sizes.
+# A JSON Lines chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so
+# memory stays bounded whatever the rows' sizes (Parquet and JSON-array rows count rows only).
 CHUNK_BYTES = 4 << 20
 Row = tuple[int, Any, "tuple[str, str, Any] | None", int]  # line (or row) number, record, error, bytes of JSON
 
@@ -127,7 +127,7 @@ def _is_json_array(path: str) -> bool:
 
 
 def file_rows(file: InputFile) -> Iterator[Row]:
-    """(line or row number, record, error) for every row of one file."""
+    """(line or row number, record, error, bytes of JSON) for every row of one file."""
     if file.path.endswith(".parquet"):
         return _parquet_rows(file)
     if file.path.endswith(".json") and _is_json_array(file.path):
@@ -142,6 +142,8 @@ def read_chunks(files: list[InputFile], chunk_rows: int, max_items: int | None =
     chunk = RawChunk()
     seen = size = 0
     for file in files:
+        if max_items is not None and seen >= max_items:
+            break
         for line, record, error, nbytes in file_rows(file):
             if max_items is not None and seen >= max_items:
                 break

@@ -96,7 +96,7 @@ class Tokenizer:
         if self.token_bytes is None:
             return f"chat rows need a byte-level BPE tokenizer (this one is {self.model})"
         if self.normalizer_kinds and self.normalization is None:
-            return f"chat rows need a tokenizer whose normalizer is at most NFC/NFKC (this one has {self.normalizer_kinds})"
+            return f"chat rows need a tokenizer whose normalizer is at most a Unicode normal form (this one has {self.normalizer_kinds})"
         return None
 
     @property

@@ -68,13 +68,29 @@ def _check_arrays(ids: Any, loss_mask: Any, offsets: Any, shard: dict[str, Any],
     return faults
 
 
+def _load_json(path: Path) -> tuple[Any, str | None]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), None
+    except (OSError, ValueError) as exc:
+        return None, f"{path.name} cannot be read ({exc})"
+
+
 def verify(out_dir: str | Path) -> list[str]:
     """Every fault found in a run's output; an empty list means it is sound."""
     out_dir = Path(out_dir)
     manifest_path = out_dir / "manifest.json"
     if not manifest_path.is_file():
         return [f"{out_dir}: no manifest.json (not a finished gpu-prep run)"]
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    manifest, problem = _load_json(manifest_path)
+    if problem is not None:
+        return [f"{out_dir}: {problem}"]
+    try:
+        return _verify(out_dir, manifest)
+    except (KeyError, TypeError, IndexError) as exc:
+        return [f"{out_dir}: a manifest or meta.json lacks what a run writes ({type(exc).__name__}: {exc})"]
+
+
+def _verify(out_dir: Path, manifest: dict[str, Any]) -> list[str]:
     faults: list[str] = []
     tokens = 0
     for name, recorded in manifest["domains"].items():
@@ -83,7 +99,10 @@ def verify(out_dir: str | Path) -> list[str]:
         if not meta_path.is_file():
             faults.append(f"{name}: meta.json is missing")
             continue
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta, problem = _load_json(meta_path)
+        if problem is not None:
+            faults.append(f"{name}: {problem}")
+            continue
         if meta != recorded:
             faults.append(f"{name}: meta.json differs from the manifest's copy")
         for k, shard in enumerate(meta["shards"]):

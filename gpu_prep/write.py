@@ -28,6 +28,7 @@ TOKEN_DTYPE = np.dtype("<i8")
 MASK_DTYPE = np.dtype("<i8")
 LOSS_MASK_MEANING = "1 = the token counts in the loss, 0 = it does not"
 _MAX_NAME = 64
+RESERVED_NAMES = {"manifest.json"}  # what a run writes beside its domain directories
 
 
 def safe_dir_name(name: str) -> str:
@@ -36,7 +37,7 @@ def safe_dir_name(name: str) -> str:
     A name that had to change gets a short hash of the original, so different names stay different.
     """
     cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".")[:_MAX_NAME]
-    if cleaned == name and cleaned:
+    if cleaned == name and cleaned and cleaned not in RESERVED_NAMES:
         return cleaned
     return f"{cleaned or 'domain'}-{hashlib.md5(name.encode('utf-8')).hexdigest()[:8]}"
 

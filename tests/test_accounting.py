@@ -209,3 +209,11 @@ def test_chat_dedup_ignores_a_long_shared_system_prompt(tmp_path: Path) -> None:
     manifest = _run(config, [_write(tmp_path, "chat.jsonl", rows)], tmp_path / "out")
     (entry,) = manifest["inputs"]
     assert {k: entry[k] for k in ("rows_read", "rows_written", "rows_dropped")} == _expected(rows)
+
+
+def test_a_chunk_of_empty_texts_is_counted_not_crashed(tmp_path: Path) -> None:
+    config = {"input": {"type": "text"}, "preprocessing": {"min_chars": 0}}
+    rows = [({"text": ""}, Drop.NO_TRAINED_TOKENS), ({"text": ""}, Drop.DUPLICATE)]
+    manifest = _run(config, [_write(tmp_path, "empty.jsonl", rows)], tmp_path / "out")
+    (entry,) = manifest["inputs"]
+    assert {k: entry[k] for k in ("rows_read", "rows_written", "rows_dropped")} == _expected(rows)

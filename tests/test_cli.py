@@ -281,3 +281,12 @@ def test_a_run_stopped_by_strict_leaves_no_temporary_files_and_can_be_replaced(t
     refused = _run_sft(tmp_path, "-o", out)
     assert refused.exit_code == 2 and "--overwrite" in refused.output
     assert _run_sft(tmp_path, "-o", out, "--overwrite").exit_code == 0
+
+
+def test_unwritable_output_and_non_utf8_config_are_clear_errors(tmp_path: Path) -> None:
+    result = _run_sft(tmp_path, "-o", "/proc/gpu-prep-cannot-write-here")
+    assert result.exit_code != 0 and "Traceback" not in result.output and "/proc/" in result.output
+    config = tmp_path / "latin1.json"
+    config.write_bytes('{"mask": {"assistant": "train"}, "x": "caf\xe9"}'.encode("latin-1"))
+    result = _invoke("validate", "-c", config)
+    assert result.exit_code == 2 and "not UTF-8" in result.output

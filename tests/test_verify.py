@@ -78,3 +78,13 @@ def test_cli_verify_exit_codes(tmp_path: Path) -> None:
     (out / "manifest.json").write_text(json.dumps(manifest))
     result = CliRunner().invoke(app, ["verify", str(out)])
     assert result.exit_code == 1 and "tokens" in result.output
+
+
+def test_a_damaged_meta_or_manifest_is_a_fault_not_a_crash(tmp_path: Path) -> None:
+    out = run_rows(tmp_path, {"mask": {"assistant": "train"}}, ROWS[:3])
+    (out / "__default__" / "meta.json").write_text("{")
+    assert any("meta.json cannot be read" in f for f in verify(out))
+    (out / "manifest.json").write_text('{"domains": {}}')
+    assert any("lacks what a run writes" in f for f in verify(out))
+    (out / "manifest.json").write_text("not json")
+    assert any("manifest.json cannot be read" in f for f in verify(out))

@@ -55,3 +55,7 @@ def test_no_temporary_files_are_left_and_none_look_complete_before_finish(tmp_pa
     names = sorted(p.name for p in (tmp_path / "d").iterdir())
     assert not [n for n in names if n.startswith(".")]
     assert "sequence.00001.bin" in names and "meta.json" in names
+
+
+def test_a_domain_named_like_the_manifest_gets_its_own_directory() -> None:
+    assert safe_dir_name("manifest.json") != "manifest.json"
