@@ -80,7 +80,7 @@ class TiktokenEngine:
     name: str = "tiktoken"
 
     @classmethod
-    def from_spec(cls, spec: dict[str, Any], threads: int | None = None) -> TiktokenEngine:
+    def from_spec(cls, spec: dict[str, Any]) -> TiktokenEngine:
         import tiktoken
 
         decode = _byte_decoder()
@@ -90,7 +90,7 @@ class TiktokenEngine:
         encoding = tiktoken.Encoding("gpu-prep", pat_str=steps[0]["pattern"]["Regex"], mergeable_ranks=ranks,
                                      special_tokens=special)
         form = (spec.get("normalizer") or {}).get("type")
-        return cls(encoding, form, threads or os.cpu_count() or 1)
+        return cls(encoding, form, os.cpu_count() or 1)
 
     def encode(self, pieces: list[str]) -> tuple[np.ndarray, np.ndarray]:
         if self.form:
@@ -115,14 +115,20 @@ def first_difference(a: Any, b: Any, pieces: list[str]) -> str | None:
 _BUILT: dict[Any, TiktokenEngine] = {}  # building one takes a good part of a second: once per process
 
 
-def build_fast_engine(requested: str, spec: dict[str, Any], cache_key: Any) -> None:
-    """Build (once per process) the tiktoken engine choose_engine will consider: part of loading the
-    tokenizer, before any input is read."""
-    if requested != "hf" and tiktoken_problem(spec) is None and cache_key not in _BUILT:
+def build_fast_engine(requested: str, spec: dict[str, Any], cache_key: Any) -> TiktokenEngine | None:
+    """The tiktoken engine choose_engine will consider, built once per process (as part of loading the
+    tokenizer, before any input is read); None when tiktoken cannot run this tokenizer."""
+    if requested == "hf" or tiktoken_problem(spec) is not None:
+        return None
+    if cache_key is None or cache_key not in _BUILT:
         try:
-            _BUILT[cache_key] = TiktokenEngine.from_spec(spec)
+            built = TiktokenEngine.from_spec(spec)
         except ImportError:
-            pass
+            return None
+        if cache_key is None:
+            return built
+        _BUILT[cache_key] = built
+    return _BUILT[cache_key]
 
 
 def choose_engine(requested: str, spec: dict[str, Any], hf: HfEngine, sample: list[str],
@@ -132,18 +138,11 @@ def choose_engine(requested: str, spec: dict[str, Any], hf: HfEngine, sample: li
     cache_key identifies the tokenizer.json (path, size, mtime) so a process builds its tiktoken once."""
     if requested == "hf":
         return hf, "hf: requested"
-    problem = tiktoken_problem(spec)
-    if problem is None:
-        try:
-            fast = _BUILT.get(cache_key) or TiktokenEngine.from_spec(spec)
-        except ImportError:
-            problem = "tiktoken is not installed"
-        else:
-            if cache_key is not None:
-                _BUILT[cache_key] = fast
-            fast = TiktokenEngine(fast.encoding, fast.form, threads or os.cpu_count() or 1)
-    if problem is not None:
+    built = build_fast_engine(requested, spec, cache_key)
+    if built is None:
+        problem = tiktoken_problem(spec) or "tiktoken is not installed"
         return hf, f"hf: tiktoken cannot run this tokenizer ({problem})"
+    fast = TiktokenEngine(built.encoding, built.form, threads or os.cpu_count() or 1)
     difference = first_difference(fast.encode(sample), hf.encode(sample), sample)
     if difference is not None:
         return hf, f"hf: tiktoken differs from HF on this input ({difference}); falling back"

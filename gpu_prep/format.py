@@ -103,7 +103,9 @@ def build_chat(record: dict[str, Any], config: PipelineConfig) -> Conversation:
             raise RowError(Drop.WRONG_TYPE, f"{key}[{i}] must be an object, got {_type_name(message)}")
         role = _string_field(message, role_key, where)
         content = _string_field(message, content_key, where)
-        messages.append({**message, "role": role, "content": content})
+        # Custom role/content keys are renamed, not copied: templates read role and content.
+        extra = {k: v for k, v in message.items() if k not in (role_key, content_key)}
+        messages.append({**extra, "role": role, "content": content})
     return Conversation(messages, tools=record.get("tools"))
 
 
