@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,18 +184,33 @@ def _write(backend: Backend, masked: Any, valid: np.ndarray, rows: Rows, chunk: 
         drop(r, Drop.TOKENIZER_MISMATCH, "the tokens do not cover the rendered text byte for byte")
     for r in backend.to_host(masked.no_trained_rows):
         drop(r, Drop.NO_TRAINED_TOKENS, "no trained token within max_seq_len")
-    by_domain: dict[str, list[int]] = defaultdict(list)
-    for k, r in enumerate(kept):
-        by_domain[rows.domain[r]].append(k)
+    for r in kept:
         acct.written(chunk.file_index[rows.index[r]], int(r) in truncated)
-    lengths = np.diff(offsets)
-    for domain, samples in by_domain.items():
-        take = np.zeros(len(kept), dtype=bool)
-        take[samples] = True
-        token_take = np.repeat(take, lengths)
-        writer.append(domain, ids[token_take], loss_mask[token_take], offsets_from_lengths(np, lengths[take]))
+    _append_by_domain(writer, [rows.domain[r] for r in kept], ids, loss_mask, offsets)
     acct.tokens += len(ids)
     acct.trained_tokens += int(loss_mask.sum())
+
+
+def _append_by_domain(writer: DatasetWriter, domains: list[str], ids: np.ndarray, loss_mask: np.ndarray,
+                      offsets: np.ndarray) -> None:
+    """Hand each domain its samples, in input order: one stable sort of the samples by domain and one
+    gather of their tokens, whatever the number of domains."""
+    names = list(dict.fromkeys(domains))  # in order of first appearance
+    if len(names) == 1:
+        writer.append(names[0], ids, loss_mask, offsets)
+        return
+    code = {name: k for k, name in enumerate(names)}
+    codes = np.fromiter((code[d] for d in domains), np.int64, len(domains))
+    order = np.argsort(codes, kind="stable")
+    lengths = np.diff(offsets)[order]
+    sorted_offsets = offsets_from_lengths(np, lengths)
+    gather = np.repeat(offsets[:-1][order] - sorted_offsets[:-1], lengths) + np.arange(sorted_offsets[-1])
+    ids, loss_mask = ids[gather], loss_mask[gather]
+    bounds = offsets_from_lengths(np, np.bincount(codes, minlength=len(names)))
+    for k, name in enumerate(names):
+        first, last = sorted_offsets[bounds[k]], sorted_offsets[bounds[k + 1]]
+        writer.append(name, ids[first:last], loss_mask[first:last],
+                      sorted_offsets[bounds[k]:bounds[k + 1] + 1] - first)
 
 
 def _prepare(chunks: Iterator[RawChunk], config: PipelineConfig, ctx: RenderContext, backend: Backend,
