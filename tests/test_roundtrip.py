@@ -182,3 +182,20 @@ def test_bin_shard_files_hold_exactly_their_samples(tmp_path: Path) -> None:
         assert offsets[0] == 0 and np.all(np.diff(offsets) > 0)
         assert offsets[-1] == len(sequence) == len(loss_mask) == shard["num_tokens"]
         assert len(offsets) == shard["num_samples"] + 1
+
+
+def test_each_domain_gets_its_rows_in_input_order(tmp_path: Path) -> None:
+    # Interleaved domains across chunks: each domain's samples are exactly the single-domain run's samples
+    # of that domain's rows, in the same order.
+    domains = ["a", "b", "a", "c", "b", "a", "c", "c", "b", "a", "d"] * 3
+    rows = [{"source": d, "messages": [{"role": "user", "content": f"question {i} for {d}"},
+                                       {"role": "assistant", "content": f"answer {i}"}]}
+            for i, d in enumerate(domains)]
+    config = {"mask": {"assistant": "train"}, "preprocessing": {"deduplicate": False}}
+    together = samples(run_rows(tmp_path, config, rows, name="together", chunk_rows=4))
+    split_out = run_rows(tmp_path, {**config, "output": {"domain_key": "source"}}, rows, name="split", chunk_rows=4)
+    for name in sorted(set(domains)):
+        expected = [together[i] for i, d in enumerate(domains) if d == name]
+        got = samples(split_out, name)
+        assert [s[0].tolist() for s in got] == [s[0].tolist() for s in expected]
+        assert [s[1].tolist() for s in got] == [s[1].tolist() for s in expected]
