@@ -50,6 +50,7 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
     table.add_row("trained-token share", f"{share:.1%}")
     table.add_row("tokens per second", f"{totals['tokens'] / seconds:,.0f}")
     table.add_row("seconds", f"{seconds:.2f}")
+    table.add_row("device, tokenizer engine", f"{manifest['device']}, {manifest['tokenizer']['engine']}")
     for name, meta in manifest["domains"].items():
         table.add_row(f"domain {name}", f"{meta['num_samples']:,} samples, {len(meta['shards'])} shard(s)")
     out.print(table)
