@@ -58,8 +58,10 @@ class Accounting:
             finish_file(Path(self.rejects.name), self.rejects_path)
             self.rejects = None
 
-    def read(self, file_index: int) -> None:
-        self.counts[file_index].rows_read += 1
+    def read(self, file_indices: list[int]) -> None:
+        """Rows read, given the input file of each."""
+        for file_index, n in Counter(file_indices).items():
+            self.counts[file_index].rows_read += n
 
     def written(self, file_index: int, truncated: bool) -> None:
         self.counts[file_index].rows_written += 1

@@ -18,14 +18,16 @@ from typing import Any
 
 import jinja2
 
-_SENTINEL_RE = re.compile("\ue000(\\d+)\ue001")
+# A content's stand-in while a template is probed: private-use characters no template writes or changes.
+SENTINEL = "\ue000{}\ue001"
+SENTINEL_RE = re.compile("\ue000(\\d+)\ue001")
 PROBE_ROLES = ("system", "user", "assistant")
 _PADDING = ("", " \n", "\n\n", "\t ")
 
 
 def _probe_contents(count: int, seed: int) -> list[str]:
     pad = _PADDING[seed % len(_PADDING)]
-    return [f"{pad}\ue000{i}\ue001{pad}" for i in range(count)]
+    return [pad + SENTINEL.format(i) + pad for i in range(count)]
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ class _Rewritten(Exception):
 def _split(rendered: str, contents: list[str]) -> list[str] | None:
     """The texts between consecutive contents; None when the template leaves a content out (such role
     sequences are not learnt, and rows like them go through Jinja)."""
-    found = [int(m.group(1)) for m in _SENTINEL_RE.finditer(rendered)]
+    found = [int(m.group(1)) for m in SENTINEL_RE.finditer(rendered)]
     if found != sorted(set(found)):
         raise _Rewritten
     if found != list(range(len(contents))):

@@ -81,7 +81,6 @@ class ChatTemplate:
     """A compiled template plus the special-token variables templates read (bos_token, eos_token, ...)."""
 
     def __init__(self, source: str, special_tokens: dict[str, str]) -> None:
-        self.source = source
         self.template = compile_template(source)
         self.variables = dict(special_tokens)
 

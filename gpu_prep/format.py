@@ -11,7 +11,7 @@ the row with a reason. New input types register a builder:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 from gpu_prep.errors import Drop
@@ -48,7 +48,6 @@ class Segments:
     pieces: list[tuple[str, str | None]]
     train_all: bool = False
     add_eos: bool = False
-    source_text: str = field(default="")
 
 
 Shape = Union[Conversation, Segments]
@@ -115,19 +114,19 @@ def build_instruction(record: dict[str, Any], config: PipelineConfig) -> Segment
     response = _string_field(record, config.input.response_key)
     if not response.strip():
         raise RowError(Drop.EMPTY, f"field {config.input.response_key!r} is empty")
-    return Segments([(prompt, "prompt"), (response, "response")], add_eos=True, source_text=prompt + response)
+    return Segments([(prompt, "prompt"), (response, "response")], add_eos=True)
 
 
 @register("text")
 def build_text(record: dict[str, Any], config: PipelineConfig) -> Segments:
     text = _string_field(record, config.input.text_key)
-    return Segments([(text, "text")], train_all=True, source_text=text)
+    return Segments([(text, "text")], train_all=True)
 
 
 def source_text(shape: Shape) -> str:
     """The row's own text, before any template: what the length filters look at."""
     if isinstance(shape, Segments):
-        return shape.source_text or "".join(text for text, _ in shape.pieces)
+        return "".join(text for text, _ in shape.pieces)
     return "\n".join(m["content"] for m in shape.messages)
 
 

@@ -280,8 +280,7 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
     def finish_chunk(item: tuple[RawChunk, Rows, Drops, Any]) -> None:
         """Account for a chunk, mask it and write it (the only place accounting and writing happen)."""
         chunk, rows, drops, tokens = item
-        for file_index in chunk.file_index:
-            acct.read(file_index)
+        acct.read(chunk.file_index)
         for drop in drops:
             acct.dropped(*drop)
         if tokens is not None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import jinja2
 
-from gpu_prep.affix import AffixTemplate
+from gpu_prep.affix import SENTINEL, SENTINEL_RE, AffixTemplate
 from gpu_prep.errors import ConfigError, Drop
 from gpu_prep.format import Conversation, RowError, Segments, Shape
 
@@ -30,8 +30,6 @@ if TYPE_CHECKING:
     from gpu_prep.chat_template import ChatTemplate
     from gpu_prep.config import PipelineConfig
 
-_SENTINEL = "\ue000{}\ue001"
-_SENTINEL_RE = re.compile("\ue000(\\d+)\ue001")
 
 Span = tuple[int, int, str]  # start, end, label
 AFFIX_CHECK_ROWS = 256  # rows of the first chunk rendered both ways before the Jinja-free path is trusted
@@ -66,7 +64,7 @@ class RenderedRow:
 def _content_regions(real: str, skeleton: str, contents: dict[int, str], exact_only: bool = False
                      ) -> list[tuple[int, int, int]] | None:
     """[(message index, start, end)] of every content in the real rendering (None: not exact, when asked)."""
-    parts = _SENTINEL_RE.split(skeleton)
+    parts = SENTINEL_RE.split(skeleton)
     literals, order = parts[0::2], [int(i) for i in parts[1::2]]
     if any(b <= a for a, b in pairwise(order)):
         raise RowError(Drop.TEMPLATE_ERROR, "the chat template repeats or reorders message contents")
@@ -104,7 +102,7 @@ def _locate_contents(real: str, conv: Conversation, template: ChatTemplate) -> l
     """Content regions of every message; an empty content gets an empty region (its end-of-turn token can
     still be trained) unless the template renders empty contents differently, then it gets none."""
     def skeleton(indices: dict[int, str]) -> str:
-        masked = [{**m, "content": _SENTINEL.format(i)} if i in indices else m for i, m in enumerate(conv.messages)]
+        masked = [{**m, "content": SENTINEL.format(i)} if i in indices else m for i, m in enumerate(conv.messages)]
         return _render(template, masked, conv.tools)
 
     every = {i: m["content"] for i, m in enumerate(conv.messages)}
