@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from gpu_prep.errors import Drop, InputError
-from gpu_prep.read import InputFile
+from gpu_prep.read import InputFile, as_read
 from gpu_prep.write import finish_file
 
 EXAMPLES_PER_REASON = 3
@@ -73,7 +73,8 @@ class Accounting:
             raise InputError(f"{where}: {reason.replace('_', ' ')}: {detail} (--strict stops at the first bad row)")
         self.counts[file_index].dropped[reason] += 1
         if self.rejects is not None:
-            entry = {"file": self.files[file_index].path, "line": line, "reason": reason, "detail": detail, "row": row}
+            entry = {"file": self.files[file_index].path, "line": line, "reason": reason, "detail": detail,
+                     "row": as_read(row)}
             self.rejects.write(orjson.dumps(entry, default=repr) + b"\n")
         examples = self.examples.setdefault(reason, [])
         if len(examples) < EXAMPLES_PER_REASON:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpu_prep.errors import ConfigError
+from gpu_prep.read import Columnar
 
 if TYPE_CHECKING:
     from gpu_prep.tokenize import Tokenizer
@@ -46,6 +47,8 @@ GPU_API: list[tuple[str, str, tuple[str, ...]]] = [
     ("cudf", "Series.list", ()),
     ("cudf.core.accessors.lists", "ListMethods.len", ()),
     ("cudf.core.accessors.lists", "ListMethods.leaves", ()),
+    ("cudf", "read_json", ("lines", "byte_range", "dtype", "prune_columns", "on_bad_lines")),
+    ("cudf", "DataFrame.to_arrow", ()),
 ]
 
 
@@ -71,6 +74,10 @@ class Backend:
         """What turns text pieces into (flat ids, tokens per piece): the tokenizer's own engine here."""
         return tok.encode
 
+    def columnar_reader(self, fields: tuple[str, ...]) -> Columnar | None:
+        """What reads JSON Lines as columns of these fields on this device; None: read line by line."""
+        return None
+
 
 class GpuBackend(Backend):
     """Arrays in CuPy; string hashing in cuDF. Results are the CPU backend's, byte for byte."""
@@ -89,12 +96,30 @@ class GpuBackend(Backend):
         return [bytes.fromhex(h) for h in hex_digests.to_arrow().to_pylist()]
 
 
+    def columnar_reader(self, fields: tuple[str, ...]) -> Columnar | None:
+        return Columnar(fields, read_json_range)
+
     def encoder(self, tok: Tokenizer) -> Callable[[list[str]], tuple[np.ndarray, np.ndarray]]:
         # WordPiece runs on the GPU; byte-level BPE cannot run exactly in cuDF, so it stays on the CPU
         # engine and its ids move to the device for the mask stage.
         if tok.model == "WordPiece":
             return GpuWordPiece(tok).encode
         return tok.encode
+
+
+def read_json_range(path: str, offset: int, size: int, fields: tuple[str, ...]) -> list[dict[str, Any]] | None:
+    """The rows that start in bytes [offset, offset + size) of a JSON Lines file, as dicts of these string
+    fields; None when cuDF cannot read the range (read.py then parses it line by line)."""
+    import cudf
+
+    try:
+        # A fixed schema (dtype + prune_columns) so every range agrees; a malformed line becomes an all-null
+        # row, which read.py sees and answers by parsing the range line by line.
+        frame = cudf.read_json(path, lines=True, byte_range=[offset, size], dtype={f: "str" for f in fields},
+                               prune_columns=True, on_bad_lines="recover")
+    except Exception:  # noqa: BLE001  anything cuDF refuses is read by the strict parser instead
+        return None
+    return frame.to_arrow().to_pylist()
 
 
 class GpuWordPiece:

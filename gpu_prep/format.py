@@ -123,6 +123,16 @@ def build_text(record: dict[str, Any], config: PipelineConfig) -> Segments:
     return Segments([(text, "text")], train_all=True)
 
 
+def string_fields(config: PipelineConfig) -> tuple[str, ...] | None:
+    """Every field a row's shape and domain are built from, when they are all top-level strings (such rows
+    can be read as columns of those fields alone); None for other input types."""
+    keys = {"text": (config.input.text_key,),
+            "instruction": (config.input.prompt_key, config.input.response_key)}.get(config.input.type)
+    if keys is None:
+        return None
+    return keys + ((config.output.domain_key,) if config.output.domain_key else ())
+
+
 def source_text(shape: Shape) -> str:
     """The row's own text, before any template: what the length filters look at."""
     if isinstance(shape, Segments):

@@ -32,6 +32,7 @@ from gpu_prep.format import (
     domain_of,
     get_builder,
     source_text,
+    string_fields,
 )
 from gpu_prep.mask import (
     offsets_from_lengths,
@@ -275,7 +276,9 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
     acct = Accounting(files, rejects=Path(rejects) if rejects else None, strict=strict)
     writer = DatasetWriter(out_dir, config.output.storage_format, config.output.max_tokens_per_shard)
     dedup = Deduplicator() if config.preprocessing.deduplicate else None
-    chunks = read_chunks(files, chunk_rows, config.preprocessing.max_items)
+    fields = string_fields(config)
+    columnar = backend.columnar_reader(fields) if config.gpu.reader == "cudf" and fields else None
+    chunks = read_chunks(files, chunk_rows, config.preprocessing.max_items, columnar=columnar)
 
     def finish_chunk(item: tuple[RawChunk, Rows, Drops, Any]) -> None:
         """Account for a chunk, mask it and write it (the only place accounting and writing happen)."""

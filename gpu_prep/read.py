@@ -8,8 +8,10 @@ it is counted and never takes its neighbours with it. Blank lines are not rows.
 from __future__ import annotations
 
 import glob
+import mmap
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,15 +91,92 @@ def _parse_line(raw: bytes) -> tuple[Any, tuple[str, str, Any] | None]:
         return None, (Drop.MALFORMED_JSON, f"not valid JSON: {exc}", text)
 
 
+def _exact_rows(lines: Iterator[tuple[int, bytes]]) -> Iterator[Row]:
+    """Numbered lines -> rows, each line parsed by the strict parser; blank lines are not rows."""
+    for line_no, raw in lines:
+        if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        if not raw.strip():
+            continue
+        record, error = _parse_line(raw)
+        yield line_no, record, error, len(raw)
+
+
 def _jsonl_rows(file: InputFile) -> Iterator[Row]:
     with open(file.path, "rb") as handle:
-        for line_no, raw in enumerate(handle, start=1):
-            if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]
-            if not raw.strip():
-                continue
-            record, error = _parse_line(raw)
-            yield line_no, record, error, len(raw)
+        yield from _exact_rows(enumerate(handle, start=1))
+
+
+# Reading JSON Lines as columns: the GPU backend parses byte ranges with cudf.read_json. Its recovery
+# mode is more lenient than a strict JSON parser (raw control characters, trailing content, numbers read
+# as text), so a range is handed to it only when a scan of its bytes rules every such case out, and its
+# result is taken only when it has one complete row per line; any other range is parsed line by line as
+# above. Either way every row is the one the strict parser would give, so output and accounting stay exact.
+RANGE_BYTES = 16 << 20
+# (path, offset, size, fields) -> one dict of those string fields per row, or None when it cannot.
+ReadRange = Callable[[str, int, int, tuple[str, ...]], "list[dict[str, Any]] | None"]
+_UNSAFE_BYTES = re.compile(
+    rb"[\x00-\x09\x0b-\x1f]"  # control characters (tab and CR included), raw in a string or as whitespace
+    rb"|\\u[dD][89a-fA-F]"  # escaped surrogates, paired or lone
+    rb"|NaN|Infinity"  # literals a strict parser rejects
+    rb"|}[ ]*{"  # two values on one line
+    rb"|(?m:^[ ]*[^{\n ]|[^}\n ][ ]*$)"  # a line that is not one object
+)
+
+
+class ColumnarRecord(dict):
+    """A row read as columns: only the fields asked for, plus the line itself for the rejects file."""
+
+    __slots__ = ("raw",)
+
+
+def as_read(record: Any) -> Any:
+    """The row as the strict parser reads it (a rejects file shows whole rows)."""
+    return orjson.loads(record.raw) if isinstance(record, ColumnarRecord) else record
+
+
+def columnar_safe(data: bytes, fields: tuple[str, ...], rows: int) -> bool:
+    """Whether a columnar parser must read `data` (whole lines, `rows` of them not blank) exactly as the
+    strict parser does: UTF-8 throughout, none of the constructs it treats leniently, and each field a
+    string, named at most `rows` times (with no row missing it, once per row). A field name written with
+    escapes is not recognised here; that is the one case left to the columnar parser's judgement."""
+    if data.startswith(b"\xef\xbb\xbf") or _UNSAFE_BYTES.search(data):
+        return False
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    for name in fields:
+        key = re.escape(orjson.dumps(name))
+        if re.search(key + rb"[ ]*:[ ]*[^\" ]", data) or len(re.findall(key + rb"[ ]*:", data)) > rows:
+            return False
+    return True
+
+
+def _columnar_rows(file: InputFile, fields: tuple[str, ...], read_range: ReadRange) -> Iterator[Row]:
+    if file.size_bytes == 0:
+        return
+    with open(file.path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        offset, first_line = 0, 1
+        while offset < len(data):
+            end = data.find(b"\n", min(offset + RANGE_BYTES, len(data)) - 1)
+            end = len(data) if end < 0 else end + 1
+            block = data[offset:end]
+            parts = block.split(b"\n")
+            ends = [p + b"\n" for p in parts[:-1]] + [parts[-1]] * bool(parts[-1])
+            lines = list(enumerate(ends, start=first_line))
+            numbered = [(n, raw) for n, raw in lines if raw.strip()]
+            safe = columnar_safe(block, fields, len(numbered))
+            records = read_range(file.path, offset, end - offset, fields) if safe else None
+            if records is None or len(records) != len(numbered) or any(
+                    value is None for record in records for value in record.values()):
+                yield from _exact_rows(iter(lines))
+            else:
+                for (line_no, raw), record in zip(numbered, records):
+                    row = ColumnarRecord(record)
+                    row.raw = raw
+                    yield line_no, row, None, len(raw)
+            offset, first_line = end, first_line + len(lines)
 
 
 def _json_array_rows(file: InputFile) -> Iterator[Row]:
@@ -126,25 +205,35 @@ def _is_json_array(path: str) -> bool:
     return head.startswith(b"[")
 
 
-def file_rows(file: InputFile) -> Iterator[Row]:
+@dataclass(frozen=True)
+class Columnar:
+    """Read JSON Lines as columns: only these string fields, each range by read_range."""
+
+    fields: tuple[str, ...]
+    read_range: ReadRange
+
+
+def file_rows(file: InputFile, columnar: Columnar | None = None) -> Iterator[Row]:
     """(line or row number, record, error, bytes of JSON) for every row of one file."""
     if file.path.endswith(".parquet"):
         return _parquet_rows(file)
     if file.path.endswith(".json") and _is_json_array(file.path):
         return _json_array_rows(file)
+    if columnar is not None:
+        return _columnar_rows(file, columnar.fields, columnar.read_range)
     return _jsonl_rows(file)
 
 
 def read_chunks(files: list[InputFile], chunk_rows: int, max_items: int | None = None,
-                chunk_bytes: int = CHUNK_BYTES) -> Iterator[RawChunk]:
+                chunk_bytes: int = CHUNK_BYTES, columnar: Columnar | None = None) -> Iterator[RawChunk]:
     """Every row of every file, in order, in chunks of at most chunk_rows rows (or about chunk_bytes of
-    JSON); stops after max_items rows."""
+    JSON); stops after max_items rows. With `columnar`, JSON Lines files are read as columns."""
     chunk = RawChunk()
     seen = size = 0
     for file in files:
         if max_items is not None and seen >= max_items:
             break
-        for line, record, error, nbytes in file_rows(file):
+        for line, record, error, nbytes in file_rows(file, columnar):
             if max_items is not None and seen >= max_items:
                 break
             chunk.add(file.index, line, record, error)

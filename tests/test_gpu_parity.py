@@ -62,3 +62,14 @@ def test_wordpiece_text_matches(tmp_path: Path) -> None:
     config = parse_config({"tokenizer": "bert-uncased", "input": {"type": "text"},
                            "preprocessing": {"max_seq_len": 128, "min_chars": 1}})
     _assert_same(*_both(config, [str(data)], tmp_path, chunk_rows=61))
+
+
+def test_cudf_reader_matches_the_exact_reader(tmp_path: Path) -> None:
+    # cudf.read_json on byte ranges, with the traps of test_columnar_read.py among clean rows.
+    from test_columnar_read import _corpus
+
+    config = parse_config({"input": {"type": "text"}, "gpu": {"reader": "cudf"}, "preprocessing": {"min_chars": 10},
+                           "output": {"domain_key": "source"}})
+    inputs = [str(_corpus(tmp_path)), str(REPO / "examples/pretrain.jsonl")]
+    cpu, gpu = _both(config, inputs, tmp_path, rejects=None)
+    _assert_same(cpu, gpu)
