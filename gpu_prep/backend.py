@@ -39,6 +39,7 @@ GPU_API: list[tuple[str, str, tuple[str, ...]]] = [
     ("cudf", "Series.fillna", ()),
     ("cudf", "set_option", ()),
     ("cudf.core.accessors.string", "StringMethods.slice", ("start", "stop")),
+    ("cudf.core.accessors.string", "StringMethods.len", ()),
     ("rmm", "reinitialize", ("pool_allocator", "initial_pool_size", "maximum_pool_size")),
     ("cudf.core.wordpiece_tokenize", "WordPieceVocabulary", ("vocabulary",)),
     ("cudf.core.wordpiece_tokenize", "WordPieceVocabulary.tokenize", ("text", "max_words_per_row")),
@@ -66,9 +67,13 @@ class Backend:
     def to_host(self, array: Any) -> np.ndarray:
         return np.asarray(array)
 
-    def md5_prefix(self, texts: list[str], chars: int) -> list[bytes]:
-        """MD5 digests of each text's first `chars` characters (code points), as hashlib computes them."""
-        return [hashlib.md5(t[:chars].encode("utf-8")).digest() for t in texts]
+    def text_stats(self, texts: list[str], keys: list[str], chars: int | None) -> tuple[np.ndarray, list[bytes]]:
+        """Each text's length in characters (code points), and (when chars is given) the MD5 digest of each
+        key's first `chars` characters, as hashlib computes it."""
+        lengths = np.fromiter((len(t) for t in texts), np.int64, len(texts))
+        if chars is None:
+            return lengths, []
+        return lengths, [hashlib.md5(k[:chars].encode("utf-8")).digest() for k in keys]
 
     def encoder(self, tok: Tokenizer) -> Callable[[list[str]], tuple[np.ndarray, np.ndarray]]:
         """What turns text pieces into (flat ids, tokens per piece): the tokenizer's own engine here."""
@@ -85,16 +90,21 @@ class GpuBackend(Backend):
     def to_host(self, array: Any) -> np.ndarray:
         return self.xp.asnumpy(array)
 
-    def md5_prefix(self, texts: list[str], chars: int) -> list[bytes]:
+    def text_stats(self, texts: list[str], keys: list[str], chars: int | None) -> tuple[np.ndarray, list[bytes]]:
         import cudf
 
         if not texts:
-            return []
-        # Series.str.slice counts code points like Python slicing; hash_values(md5) hashes the UTF-8 bytes
-        # and returns lowercase hex. No text is null here, so no null-hashes-like-"" surprise.
-        hex_digests = cudf.Series(texts, dtype="str").str.slice(0, chars).hash_values(method="md5")
-        return [bytes.fromhex(h) for h in hex_digests.to_arrow().to_pylist()]
-
+            return np.zeros(0, dtype=np.int64), []
+        # str.len and str.slice count code points like Python; hash_values(md5) hashes the UTF-8 bytes and
+        # returns lowercase hex. No text is null here, so no null-hashes-like-"" surprise.
+        column = cudf.Series(texts, dtype="str")
+        lengths = column.str.len().to_numpy().astype(np.int64)
+        if chars is None:
+            return lengths, []
+        if keys != texts:  # pretraining text dedups on its own text: one upload serves both
+            column = cudf.Series(keys, dtype="str")
+        hex_digests = column.str.slice(0, chars).hash_values(method="md5")
+        return lengths, [bytes.fromhex(h) for h in hex_digests.to_arrow().to_pylist()]
 
     def columnar_reader(self, fields: tuple[str, ...]) -> Columnar | None:
         return Columnar(fields, read_json_range)

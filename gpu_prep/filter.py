@@ -47,7 +47,7 @@ def filter_rows(backend: Backend, texts: list[str], keys: list[str], is_pretrain
 
     texts: what the length rules measure; keys: what dedup hashes a prefix of."""
     rules = config.preprocessing
-    chars = np.fromiter((len(t) for t in texts), np.int64, len(texts))
+    chars, digests = backend.text_stats(texts, keys, DEDUP_PREFIX_CHARS if dedup is not None else None)
     reasons: list[str | None] = [None] * len(texts)
     too_short = is_pretraining & (chars < rules.min_chars)
     too_long = chars > rules.max_chars
@@ -57,8 +57,7 @@ def filter_rows(backend: Backend, texts: list[str], keys: list[str], is_pretrain
         reasons[i] = Drop.TOO_LONG
     if dedup is not None:
         candidates = [i for i, r in enumerate(reasons) if r is None]
-        digests = backend.md5_prefix([keys[i] for i in candidates], DEDUP_PREFIX_CHARS)
-        for i, first in zip(candidates, dedup.first_seen(digests)):
+        for i, first in zip(candidates, dedup.first_seen([digests[i] for i in candidates])):
             if not first:
                 reasons[i] = Drop.DUPLICATE
     return reasons

@@ -71,7 +71,8 @@ def test_gpu_wordpiece_assembles_pieces_like_the_cpu_engine(bert, pieces: list[s
     assert ids.dtype == np.int64 and counts.dtype == np.int64
 
 
-def test_gpu_md5_prefix_returns_the_cpu_digests(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("same_keys", [True, False])
+def test_gpu_text_stats_are_the_cpu_lengths_and_digests(monkeypatch: pytest.MonkeyPatch, same_keys: bool) -> None:
     import hashlib
 
     from gpu_prep.backend import CPU, GpuBackend
@@ -79,7 +80,8 @@ def test_gpu_md5_prefix_returns_the_cpu_digests(monkeypatch: pytest.MonkeyPatch)
     class Strings(_Column):
         @property
         def str(self) -> Any:
-            return types.SimpleNamespace(slice=lambda start, stop: Strings(t[start:stop] for t in self))
+            return types.SimpleNamespace(slice=lambda start, stop: Strings(t[start:stop] for t in self),
+                                         len=lambda: _Column(len(t) for t in self))
 
         def hash_values(self, method: str) -> Any:
             assert method == "md5"
@@ -88,4 +90,8 @@ def test_gpu_md5_prefix_returns_the_cpu_digests(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setitem(sys.modules, "cudf", types.SimpleNamespace(Series=Strings))
     texts = ["é" * 250, "short", "", "🙂" * 300]
-    assert GpuBackend("gpu", np).md5_prefix(texts, 200) == CPU.md5_prefix(texts, 200)
+    keys = texts if same_keys else [t[::-1] + "k" for t in texts]
+    gpu, cpu = GpuBackend("gpu", np).text_stats(texts, keys, 200), CPU.text_stats(texts, keys, 200)
+    assert gpu[0].tolist() == cpu[0].tolist() == [250, 5, 0, 300]
+    assert gpu[1] == cpu[1] and len(set(cpu[1])) == 4
+    assert GpuBackend("gpu", np).text_stats(texts, keys, None)[1] == []
