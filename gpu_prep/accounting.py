@@ -13,7 +13,9 @@ from typing import Any
 
 import orjson
 
+from gpu_prep.checkpoint import reopen
 from gpu_prep.errors import Drop, InputError
+from gpu_prep.failpoint import failpoint
 from gpu_prep.read import InputFile, as_read
 from gpu_prep.write import finish_file
 
@@ -32,7 +34,9 @@ class Accounting:
     """Counts per file; optionally writes every dropped row to a rejects file (JSON Lines, renamed into
     place when the run ends) and, when strict, stops at the first row that is bad data."""
 
-    def __init__(self, files: list[InputFile], rejects: Path | None = None, strict: bool = False) -> None:
+    def __init__(self, files: list[InputFile], rejects: Path | None = None, strict: bool = False,
+                 state: dict[str, Any] | None = None) -> None:
+        """state: what state() returned at a checkpoint, to carry on from there (--resume)."""
         self.files = files
         self.counts = [FileCounts() for _ in files]
         self.examples: dict[str, list[dict[str, Any]]] = {}
@@ -43,13 +47,35 @@ class Accounting:
         self.rejects = None
         if rejects is not None:
             rejects.parent.mkdir(parents=True, exist_ok=True)
-            self.rejects = open(rejects.with_name(f".{rejects.name}.tmp"), "wb")
+            tmp = rejects.with_name(f".{rejects.name}.tmp")
+            if state is not None:
+                reopen(rejects, tmp)
+            if state is None or state["rejects_bytes"] is None or not tmp.exists():
+                self.rejects = open(tmp, "wb")  # noqa: SIM115  closed in close() or abort()
+            else:
+                self.rejects = open(tmp, "r+b")  # noqa: SIM115
+                self.rejects.truncate(state["rejects_bytes"])
+                self.rejects.seek(0, 2)
+        if state is not None:
+            for counts, (read, written, truncated, dropped) in zip(self.counts, state["counts"]):
+                counts.rows_read, counts.rows_written, counts.rows_truncated = read, written, truncated
+                counts.dropped.update(dropped)
+            self.examples, self.tokens, self.trained_tokens = state["examples"], state["tokens"], state["trained_tokens"]
 
-    def abort(self) -> None:
-        """The run failed: no rejects file appears."""
+    def state(self) -> dict[str, Any]:
+        """Everything counted so far, and how much of the rejects file is written (flushed to the OS)."""
+        if self.rejects is not None:
+            self.rejects.flush()
+        return {"counts": [[c.rows_read, c.rows_written, c.rows_truncated, dict(c.dropped)] for c in self.counts],
+                "examples": self.examples, "tokens": self.tokens, "trained_tokens": self.trained_tokens,
+                "rejects_bytes": None if self.rejects is None else self.rejects.tell()}
+
+    def abort(self, keep: bool = False) -> None:
+        """The run failed: no rejects file appears (keep: its temporary file stays, for --resume)."""
         if self.rejects is not None:
             self.rejects.close()
-            Path(self.rejects.name).unlink(missing_ok=True)
+            if not keep:
+                Path(self.rejects.name).unlink(missing_ok=True)
             self.rejects = None
 
     def close(self) -> None:
@@ -76,6 +102,7 @@ class Accounting:
             entry = {"file": self.files[file_index].path, "line": line, "reason": reason, "detail": detail,
                      "row": as_read(row)}
             self.rejects.write(orjson.dumps(entry, default=repr) + b"\n")
+            failpoint("rejects")
         examples = self.examples.setdefault(reason, [])
         if len(examples) < EXAMPLES_PER_REASON:
             examples.append({"file": self.files[file_index].path, "line": line, "detail": detail})

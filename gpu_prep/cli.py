@@ -65,6 +65,8 @@ def run(
     device: Annotated[Optional[str], typer.Option(help="auto | cpu | gpu; overrides the config.")] = None,
     chunk_rows: Annotated[int, typer.Option(min=1, help="Rows per chunk; output does not depend on it.")] = 2048,
     overwrite: Annotated[bool, typer.Option(help="Replace a previous run in OUTPUT.")] = False,
+    resume: Annotated[bool, typer.Option(help="Finish an interrupted run in OUTPUT from its last checkpoint; the result is byte for byte an uninterrupted run's.")] = False,
+    checkpoint_every: Annotated[float, typer.Option(min=0, help="Seconds between checkpoints (what --resume carries on from).")] = 30.0,
     workers: Annotated[Optional[int], typer.Option(min=1, help="Tokenizer threads (default: every core); output does not depend on it.")] = None,
     rejects: Annotated[Optional[Path], typer.Option(help="Write every dropped row, with file, line and reason, to this JSONL file.")] = None,
     strict: Annotated[bool, typer.Option(help="Stop at the first bad row (malformed, wrong type, ...), naming file:line and the cause.")] = False,
@@ -73,6 +75,8 @@ def run(
     """Run the pipeline described by CONFIG over INPUTS into OUTPUT."""
     from gpu_prep.pipeline import run as run_pipeline
 
+    if overwrite and resume:
+        raise _fail(ConfigError("--overwrite and --resume contradict each other; pass one"))
     if device not in (None, "auto", "cpu", "gpu"):
         raise _fail(ConfigError(f"--device {device!r} is not allowed; allowed: auto, cpu, gpu"))
     if workers is not None:  # read by HF tokenizers' thread pool when it starts, so set before any tokenizing
@@ -84,8 +88,9 @@ def run(
         with Progress(*columns, console=err, disable=quiet, transient=True) as bar:
             task = bar.add_task("preprocessing", total=None)
             manifest = run_pipeline(cfg, inputs, output, tokenizer=tokenizer, device=device, chunk_rows=chunk_rows,
-                                    overwrite=overwrite, workers=workers, rejects=rejects, strict=strict,
-                                    progress=lambda n: bar.advance(task, n))
+                                    overwrite=overwrite, resume=resume, workers=workers, rejects=rejects,
+                                    strict=strict, progress=lambda n: bar.advance(task, n),
+                                    checkpoint_seconds=checkpoint_every)
     except GpuPrepError as exc:
         raise _fail(exc) from None
     except OSError as exc:  # an unwritable output or rejects path, an unreadable input

@@ -27,18 +27,25 @@ DEDUP_PREFIX_CHARS = 200
 
 
 class Deduplicator:
-    """Remembers the digests of rows already kept, across chunks and input files."""
+    """Remembers the digests of rows already kept, across chunks and input files. `added` collects the
+    digests remembered since the caller last took them (a checkpoint logs them, --resume reloads them)."""
 
-    def __init__(self) -> None:
-        self.seen: set[bytes] = set()
+    def __init__(self, seen: set[bytes] | None = None) -> None:
+        self.seen: set[bytes] = seen or set()
+        self.added: list[bytes] = []
 
     def first_seen(self, digests: list[bytes]) -> np.ndarray:
         keep = np.zeros(len(digests), dtype=bool)
         for i, digest in enumerate(digests):
             if digest not in self.seen:
                 self.seen.add(digest)
+                self.added.append(digest)
                 keep[i] = True
         return keep
+
+    def take_added(self) -> list[bytes]:
+        added, self.added = self.added, []
+        return added
 
 
 def filter_rows(backend: Backend, texts: list[str], keys: list[str], is_pretraining: np.ndarray, config: Any,

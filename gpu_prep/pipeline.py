@@ -8,6 +8,7 @@ tokens is array code on the backend's `xp`.
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -22,8 +23,10 @@ from gpu_prep.accounting import Accounting
 from gpu_prep.affix import detect_affix
 from gpu_prep.backend import Backend, select_backend
 from gpu_prep.chat_template import ChatTemplate
+from gpu_prep.checkpoint import Checkpointer, load_for_resume, run_identity
 from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError, Drop
+from gpu_prep.failpoint import failpoint
 from gpu_prep.filter import DEDUP_PREFIX_CHARS, Deduplicator, filter_rows
 from gpu_prep.format import (
     RowError,
@@ -215,10 +218,15 @@ def _append_by_domain(writer: DatasetWriter, domains: list[str], ids: np.ndarray
 
 
 def _prepare(chunks: Iterator[RawChunk], config: PipelineConfig, ctx: RenderContext, backend: Backend,
-             dedup: Deduplicator | None, clock: Stopwatch) -> Iterator[tuple[RawChunk, Rows, Drops]]:
-    """The host stages, chunk by chunk: read -> format -> filter -> render."""
-    affix_pending = ctx.affix is not None
+             dedup: Deduplicator | None, clock: Stopwatch,
+             decided: dict[str, Any]) -> Iterator[tuple[RawChunk, Rows, Drops, list[bytes]]]:
+    """The host stages, chunk by chunk: read -> format -> filter -> render. Each chunk comes with the dedup
+    digests it added; decided["affix"] records whether Jinja-free rendering was trusted (None: not yet)."""
+    if decided.get("affix") is False:
+        ctx = dataclasses.replace(ctx, affix=None)
+    affix_pending = ctx.affix is not None and decided.get("affix") is None
     while (chunk := clock.time("read", next, chunks, None)) is not None:
+        failpoint("read")
         drops: Drops = []
         rows = clock.time("format", _format, chunk, config, drops)
         if affix_pending and rows.index:
@@ -226,19 +234,31 @@ def _prepare(chunks: Iterator[RawChunk], config: PipelineConfig, ctx: RenderCont
             if clock.time("render", affix_disagreement, rows.payload, ctx) is not None:
                 ctx = dataclasses.replace(ctx, affix=None)
             affix_pending = False
+            decided["affix"] = ctx.affix is not None
         rows = _drop_where(rows, clock.time("filter", _filter, backend, rows, config, dedup), chunk, drops)
         rows, reasons = clock.time("render", _render, rows, ctx)
-        yield chunk, _drop_where(rows, reasons, chunk, drops), drops
+        digests = dedup.take_added() if dedup is not None else []
+        yield chunk, _drop_where(rows, reasons, chunk, drops), drops, digests
 
 
-def prepare_output(out_dir: Path, overwrite: bool) -> None:
+def check_output(out_dir: Path, overwrite: bool, resume: bool) -> None:
+    """Refuse an output that cannot be used, before any work (or deletion) is done."""
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"output {str(out_dir)!r} is a file, not a directory")
+    if not (out_dir.is_dir() and any(out_dir.iterdir())):
+        return
+    if not (out_dir / MANIFEST).exists() and not (out_dir / RUN_MARKER).exists():
+        raise ConfigError(f"output {str(out_dir)!r} holds files that are not a gpu-prep run; refusing to touch them")
+    if not (overwrite or resume):
+        raise ConfigError(f"output {str(out_dir)!r} is not empty; pass --resume to finish an interrupted run "
+                          "or --overwrite to replace it")
+
+
+def prepare_output(out_dir: Path, overwrite: bool, resume: bool = False) -> None:
+    check_output(out_dir, overwrite, resume)
     if out_dir.is_dir() and any(out_dir.iterdir()):
-        if not overwrite:
-            raise ConfigError(f"output {str(out_dir)!r} is not empty; pass --overwrite to replace a previous run")
-        if not (out_dir / MANIFEST).exists() and not (out_dir / RUN_MARKER).exists():
-            raise ConfigError(f"output {str(out_dir)!r} holds files that are not a gpu-prep run; refusing to delete them")
+        if resume:
+            return
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # Marks the directory as gpu-prep's from the start, so a run that stopped early can be replaced.
@@ -267,22 +287,45 @@ def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
     )
 
 
+@dataclass
+class Options:
+    """How a run goes, as opposed to what it makes: none of these changes a byte of the output."""
+
+    chunk_rows: int = 2048
+    workers: int | None = None
+    rejects: Path | None = None
+    strict: bool = False
+    progress: Callable[[int], None] | None = None
+    checkpoint_seconds: float = 30.0
+
+
 def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backend, out_dir: Path,
-             clock: Stopwatch, chunk_rows: int, workers: int | None, rejects: str | Path | None, strict: bool,
-             progress: Callable[[int], None] | None) -> tuple[Accounting, dict[str, Any]]:
-    """Every chunk through every stage; returns the accounting and the domains written."""
+             clock: Stopwatch, options: Options, checkpoints: Checkpointer,
+             resumed: dict[str, Any] | None) -> tuple[Accounting, dict[str, Any]]:
+    """Every chunk through every stage; returns the accounting and the domains written. resumed: the
+    checkpoint a resumed run carries on from."""
     ctx = render_context(config, tok)
-    encode, engine_pending = None, True
-    acct = Accounting(files, rejects=Path(rejects) if rejects else None, strict=strict)
+    resumed = resumed or {}
+    decided: dict[str, Any] = {"affix": resumed.get("affix"), "engine": resumed.get("engine")}
+    encode = None
+    if decided["engine"] is not None:
+        tok.restore_engine(*decided["engine"], options.workers)
+        encode = backend.encoder(tok)
+    acct = Accounting(files, rejects=options.rejects, strict=options.strict, state=resumed.get("accounting"))
     writer = DatasetWriter(out_dir, config.output.storage_format, config.output.max_tokens_per_shard)
-    dedup = Deduplicator() if config.preprocessing.deduplicate else None
+    writer.restore(resumed.get("writer", []))
+    dedup = Deduplicator(checkpoints.seen()) if config.preprocessing.deduplicate else None
     fields = string_fields(config)
     columnar = backend.columnar_reader(fields) if config.gpu.reader == "cudf" and fields else None
-    chunks = read_chunks(files, chunk_rows, config.preprocessing.max_items, columnar=columnar)
+    chunks = read_chunks(files, options.chunk_rows, config.preprocessing.max_items, columnar=columnar,
+                         skip=checkpoints.rows_done)
 
-    def finish_chunk(item: tuple[RawChunk, Rows, Drops, Any]) -> None:
+    def state() -> dict[str, Any]:
+        return {"accounting": acct.state(), "writer": writer.state(), **decided}
+
+    def finish_chunk(item: tuple[RawChunk, Rows, Drops, list[bytes], Any]) -> None:
         """Account for a chunk, mask it and write it (the only place accounting and writing happen)."""
-        chunk, rows, drops, tokens = item
+        chunk, rows, drops, digests, tokens = item
         acct.read(chunk.file_index)
         for drop in drops:
             acct.dropped(*drop)
@@ -290,25 +333,30 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
             masked, valid = clock.time("mask", _mask, backend, tok, rows.payload, *tokens,
                                        config.preprocessing.max_seq_len)
             clock.time("write", _write, backend, masked, valid, rows, chunk, writer, acct)
-        if progress is not None:
-            progress(len(chunk))
+        if checkpoints.chunk_done(len(chunk), digests, state):
+            writer.remove_obsolete()
+        if options.progress is not None:
+            options.progress(len(chunk))
 
     # Three stages overlap, each in its own thread and in order: reading, formatting, filtering and
     # rendering run a chunk ahead; this thread tokenizes (the engines release the GIL); masking, accounting
     # and writing run a chunk behind. Output does not depend on the overlap.
     try:
         with Sink(finish_chunk) as finish:
-            for chunk, rows, drops in overlapped(_prepare(chunks, config, ctx, backend, dedup, clock)):
+            for chunk, rows, drops, digests in overlapped(_prepare(chunks, config, ctx, backend, dedup, clock,
+                                                                   decided)):
                 tokens = None
-                if rows.index and engine_pending:
+                if rows.index and encode is None:
                     sample = _engine_sample(rows.payload)
-                    clock.time("engine check", tok.use_engine, config.tokenizer.engine, sample, workers)
-                    encode, engine_pending = backend.encoder(tok), False
+                    clock.time("engine check", tok.use_engine, config.tokenizer.engine, sample, options.workers)
+                    encode = backend.encoder(tok)
+                    decided["engine"] = [tok.active.name, tok.engine_choice]
                 if rows.index:
+                    failpoint("tokenize")
                     tokens = clock.time("tokenize", _tokenize, encode, rows.payload)
-                finish.put((chunk, rows, drops, tokens))
-    except BaseException:
-        acct.abort()
+                finish.put((chunk, rows, drops, digests, tokens))
+    except BaseException as exc:
+        acct.abort(keep=isinstance(exc, KeyboardInterrupt))
         raise
     acct.close()
     domains = clock.time("write", writer.finish)
@@ -316,23 +364,34 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
 
 
 def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, tokenizer: str | None = None,
-        device: str | None = None, chunk_rows: int = 2048, overwrite: bool = False, workers: int | None = None,
-        rejects: str | Path | None = None, strict: bool = False,
-        progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Run the whole pipeline and return the manifest (also written to OUT_DIR/manifest.json)."""
+        device: str | None = None, chunk_rows: int = 2048, overwrite: bool = False, resume: bool = False,
+        workers: int | None = None, rejects: str | Path | None = None, strict: bool = False,
+        progress: Callable[[int], None] | None = None, checkpoint_seconds: float = 30.0) -> dict[str, Any]:
+    """Run the whole pipeline and return the manifest (also written to OUT_DIR/manifest.json).
+
+    resume: finish the interrupted run in OUT_DIR from its last checkpoint (a finished run is returned as
+    it is); the result is byte for byte the one an uninterrupted run writes."""
     started = time.perf_counter()
     clock = Stopwatch()
     files = expand_inputs(inputs)
+    out_dir = Path(out_dir)
+    check_output(out_dir, overwrite, resume)
     tok = clock.time("load tokenizer", load_tokenizer, tokenizer or config.tokenizer.name or DEFAULT_TOKENIZER)
     clock.time("load tokenizer", tok.prepare_engines, config.tokenizer.engine)
     backend = select_backend(device or config.device, config.gpu.rmm_pool_size, config.gpu.spill)
-    out_dir = Path(out_dir)
-    prepare_output(out_dir, overwrite)
+    if resume and (out_dir / MANIFEST).exists():
+        return json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
+    prepare_output(out_dir, overwrite, resume)
+    identity = run_identity(config.sha256(), files, tok.identity())
+    resumed = load_for_resume(out_dir, identity, keep={RUN_MARKER}) if resume else None
+    checkpoints = Checkpointer(out_dir, identity, checkpoint_seconds, resumed)
+    options = Options(chunk_rows, workers, Path(rejects) if rejects else None, strict, progress, checkpoint_seconds)
     try:
-        acct, domains = _process(config, files, tok, backend, out_dir, clock, chunk_rows, workers, rejects, strict,
-                                 progress)
-    except BaseException:
-        remove_partial_files(out_dir)
+        acct, domains = _process(config, files, tok, backend, out_dir, clock, options, checkpoints, resumed)
+    except BaseException as exc:
+        checkpoints.close()
+        if not isinstance(exc, KeyboardInterrupt):  # an interrupted run keeps what --resume needs
+            remove_partial_files(out_dir)
         raise
     checksums = clock.time("checksums", lambda: [sha256_file(Path(f.path)) for f in files])
     elapsed = time.perf_counter() - started
@@ -348,5 +407,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
         "domains": domains,
         "seconds": {"total": round(elapsed, 3), **{k: round(v, 3) for k, v in clock.seconds.items()}},
     }
+    failpoint("manifest")
     write_json_atomic(out_dir / MANIFEST, manifest)
+    checkpoints.finish()
     return manifest

@@ -225,9 +225,10 @@ def file_rows(file: InputFile, columnar: Columnar | None = None) -> Iterator[Row
 
 
 def read_chunks(files: list[InputFile], chunk_rows: int, max_items: int | None = None,
-                chunk_bytes: int = CHUNK_BYTES, columnar: Columnar | None = None) -> Iterator[RawChunk]:
+                chunk_bytes: int = CHUNK_BYTES, columnar: Columnar | None = None, skip: int = 0) -> Iterator[RawChunk]:
     """Every row of every file, in order, in chunks of at most chunk_rows rows (or about chunk_bytes of
-    JSON); stops after max_items rows. With `columnar`, JSON Lines files are read as columns."""
+    JSON); stops after max_items rows. With `columnar`, JSON Lines files are read as columns. The first
+    `skip` rows are read past (a resumed run has done them)."""
     chunk = RawChunk()
     seen = size = 0
     for file in files:
@@ -236,8 +237,10 @@ def read_chunks(files: list[InputFile], chunk_rows: int, max_items: int | None =
         for line, record, error, nbytes in file_rows(file, columnar):
             if max_items is not None and seen >= max_items:
                 break
-            chunk.add(file.index, line, record, error)
             seen += 1
+            if seen <= skip:
+                continue
+            chunk.add(file.index, line, record, error)
             size += nbytes
             if len(chunk) >= chunk_rows or size >= chunk_bytes:
                 yield chunk

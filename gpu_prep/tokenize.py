@@ -129,6 +129,12 @@ class Tokenizer:
                                                         threads, cache_key=self._engine_key())
         return self.engine_choice
 
+    def restore_engine(self, name: str, choice: str, threads: int | None = None) -> None:
+        """Run the engine an interrupted run chose (--resume), without checking it again on other rows."""
+        self.active, _ = choose_engine(name, self.spec, HfEngine(self.engine), [], threads,
+                                       cache_key=self._engine_key())
+        self.engine_choice = choice
+
     def decode(self, ids: Any) -> str:
         return self.engine.decode([int(i) for i in ids], skip_special_tokens=False)
 

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from gpu_prep.failpoint import failpoint
+
 TOKEN_DTYPE = np.dtype("<i8")
 MASK_DTYPE = np.dtype("<i8")
 LOSS_MASK_MEANING = "1 = the token counts in the loss, 0 = it does not"
@@ -92,14 +94,32 @@ def _suffix(index: int) -> str:
     return "" if index == 0 else f".{index:05d}"
 
 
-class _BinShard:
-    def __init__(self, directory: Path, index: int) -> None:
-        self.names = {k: f"{k}{_suffix(index)}.bin" for k in ("sequence", "loss_mask", "sample_offsets")}
-        self.paths = {k: directory / n for k, n in self.names.items()}
-        self.tmp = {k: p.with_name(f".{p.name}.tmp") for k, p in self.paths.items()}
-        self.handles = {k: open(p, "wb") for k, p in self.tmp.items()}
-        self.digests = {k: hashlib.sha256() for k in self.paths}
-        self._put("sample_offsets", np.zeros(1, TOKEN_DTYPE))
+ARRAYS = ("sequence", "loss_mask", "sample_offsets")
+H5_COPY_ITEMS = 1 << 22
+
+
+class _RawShard:
+    """A shard's three arrays appended to temporary raw files. Their lengths are the shard's whole state,
+    so a checkpoint can record them and a resumed run can cut the files back to them (resume)."""
+
+    def __init__(self, directory: Path, index: int, lengths: dict[str, int] | None = None) -> None:
+        self.index = index
+        self.tmp = {k: directory / f".{k}{_suffix(index)}.bin.tmp" for k in ARRAYS}
+        self.digests = {k: hashlib.sha256() for k in ARRAYS}
+        if lengths is None:
+            self.handles = {k: open(p, "wb") for k, p in self.tmp.items()}  # noqa: SIM115  closed in close()
+            self._put("sample_offsets", np.zeros(1, TOKEN_DTYPE))
+            return
+        self.handles = {}
+        for k, path in self.tmp.items():
+            handle = open(path, "r+b")  # noqa: SIM115  closed in close()
+            if os.fstat(handle.fileno()).st_size < lengths[k]:
+                handle.close()
+                raise ValueError(f"{path} is shorter than the checkpoint says ({lengths[k]} bytes)")
+            handle.truncate(lengths[k])
+            for block in iter(lambda h=handle: h.read(1 << 20), b""):
+                self.digests[k].update(block)
+            self.handles[k] = handle
 
     def _put(self, key: str, array: np.ndarray) -> None:
         data = array.tobytes()
@@ -108,44 +128,54 @@ class _BinShard:
 
     def append(self, ids: np.ndarray, loss_mask: np.ndarray, ends: np.ndarray) -> None:
         self._put("sequence", ids.astype(TOKEN_DTYPE, copy=False))
+        failpoint("shard_append")  # one array of the shard written, the others not yet
         self._put("loss_mask", loss_mask.astype(MASK_DTYPE, copy=False))
         self._put("sample_offsets", ends.astype(TOKEN_DTYPE, copy=False))
 
-    def close(self) -> dict[str, Any]:
-        for key, handle in self.handles.items():
+    def lengths(self) -> dict[str, int]:
+        """Flush to the OS (enough to survive the process being killed) and say how long each file is."""
+        for handle in self.handles.values():
+            handle.flush()
+        return {k: h.tell() for k, h in self.handles.items()}
+
+    def _close_handles(self) -> None:
+        for handle in self.handles.values():
             handle.close()
-            finish_file(self.tmp[key], self.paths[key])
-        return {"files": self.names, "sha256": {k: d.hexdigest() for k, d in self.digests.items()}}
 
 
-class _H5Shard:
-    def __init__(self, directory: Path, index: int) -> None:
+class _BinShard(_RawShard):
+    def close(self, directory: Path) -> dict[str, Any]:
+        self._close_handles()
+        names = {k: f"{k}{_suffix(self.index)}.bin" for k in ARRAYS}
+        for k in ARRAYS:
+            finish_file(self.tmp[k], directory / names[k])
+            failpoint("shard_close")  # some of the shard's files renamed, the others not yet
+        return {"files": names, "sha256": {k: d.hexdigest() for k, d in self.digests.items()}}
+
+
+class _H5Shard(_RawShard):
+    """The same raw temporary files, turned into one HDF5 file when the shard is complete."""
+
+    def close(self, directory: Path) -> dict[str, Any]:
         import h5py
 
-        self.name = f"data{_suffix(index)}.h5"
-        self.path = directory / self.name
-        self.tmp = self.path.with_name(f".{self.name}.tmp")
-        self.file = h5py.File(self.tmp, "w")
-        for key in ("sequence", "loss_mask", "sample_offsets"):
-            self.file.create_dataset(key, shape=(0,), maxshape=(None,), dtype=TOKEN_DTYPE, chunks=(1 << 16,))
-        self._put("sample_offsets", np.zeros(1, TOKEN_DTYPE))
-        self.file.attrs["loss_mask_meaning"] = LOSS_MASK_MEANING
-
-    def _put(self, key: str, array: np.ndarray) -> None:
-        dataset = self.file[key]
-        start = dataset.shape[0]
-        dataset.resize((start + len(array),))
-        dataset[start:] = array
-
-    def append(self, ids: np.ndarray, loss_mask: np.ndarray, ends: np.ndarray) -> None:
-        self._put("sequence", ids)
-        self._put("loss_mask", loss_mask)
-        self._put("sample_offsets", ends)
-
-    def close(self) -> dict[str, Any]:
-        self.file.close()
-        finish_file(self.tmp, self.path)
-        return {"files": {"h5": self.name}, "sha256": {"h5": sha256_file(self.path)}}
+        self._close_handles()
+        name = f"data{_suffix(self.index)}.h5"
+        path = directory / name
+        tmp = path.with_name(f".{name}.tmp")
+        with h5py.File(tmp, "w") as h5:
+            h5.attrs["loss_mask_meaning"] = LOSS_MASK_MEANING
+            for k in ARRAYS:
+                count = self.tmp[k].stat().st_size // TOKEN_DTYPE.itemsize
+                dataset = h5.create_dataset(k, shape=(count,), maxshape=(None,), dtype=TOKEN_DTYPE,
+                                            chunks=(min(1 << 16, max(count, 1)),))
+                with open(self.tmp[k], "rb") as raw:  # in slices, so memory stays bounded whatever the shard
+                    for start in range(0, count, H5_COPY_ITEMS):
+                        block = np.frombuffer(raw.read(H5_COPY_ITEMS * TOKEN_DTYPE.itemsize), TOKEN_DTYPE)
+                        dataset[start:start + len(block)] = block
+        failpoint("shard_close")  # the HDF5 file complete under its temporary name
+        finish_file(tmp, path)
+        return {"files": {"h5": name}, "sha256": {"h5": sha256_file(path)}}
 
 
 class DomainWriter:
@@ -156,16 +186,34 @@ class DomainWriter:
         self.storage_format, self.cap = storage_format, max_tokens_per_shard
         self.shards: list[dict[str, Any]] = []
         self.current: _BinShard | _H5Shard | None = None
+        # Temporaries of closed shards (h5's raw arrays): removed once a checkpoint no longer needs them.
+        self.obsolete: list[Path] = []
         self.fill_tokens = self.fill_samples = self.fill_trained = 0
 
-    def _open(self) -> None:
+    def _open(self, lengths: dict[str, int] | None = None) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         kind = _BinShard if self.storage_format == "bin" else _H5Shard
-        self.current = kind(self.directory, len(self.shards))
+        self.current = kind(self.directory, len(self.shards), lengths)
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of this domain: its closed shards and the open one's file lengths."""
+        return {"name": self.name, "directory": self.directory.name, "shards": self.shards,
+                "fill": [self.fill_tokens, self.fill_samples, self.fill_trained],
+                "open": None if self.current is None else self.current.lengths()}
+
+    @classmethod
+    def restore(cls, out_dir: Path, state: dict[str, Any], storage_format: str, cap: int) -> DomainWriter:
+        writer = cls(out_dir / state["directory"], state["name"], storage_format, cap)
+        writer.shards = state["shards"]
+        writer.fill_tokens, writer.fill_samples, writer.fill_trained = state["fill"]
+        if state["open"] is not None:
+            writer._open(state["open"])
+        return writer
 
     def _close_current(self) -> None:
         if self.current is not None:
-            record = self.current.close()
+            record = self.current.close(self.directory)
+            self.obsolete.extend(p for p in self.current.tmp.values() if p.exists())
             record.update(num_samples=self.fill_samples, num_tokens=self.fill_tokens,
                           num_trained_tokens=self.fill_trained)
             self.shards.append(record)
@@ -190,8 +238,14 @@ class DomainWriter:
             self.fill_trained += int(loss_mask[lo:hi].sum())
             row += count
 
+    def remove_obsolete(self) -> None:
+        for path in self.obsolete:
+            path.unlink(missing_ok=True)
+        self.obsolete.clear()
+
     def finish(self) -> dict[str, Any]:
         self._close_current()
+        self.remove_obsolete()
         tokens = sum(s["num_tokens"] for s in self.shards)
         meta = {
             "format": "gpu-prep", "format_version": 1, "storage_format": self.storage_format,
@@ -204,6 +258,7 @@ class DomainWriter:
             "num_trained_tokens": sum(s["num_trained_tokens"] for s in self.shards),
             "shards": self.shards,
         }
+        failpoint("meta")
         write_json_atomic(self.directory / "meta.json", meta)
         return meta
 
@@ -231,6 +286,18 @@ class DatasetWriter:
             self.domains[domain] = DomainWriter(self.out_dir / self._dir_for(domain), domain,
                                                 self.storage_format, self.cap)
         self.domains[domain].append(ids, loss_mask, offsets)
+
+    def state(self) -> list[dict[str, Any]]:
+        return [w.state() for w in self.domains.values()]
+
+    def restore(self, state: list[dict[str, Any]]) -> None:
+        for domain in state:
+            self.domains[domain["name"]] = DomainWriter.restore(self.out_dir, domain, self.storage_format, self.cap)
+            self.taken[domain["directory"]] = domain["name"]
+
+    def remove_obsolete(self) -> None:
+        for writer in self.domains.values():
+            writer.remove_obsolete()
 
     def finish(self) -> dict[str, dict[str, Any]]:
         return {w.directory.name: w.finish() for w in self.domains.values()}

@@ -1,0 +1,146 @@
+"""Checkpoints: what a killed run needs to carry on with --resume and finish byte for byte as if it had
+never stopped.
+
+After a chunk is written (and at most every `every_seconds`), once the chunk's shard data, rejects and
+dedup digests have reached the OS, the run replaces OUT/.gpu-prep-checkpoint.json with:
+
+- rows_done: input rows wholly accounted for (read past on resume);
+- the accounting so far and the length of the rejects file's temporary;
+- per domain, its closed shards and the lengths of the open shard's temporary files;
+- how many digests of the dedup log (OUT/.gpu-prep-dedup.bin, 16 bytes each, append-only) are in force;
+- the decisions taken on the first rows (tokenizer engine, Jinja-free rendering), which resume repeats
+  rather than takes again on different rows;
+- the run's identity (config, inputs by size and mtime, tokenizer files), which must match to resume.
+
+Everything after the checkpoint is undone on resume: files are cut back to the recorded lengths, files
+written since are removed, and a shard that was closed since is reopened from its final files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from gpu_prep.errors import ConfigError
+from gpu_prep.failpoint import failpoint
+from gpu_prep.write import ARRAYS, write_json_atomic
+
+CHECKPOINT = ".gpu-prep-checkpoint.json"
+DEDUP_LOG = ".gpu-prep-dedup.bin"
+DIGEST_BYTES = 16
+FORMAT = 1
+
+
+def run_identity(config_sha256: str, files: list[Any], tokenizer: dict[str, Any]) -> dict[str, Any]:
+    """What must be the same for a run to be resumed: the config, each input, the tokenizer's files."""
+    inputs = []
+    for f in files:
+        stat = os.stat(f.path)
+        inputs.append([f.path, stat.st_size, stat.st_mtime_ns])
+    return {"format": FORMAT, "config_sha256": config_sha256, "inputs": inputs,
+            "tokenizer": [tokenizer["tokenizer_json_sha256"], tokenizer["tokenizer_config_sha256"]]}
+
+
+def _kept_files(state: dict[str, Any]) -> set[str]:
+    """Paths (relative to OUT) the checkpoint refers to."""
+    kept = {CHECKPOINT, DEDUP_LOG}
+    for domain in state["writer"]:
+        directory = domain["directory"]
+        for shard in domain["shards"]:
+            kept.update(f"{directory}/{name}" for name in shard["files"].values())
+        if domain["open"] is not None:
+            index = len(domain["shards"])
+            kept.update(f"{directory}/{_open_tmp(k, index)}" for k in ARRAYS)
+    return kept
+
+
+def _open_tmp(array: str, index: int) -> str:
+    return f".{array}{'' if index == 0 else f'.{index:05d}'}.bin.tmp"
+
+
+def load_for_resume(out_dir: Path, identity: dict[str, Any], keep: set[str]) -> dict[str, Any] | None:
+    """The checkpoint to resume from, with OUT put back as it was when it was written; None, with OUT
+    emptied, when the run stopped before its first checkpoint. keep: top-level names to leave alone."""
+    path = out_dir / CHECKPOINT
+    state = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    if state is not None and state["identity"] != identity:
+        changed = [k for k in identity if state["identity"].get(k) != identity[k]]
+        raise ConfigError(f"cannot resume {str(out_dir)!r}: the {', '.join(changed)} changed since it was "
+                          "started; run with --overwrite to start again")
+    # A shard closed after the checkpoint is open again: its final .bin files go back to being temporaries.
+    for domain in state["writer"] if state is not None else []:
+        if domain["open"] is not None:
+            directory, index = out_dir / domain["directory"], len(domain["shards"])
+            for array in ARRAYS:
+                reopen(directory / f"{array}{'' if index == 0 else f'.{index:05d}'}.bin",
+                       directory / _open_tmp(array, index))
+    kept = keep | (_kept_files(state) if state is not None else set())
+    for root, dirs, names in os.walk(out_dir, topdown=False):
+        for name in names:
+            if Path(root, name).relative_to(out_dir).as_posix() not in kept:
+                os.unlink(Path(root, name))
+        for name in dirs:
+            if not any(Path(root, name).iterdir()):
+                Path(root, name).rmdir()
+    return state
+
+
+def reopen(final: Path, tmp: Path) -> None:
+    """A file finished after the checkpoint becomes the temporary it was (to be cut back to the checkpoint)."""
+    if not tmp.exists() and final.exists():
+        os.replace(final, tmp)
+
+
+class Checkpointer:
+    """Logs dedup digests as chunks finish and writes a checkpoint at most every `every_seconds`."""
+
+    def __init__(self, out_dir: Path, identity: dict[str, Any], every_seconds: float,
+                 state: dict[str, Any] | None = None) -> None:
+        self.out_dir, self.identity, self.every = out_dir, identity, every_seconds
+        self.rows_done = 0 if state is None else state["rows_done"]
+        self.digests = 0 if state is None else state["dedup_digests"]
+        log = out_dir / DEDUP_LOG
+        if state is None:
+            self.log = open(log, "wb")  # noqa: SIM115  closed in finish()
+        else:
+            self.log = open(log, "r+b")  # noqa: SIM115
+            self.log.truncate(self.digests * DIGEST_BYTES)
+            self.log.seek(0, 2)
+        self.last = time.monotonic()
+
+    def seen(self) -> set[bytes]:
+        """The digests in force at the checkpoint."""
+        self.log.flush()
+        data = (self.out_dir / DEDUP_LOG).read_bytes()[:self.digests * DIGEST_BYTES]
+        return {data[i:i + DIGEST_BYTES] for i in range(0, len(data), DIGEST_BYTES)}
+
+    def chunk_done(self, rows: int, digests: list[bytes], state: Any) -> bool:
+        """A chunk is accounted for and written; state() gives the rest of the checkpoint when one is due.
+        True when a checkpoint was written."""
+        self.log.write(b"".join(digests))
+        self.digests += len(digests)
+        self.rows_done += rows
+        if time.monotonic() - self.last < self.every:
+            return False
+        self.save(state())
+        return True
+
+    def save(self, state: dict[str, Any]) -> None:
+        self.log.flush()
+        failpoint("checkpoint")
+        write_json_atomic(self.out_dir / CHECKPOINT, {"identity": self.identity, "rows_done": self.rows_done,
+                                                      "dedup_digests": self.digests, **state})
+        failpoint("checkpoint_written")
+        self.last = time.monotonic()
+
+    def close(self) -> None:
+        self.log.close()
+
+    def finish(self) -> None:
+        """The run is complete (manifest written): the checkpoint and the dedup log are no longer needed."""
+        self.close()
+        (self.out_dir / CHECKPOINT).unlink(missing_ok=True)
+        (self.out_dir / DEDUP_LOG).unlink(missing_ok=True)

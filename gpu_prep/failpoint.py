@@ -1,0 +1,23 @@
+"""Named points where a test can have the process killed, to prove that a run killed anywhere leaves no
+file that looks complete and that --resume finishes it byte for byte.
+
+GPU_PREP_FAILPOINT="name:n" sends SIGKILL to this process the n-th time it passes the point `name`. Unset
+(always, outside tests) a point costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+_ARMED: dict[str, int] = {}
+if spec := os.environ.get("GPU_PREP_FAILPOINT"):
+    _name, _, _count = spec.partition(":")
+    _ARMED[_name] = int(_count or 1)
+
+
+def failpoint(name: str) -> None:
+    if name in _ARMED:
+        _ARMED[name] -= 1
+        if _ARMED[name] == 0:
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,149 @@
+"""A run killed with SIGKILL anywhere leaves no file that looks complete, and --resume finishes it byte for
+byte as the uninterrupted run does.
+
+Each case runs the installed `gpu-prep` in a subprocess with GPU_PREP_FAILPOINT set, so that the process
+kills itself the n-th time it passes a named point (gpu_prep/failpoint.py): while reading, tokenizing,
+between the arrays of one shard, between the renames that close a shard, while writing rejects, around a
+checkpoint, while writing meta.json and before the manifest. The run is then resumed and every file of
+the output, and the rejects file, compared with an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_prep.config import parse_config
+from gpu_prep.pipeline import MANIFEST, run
+from helpers import REPO
+
+pytestmark = pytest.mark.usefixtures("fast_tokenizer")
+
+CONFIG = {"input": {"type": "chat"}, "mask": {"assistant": "train"},
+          "preprocessing": {"max_seq_len": 256},
+          "output": {"domain_key": "source", "max_tokens_per_shard": 4000}}
+CHUNK_ROWS = 40
+
+# (failpoint, n-th pass, storage format, checkpoint every N seconds)
+CASES = [
+    ("read", 1, "bin", 0),  # before anything is written
+    ("read", 8, "bin", 0),
+    ("tokenize", 3, "bin", 0),
+    ("tokenize", 9, "bin", 3600),  # no checkpoint yet: resume starts again from the beginning
+    ("shard_append", 4, "bin", 0),  # one array of a shard written, the others not
+    ("shard_append", 30, "h5", 0),
+    ("shard_close", 1, "bin", 0),  # some files of a shard renamed into place, the others not
+    ("shard_close", 8, "bin", 0),
+    ("shard_close", 2, "h5", 0),
+    ("rejects", 3, "bin", 0),
+    ("checkpoint", 4, "bin", 0),  # data flushed, checkpoint not yet replaced
+    ("checkpoint_written", 6, "h5", 0),
+    ("meta", 2, "bin", 0),  # the run's end: some domains' meta.json written
+    ("manifest", 1, "bin", 0),
+]
+
+
+def _corpus(path: Path) -> Path:
+    rows = []
+    for i in range(400):
+        words = " ".join(f"w{(i * 7 + k) % 97}" for k in range(5 + i % 40))
+        rows.append({"source": ["news", "code", "chat"][i % 3],
+                     "messages": [{"role": "user", "content": f"question {i % 350}: {words}"},
+                                  {"role": "assistant", "content": f"answer {i % 350}: {words} {words}"}]})
+    lines = [json.dumps(r) for r in rows]
+    for k in range(0, 400, 37):  # bad rows among them, for the rejects file
+        lines.insert(k, '{"messages": "not a list", "source": "news"}' if k % 2 else "{broken json")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    files = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.name.startswith("."):
+            data = path.read_bytes()
+            if path.name == MANIFEST:  # timings differ between runs; everything else must not
+                manifest = json.loads(data)
+                manifest.pop("seconds")
+                manifest["tokenizer"].pop("engine_choice")
+                data = json.dumps(manifest, sort_keys=True).encode()
+            files[path.relative_to(root).as_posix()] = data
+    return files
+
+
+def _cli(*args: Any, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    script = Path(sys.executable).parent / "gpu-prep"
+    return subprocess.run([str(script), *map(str, args)], capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "COLUMNS": "200", **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("reference")
+    data = _corpus(root / "chat.jsonl")
+    trees = {}
+    for storage in ("bin", "h5"):
+        config = root / f"{storage}.json"
+        config.write_text(json.dumps({**CONFIG, "output": {**CONFIG["output"], "storage_format": storage}}))
+        out, rejects = root / storage, root / f"{storage}.rejects.jsonl"
+        done = _cli("run", data, "-c", config, "-o", out, "-q", "--chunk-rows", CHUNK_ROWS, "--rejects", rejects)
+        assert done.returncode == 0, done.stderr
+        trees[storage] = (config, _tree(out), rejects.read_bytes())
+    return {"data": data, **trees}
+
+
+@pytest.mark.parametrize(("point", "nth", "storage", "every"), CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in CASES])
+def test_killed_anywhere_then_resumed_is_byte_identical(reference: dict[str, Any], tmp_path: Path, point: str,
+                                                        nth: int, storage: str, every: int) -> None:
+    config, want, want_rejects = reference[storage]
+    out, rejects = tmp_path / "out", tmp_path / "rejects.jsonl"
+    args = ["run", reference["data"], "-c", config, "-o", out, "-q", "--chunk-rows", CHUNK_ROWS,
+            "--rejects", rejects, "--checkpoint-every", every]
+    killed = _cli(*args, env={"GPU_PREP_FAILPOINT": f"{point}:{nth}"})
+    assert killed.returncode == -9, f"not killed at {point}:{nth}: {killed.stderr}"
+
+    # No partial file looks complete: whatever carries a final name is the finished file, byte for byte.
+    assert not (out / MANIFEST).exists()
+    assert not rejects.exists() or rejects.read_bytes() == want_rejects
+    assert (out / ".gpu-prep-run").exists()
+    for name, data in _tree(out).items():
+        assert data == want[name], f"{name} has its final name but is not the finished file"
+    assert _cli("verify", out).returncode != 0
+
+    # Without --resume or --overwrite the directory is refused.
+    again = _cli(*args)
+    assert again.returncode == 2 and "--resume" in again.stderr
+
+    manifest = run(parse_config(json.loads(config.read_text())), [str(reference["data"])], out, resume=True,
+                   chunk_rows=CHUNK_ROWS, rejects=rejects)
+    assert manifest["totals"]["rows_read"] == 411
+    assert _tree(out) == want
+    assert rejects.read_bytes() == want_rejects
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [".gpu-prep-run"]
+    assert _cli("verify", out).returncode == 0
+
+
+def test_resume_refuses_a_changed_config(reference: dict[str, Any], tmp_path: Path) -> None:
+    config, _, _ = reference["bin"]
+    out = tmp_path / "out"
+    killed = _cli("run", reference["data"], "-c", config, "-o", out, "-q", "--chunk-rows", CHUNK_ROWS,
+                  "--checkpoint-every", 0, env={"GPU_PREP_FAILPOINT": "tokenize:5"})
+    assert killed.returncode == -9
+    changed = tmp_path / "changed.json"
+    changed.write_text(json.dumps({**CONFIG, "preprocessing": {"max_seq_len": 128}}))
+    refused = _cli("run", reference["data"], "-c", changed, "-o", out, "-q", "--resume")
+    assert refused.returncode == 2 and "config_sha256 changed" in refused.stderr
+
+
+def test_resume_of_a_finished_run_changes_nothing(reference: dict[str, Any], tmp_path: Path) -> None:
+    config, want, _ = reference["bin"]
+    out = tmp_path / "out"
+    assert _cli("run", reference["data"], "-c", config, "-o", out, "-q", "--chunk-rows", CHUNK_ROWS).returncode == 0
+    assert _cli("run", reference["data"], "-c", config, "-o", out, "-q", "--resume").returncode == 0
+    assert _tree(out) == want
