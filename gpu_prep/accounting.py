@@ -42,6 +42,7 @@ class Accounting:
         self.examples: dict[str, list[dict[str, Any]]] = {}
         self.tokens = 0
         self.trained_tokens = 0
+        self.left_out: Counter = Counter()  # messages the chat template did not render, by role
         self.strict = strict
         self.rejects_path = rejects
         self.rejects = None
@@ -61,6 +62,7 @@ class Accounting:
                 counts.rows_read, counts.rows_written, counts.rows_truncated = read, written, truncated
                 counts.dropped.update(dropped)
             self.examples, self.tokens, self.trained_tokens = state["examples"], state["tokens"], state["trained_tokens"]
+            self.left_out.update(state["left_out"])
 
     def state(self) -> dict[str, Any]:
         """Everything counted so far, and how much of the rejects file is written (flushed to the OS)."""
@@ -68,7 +70,7 @@ class Accounting:
             self.rejects.flush()
         return {"counts": [[c.rows_read, c.rows_written, c.rows_truncated, dict(c.dropped)] for c in self.counts],
                 "examples": self.examples, "tokens": self.tokens, "trained_tokens": self.trained_tokens,
-                "rejects_bytes": None if self.rejects is None else self.rejects.tell()}
+                "left_out": dict(self.left_out), "rejects_bytes": None if self.rejects is None else self.rejects.tell()}
 
     def abort(self, keep: bool = False) -> None:
         """The run failed: no rejects file appears (keep: its temporary file stays, for --resume)."""
@@ -118,6 +120,7 @@ class Accounting:
             "rows_dropped": dict(sorted(dropped.items())),
             "tokens": self.tokens,
             "trained_tokens": self.trained_tokens,
+            "messages_left_out_by_template": dict(sorted(self.left_out.items())),
         }
 
     def per_file(self, checksums: list[str]) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from gpu_prep.config import load_config
 from gpu_prep.errors import ConfigError, GpuPrepError
+from gpu_prep.plugins import load_plugins
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Turn raw LLM training data into token shards with exact loss masks.")
@@ -27,6 +28,7 @@ err = Console(stderr=True, soft_wrap=True)  # error lines stay whole, for grep a
 out = Console()
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Pipeline config (JSON or YAML).")]
+PluginOpt = Annotated[Optional[list[str]], typer.Option("--plugin", help="A module or .py file that registers input types; repeatable.")]
 
 
 def _fail(exc: GpuPrepError) -> typer.Exit:
@@ -54,6 +56,9 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
     for name, meta in manifest["domains"].items():
         table.add_row(f"domain {name}", f"{meta['num_samples']:,} samples, {len(meta['shards'])} shard(s)")
     out.print(table)
+    for role, n in totals.get("messages_left_out_by_template", {}).items():
+        err.print(f"[yellow]warning:[/] the chat template left out the content of {n:,} message(s) with role "
+                  f"{role!r} (a role it does not render); those rows were written without that text", highlight=False)
 
 
 @app.command()
@@ -71,6 +76,7 @@ def run(
     rejects: Annotated[Optional[Path], typer.Option(help="Write every dropped row, with file, line and reason, to this JSONL file.")] = None,
     strict: Annotated[bool, typer.Option(help="Stop at the first bad row (malformed, wrong type, ...), naming file:line and the cause.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no summary.")] = False,
+    plugin: PluginOpt = None,
 ) -> None:
     """Run the pipeline described by CONFIG over INPUTS into OUTPUT."""
     from gpu_prep.pipeline import run as run_pipeline
@@ -82,6 +88,7 @@ def run(
     if workers is not None:  # read by HF tokenizers' thread pool when it starts, so set before any tokenizing
         os.environ["RAYON_NUM_THREADS"] = str(workers)
     try:
+        load_plugins(plugin or [])
         cfg = load_config(config)
         columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,} rows"),
                    TimeElapsedColumn())
@@ -100,9 +107,10 @@ def run(
 
 
 @app.command()
-def validate(config: ConfigOpt) -> None:
+def validate(config: ConfigOpt, plugin: PluginOpt = None) -> None:
     """Check a config without running it; print it with every default filled in."""
     try:
+        load_plugins(plugin or [])
         cfg = load_config(config)
     except GpuPrepError as exc:
         raise _fail(exc) from None

@@ -38,6 +38,9 @@ class InputConfig(_Frozen):
     # per-message rendering did.
     mask_scope: Literal["content", "turn"] = "content"
     train_end_of_turn: bool = True
+    # gpu-prep's own: a JSON Lines row longer than this many bytes is dropped (too_large) without being
+    # parsed, and never held in memory whole.
+    max_row_bytes: int = Field(64 << 20, ge=2)
 
     @field_validator("type")
     @classmethod

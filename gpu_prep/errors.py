@@ -30,6 +30,7 @@ class Drop:
     TEMPLATE_ERROR = "template_error"
     TOO_SHORT = "too_short"
     TOO_LONG = "too_long"
+    TOO_LARGE = "too_large"  # a line over input.max_row_bytes, dropped unparsed
     DUPLICATE = "duplicate"
     NO_TRAINED_TOKENS = "no_trained_tokens"
     TOKENIZER_MISMATCH = "tokenizer_mismatch"

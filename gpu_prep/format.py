@@ -80,6 +80,25 @@ def _string_field(record: dict[str, Any], key: str, where: str = "") -> str:
     return value
 
 
+def _content(message: dict[str, Any], key: str, where: str) -> str:
+    """A message's text. Besides a string, what chat APIs send is read as chat templates' users expect: a
+    list of text parts ({"type": "text", "text": ...}, as in OpenAI's format) is its texts joined by
+    newlines; null content beside tool_calls (an assistant turn that only calls tools) is empty."""
+    value = message.get(key)
+    if isinstance(value, list):
+        texts = []
+        for j, part in enumerate(value):
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                kind = repr(part.get("type")) if isinstance(part, dict) else _type_name(part)
+                raise RowError(Drop.WRONG_TYPE, f"{where}{key}[{j}] is a {kind} part; only text parts "
+                                                '({"type": "text", "text": ...}) are read')
+            texts.append(part["text"])
+        return "\n".join(texts)
+    if value is None and key in message and message.get("tool_calls"):
+        return ""
+    return _string_field(message, key, where)
+
+
 def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
@@ -101,7 +120,7 @@ def build_chat(record: dict[str, Any], config: PipelineConfig) -> Conversation:
         if not isinstance(message, dict):
             raise RowError(Drop.WRONG_TYPE, f"{key}[{i}] must be an object, got {_type_name(message)}")
         role = _string_field(message, role_key, where)
-        content = _string_field(message, content_key, where)
+        content = _content(message, content_key, where)
         # Custom role/content keys are renamed, not copied: templates read role and content.
         extra = {k: v for k, v in message.items() if k not in (role_key, content_key)}
         messages.append({**extra, "role": role, "content": content})

@@ -318,7 +318,7 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
     fields = string_fields(config)
     columnar = backend.columnar_reader(fields) if config.gpu.reader == "cudf" and fields else None
     chunks = read_chunks(files, options.chunk_rows, config.preprocessing.max_items, columnar=columnar,
-                         skip=checkpoints.rows_done)
+                         skip=checkpoints.rows_done, max_row_bytes=config.input.max_row_bytes)
 
     def state() -> dict[str, Any]:
         return {"accounting": acct.state(), "writer": writer.state(), **decided}
@@ -329,6 +329,8 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
         acct.read(chunk.file_index)
         for drop in drops:
             acct.dropped(*drop)
+        for row in rows.payload:
+            acct.left_out.update(row.left_out)
         if tokens is not None:
             masked, valid = clock.time("mask", _mask, backend, tok, rows.payload, *tokens,
                                        config.preprocessing.max_seq_len)

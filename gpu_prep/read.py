@@ -24,6 +24,7 @@ SUFFIXES = (".jsonl", ".json", ".parquet")
 # A JSON Lines chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so
 # memory stays bounded whatever the rows' sizes (Parquet and JSON-array rows count rows only).
 CHUNK_BYTES = 4 << 20
+MAX_ROW_BYTES = 64 << 20  # input.max_row_bytes's default
 Row = tuple[int, Any, "tuple[str, str, Any] | None", int]  # line (or row) number, record, error, bytes of JSON
 
 
@@ -91,20 +92,47 @@ def _parse_line(raw: bytes) -> tuple[Any, tuple[str, str, Any] | None]:
         return None, (Drop.MALFORMED_JSON, f"not valid JSON: {exc}", text)
 
 
-def _exact_rows(lines: Iterator[tuple[int, bytes]]) -> Iterator[Row]:
-    """Numbered lines -> rows, each line parsed by the strict parser; blank lines are not rows."""
+def _too_large(line_no: int, size: int, cap: int) -> Row:
+    detail = f"the line is {size:,} bytes, over input.max_row_bytes {cap:,}; not parsed"
+    return line_no, None, (Drop.TOO_LARGE, detail, None), size
+
+
+def _exact_rows(lines: Iterator[tuple[int, bytes | int]], cap: int) -> Iterator[Row]:
+    """Numbered lines -> rows, each line parsed by the strict parser; blank lines are not rows. A line
+    given as an int was longer than cap and read past: that is its size."""
     for line_no, raw in lines:
+        if isinstance(raw, int):
+            yield _too_large(line_no, raw, cap)
+            continue
         if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
             raw = raw[3:]
         if not raw.strip():
+            continue
+        if len(raw) - raw.endswith(b"\n") > cap:
+            yield _too_large(line_no, len(raw), cap)
             continue
         record, error = _parse_line(raw)
         yield line_no, record, error, len(raw)
 
 
-def _jsonl_rows(file: InputFile) -> Iterator[Row]:
+def _bounded_lines(handle: Any, cap: int) -> Iterator[tuple[int, bytes | int]]:
+    """Numbered lines of a binary file, none held longer than cap bytes: a longer line is read past in
+    blocks and given as its size."""
+    line_no = 0
+    while raw := handle.readline(cap + 1):
+        line_no += 1
+        if len(raw) <= cap or raw.endswith(b"\n"):
+            yield line_no, raw
+            continue
+        size = len(raw)
+        while (rest := handle.readline(1 << 20)) and not rest.endswith(b"\n"):
+            size += len(rest)
+        yield line_no, size + len(rest)
+
+
+def _jsonl_rows(file: InputFile, cap: int) -> Iterator[Row]:
     with open(file.path, "rb") as handle:
-        yield from _exact_rows(enumerate(handle, start=1))
+        yield from _exact_rows(_bounded_lines(handle, cap), cap)
 
 
 # Reading JSON Lines as columns: the GPU backend parses byte ranges with cudf.read_json. Its recovery
@@ -153,7 +181,7 @@ def columnar_safe(data: bytes, fields: tuple[str, ...], rows: int) -> bool:
     return True
 
 
-def _columnar_rows(file: InputFile, fields: tuple[str, ...], read_range: ReadRange) -> Iterator[Row]:
+def _columnar_rows(file: InputFile, fields: tuple[str, ...], read_range: ReadRange, cap: int) -> Iterator[Row]:
     if file.size_bytes == 0:
         return
     with open(file.path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
@@ -166,11 +194,11 @@ def _columnar_rows(file: InputFile, fields: tuple[str, ...], read_range: ReadRan
             ends = [p + b"\n" for p in parts[:-1]] + [parts[-1]] * bool(parts[-1])
             lines = list(enumerate(ends, start=first_line))
             numbered = [(n, raw) for n, raw in lines if raw.strip()]
-            safe = columnar_safe(block, fields, len(numbered))
+            safe = columnar_safe(block, fields, len(numbered)) and all(len(raw) <= cap for _, raw in numbered)
             records = read_range(file.path, offset, end - offset, fields) if safe else None
             if records is None or len(records) != len(numbered) or any(
                     value is None for record in records for value in record.values()):
-                yield from _exact_rows(iter(lines))
+                yield from _exact_rows(iter(lines), cap)
             else:
                 for (line_no, raw), record in zip(numbered, records):
                     row = ColumnarRecord(record)
@@ -213,19 +241,20 @@ class Columnar:
     read_range: ReadRange
 
 
-def file_rows(file: InputFile, columnar: Columnar | None = None) -> Iterator[Row]:
+def file_rows(file: InputFile, columnar: Columnar | None = None, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[Row]:
     """(line or row number, record, error, bytes of JSON) for every row of one file."""
     if file.path.endswith(".parquet"):
         return _parquet_rows(file)
     if file.path.endswith(".json") and _is_json_array(file.path):
         return _json_array_rows(file)
     if columnar is not None:
-        return _columnar_rows(file, columnar.fields, columnar.read_range)
-    return _jsonl_rows(file)
+        return _columnar_rows(file, columnar.fields, columnar.read_range, max_row_bytes)
+    return _jsonl_rows(file, max_row_bytes)
 
 
 def read_chunks(files: list[InputFile], chunk_rows: int, max_items: int | None = None,
-                chunk_bytes: int = CHUNK_BYTES, columnar: Columnar | None = None, skip: int = 0) -> Iterator[RawChunk]:
+                chunk_bytes: int = CHUNK_BYTES, columnar: Columnar | None = None, skip: int = 0,
+                max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[RawChunk]:
     """Every row of every file, in order, in chunks of at most chunk_rows rows (or about chunk_bytes of
     JSON); stops after max_items rows. With `columnar`, JSON Lines files are read as columns. The first
     `skip` rows are read past (a resumed run has done them)."""
@@ -234,7 +263,7 @@ def read_chunks(files: list[InputFile], chunk_rows: int, max_items: int | None =
     for file in files:
         if max_items is not None and seen >= max_items:
             break
-        for line, record, error, nbytes in file_rows(file, columnar):
+        for line, record, error, nbytes in file_rows(file, columnar, max_row_bytes):
             if max_items is not None and seen >= max_items:
                 break
             seen += 1

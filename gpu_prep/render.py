@@ -59,6 +59,7 @@ class RenderedRow:
     spans: list[tuple[int, int]]  # trained byte ranges [start, end) of the concatenated text, sorted, disjoint
     num_bytes: int
     closing_piece: bool = False  # the last piece (a tokenizer's [SEP]) survives truncation
+    left_out: tuple[str, ...] = ()  # roles of messages the chat template did not render
 
 
 def _content_regions(real: str, skeleton: str, contents: dict[int, str], exact_only: bool = False
@@ -141,8 +142,9 @@ def _turn_spans(real: str, regions: list[tuple[int, int, int]], roles: list[str]
     return [(a, b, roles[i]) for (i, _, _), a, b in zip(regions, bounds, bounds[1:])]
 
 
-def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, list[Span]]:
-    """The rendered conversation and its labelled character spans."""
+def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, list[Span], tuple[str, ...]]:
+    """The rendered conversation, its labelled character spans, and the roles of messages whose content
+    the template left out (a role it does not know, say): counted, since their text is not in the row."""
     if ctx.span_problem:
         raise ConfigError(ctx.span_problem)
     if ctx.template is None:
@@ -152,11 +154,13 @@ def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, lis
     else:
         real = _render(ctx.template, conv.messages, conv.tools)
         regions = _locate_contents(real, conv, ctx.template)
-    if not regions:
-        return real, []
     roles = [m["role"] for m in conv.messages]
+    located = {i for i, _, _ in regions}
+    left_out = tuple(roles[i] for i, m in enumerate(conv.messages) if m["content"] and i not in located)
+    if not regions:
+        return real, [], left_out
     if ctx.config.input.mask_scope == "turn":
-        return real, _turn_spans(real, regions, roles, ctx)
+        return real, _turn_spans(real, regions, roles, ctx), left_out
     # A trained content runs on to the end-of-turn token that closes it: what the template writes between
     # them (tool calls, a space) is the same turn's output.
     eot = ctx.eot_pattern()
@@ -165,7 +169,7 @@ def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, lis
     for (i, start, end), limit in zip(regions, bounds):
         match = eot.search(real, end, limit) if ctx.config.input.train_end_of_turn else None
         spans.append((start, match.end() if match else end, roles[i]))
-    return real, spans
+    return real, spans, left_out
 
 
 def _to_bytes(text: str, spans: list[Span], form: str | None) -> tuple[str, list[tuple[int, int, str]]]:
@@ -227,6 +231,6 @@ def affix_disagreement(shapes: list[Shape], ctx: RenderContext) -> str | None:
 def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
     if isinstance(shape, Segments):
         return _segments(shape, ctx)
-    text, char_spans = conversation_spans(shape, ctx)
+    text, char_spans, left_out = conversation_spans(shape, ctx)
     text, byte_spans = _to_bytes(text, char_spans, ctx.normalization)
-    return RenderedRow([text], [False], _trained(byte_spans, ctx), len(text.encode("utf-8")))
+    return RenderedRow([text], [False], _trained(byte_spans, ctx), len(text.encode("utf-8")), left_out=left_out)

@@ -290,3 +290,23 @@ def test_unwritable_output_and_non_utf8_config_are_clear_errors(tmp_path: Path) 
     config.write_bytes('{"mask": {"assistant": "train"}, "x": "caf\xe9"}'.encode("latin-1"))
     result = _invoke("validate", "-c", config)
     assert result.exit_code == 2 and "not UTF-8" in result.output
+
+
+def test_plugins_load_only_when_named(tmp_path: Path) -> None:
+    plugin = tmp_path / "shout_plugin.py"
+    plugin.write_text(
+        "from gpu_prep.format import Segments, register\n\n"
+        "@register('shout_plugin_text')\n"
+        "def build(record, config):\n"
+        "    return Segments([(record['words'].upper(), 'text')], train_all=True)\n", encoding="utf-8")
+    config = tmp_path / "shout.json"
+    config.write_text(json.dumps({"input": {"type": "shout_plugin_text"}, "preprocessing": {"min_chars": 1}}))
+    refused = _invoke("validate", "-c", config)  # a config naming a type never imports anything
+    assert refused.exit_code == 2 and "shout_plugin_text" in _squash(refused.stdout + refused.stderr) and "notknown" in _squash(refused.stdout + refused.stderr)
+    assert _invoke("validate", "-c", config, "--plugin", plugin).exit_code == 0
+    data = tmp_path / "words.jsonl"
+    data.write_text('{"words": "quiet words"}\n', encoding="utf-8")
+    done = _invoke("run", data, "-c", config, "-o", tmp_path / "out", "-q", "--plugin", plugin)
+    assert done.exit_code == 0, done.stdout + done.stderr
+    missing = _invoke("validate", "-c", config, "--plugin", tmp_path / "nowhere.py")
+    assert missing.exit_code == 2 and "nosuchfile" in _squash(missing.stdout + missing.stderr)

@@ -1,0 +1,104 @@
+"""The reader and the row builders never raise on what they are fed: random bytes, random JSON values and
+random chat-shaped rows each become a row or a named drop. Reading as columns (the GPU backend's path)
+gives the strict parser's rows on the same soup."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpu_prep.config import parse_config
+from gpu_prep.errors import Drop
+from gpu_prep.format import RowError, get_builder
+from gpu_prep.read import Columnar, as_read, expand_inputs, read_chunks
+from test_columnar_read import lenient_read_range
+
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# JSON as it is written: no NaN or Infinity (not JSON), integers within 64 bits (the parser's range; a
+# larger one makes the row malformed_json, with the parser's own message).
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1)
+                    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                    max_leaves=12)
+
+
+def _read(data: bytes, columnar: Columnar | None = None, chunk_rows: int = 3) -> list[tuple]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "fuzz.jsonl"
+        path.write_bytes(data)
+        rows = []
+        for chunk in read_chunks(expand_inputs([str(path)]), chunk_rows, columnar=columnar, max_row_bytes=300):
+            for i, record in enumerate(chunk.records):
+                assert (record is None) == (i in chunk.errors)
+                rows.append((chunk.line[i], chunk.errors.get(i), as_read(record)))
+        return rows
+
+
+@FUZZ
+@given(st.binary(max_size=3000))
+def test_random_bytes_become_rows_or_named_drops(data: bytes) -> None:
+    rows = _read(data)
+    lines = data.split(b"\n")
+    numbers = [n for n, _, _ in rows]
+    assert numbers == sorted(set(numbers)) and all(1 <= n <= len(lines) for n in numbers)
+    # A row is a line with something on it once a leading BOM is gone, or one too large to look at.
+    unbommed = [line[3:] if k == 0 and line.startswith(b"\xef\xbb\xbf") else line for k, line in enumerate(lines)]
+    assert len(rows) == sum(1 for line, raw in zip(unbommed, lines) if line.strip() or len(raw) > 300)
+    known = {Drop.MALFORMED_JSON, Drop.NOT_AN_OBJECT, Drop.TOO_LARGE}
+    assert all(error is None or error[0] in known for _, error, _ in rows)
+
+
+@FUZZ
+@given(st.lists(JSON, max_size=12))
+def test_random_json_values_are_read_as_written(values: list[Any]) -> None:
+    data = b"\n".join(json.dumps(v).encode() for v in values)
+    rows = _read(data)
+    big = [len(json.dumps(v)) > 300 for v in values]
+    assert len(rows) == len(values)
+    for (line, error, record), value, too_large in zip(rows, values, big):
+        if too_large:
+            assert error[0] == Drop.TOO_LARGE
+        elif isinstance(value, dict):
+            assert error is None and record == value
+        else:
+            assert error[0] == Drop.NOT_AN_OBJECT
+
+
+MESSAGE = st.dictionaries(st.sampled_from(["role", "content", "tool_calls", "name"]),
+                          st.sampled_from(["user", "assistant", "system", "tool", ""]) | JSON, max_size=4)
+ROW = st.dictionaries(st.sampled_from(["messages", "text", "prompt", "response", "source"]),
+                      st.lists(MESSAGE | JSON, max_size=4) | JSON, max_size=4)
+
+
+@FUZZ
+@given(ROW, st.sampled_from(["chat", "instruction", "text"]))
+def test_builders_raise_only_named_row_errors(row: dict[str, Any], kind: str) -> None:
+    config = parse_config({"input": {"type": kind}})
+    try:
+        get_builder(kind)(row, config)
+    except RowError as err:
+        assert err.reason in Drop.BAD_DATA and err.detail
+
+
+@FUZZ
+@given(st.lists(st.sampled_from([
+    b'{"text": "clean row", "source": "s"}', b'{"text": "another \\u00e9 row", "source": "t"}',
+    b'{"text": 5, "source": "s"}', b'{"text": "x"} trailing', b'{"text": "nan", "n": NaN, "source": "s"}',
+    b'{"text": "bad \xff", "source": "s"}', b'{"text": "ctl \x01", "source": "s"}', b"", b"[1]", b"{",
+    b'{"source": "s"}', b'{"text": "dup", "text": "key", "source": "s"}', b'{"text": "\\ud800", "source": "s"}',
+]), max_size=40), st.integers(1, 400))
+def test_columns_equal_the_strict_parser_on_any_mix(lines: list[bytes], range_bytes: int) -> None:
+    import gpu_prep.read as read
+
+    data = b"\n".join(lines)
+    saved, read.RANGE_BYTES = read.RANGE_BYTES, range_bytes
+    try:
+        columnar = _read(data, Columnar(("text", "source"), lenient_read_range))
+    finally:
+        read.RANGE_BYTES = saved
+    assert columnar == _read(data)
