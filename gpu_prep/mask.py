@@ -48,12 +48,17 @@ def project(xp: Any, token_len: Any, token_offsets: Any, span_start: Any, span_e
     # Clipped to the row's tokens, so spans stay sorted even where a row's tokens miss bytes.
     start = xp.minimum(span_start + row_base[span_row], row_limit[span_row])
     end = xp.minimum(span_end + row_base[span_row], row_limit[span_row])
+    n = len(token_len)
     if len(start) == 0:
-        return xp.zeros(len(token_len), dtype=xp.int8)
-    first = xp.searchsorted(end, token_start, side="right")  # first span ending after the token starts
-    hit = first < len(end)
-    first = xp.minimum(first, len(end) - 1)
-    return (hit & (start[first] < token_end) & (token_len > 0)).astype(xp.int8)
+        return xp.zeros(n, dtype=xp.int8)
+    # Span s trains tokens [a_s, b_s): those ending after it starts and starting before it ends. Positions
+    # only grow, so two searches per span (not one per token) find them; +1 at a_s and -1 at b_s, summed
+    # along the tokens, counts the spans covering each token.
+    first = xp.searchsorted(token_end, start, side="right")
+    stop = xp.searchsorted(token_start, end, side="left")
+    stop = xp.maximum(stop, first)  # an empty span covers nothing
+    cover = xp.cumsum(xp.bincount(first, minlength=n + 1)[:n] - xp.bincount(stop, minlength=n + 1)[:n])
+    return ((cover > 0) & (token_len > 0)).astype(xp.int8)
 
 
 @dataclass
