@@ -114,8 +114,14 @@ def build_chat(record: dict[str, Any], config: PipelineConfig) -> Conversation:
     if not raw:
         raise RowError(Drop.EMPTY, f"field {key!r} has no messages")
     role_key, content_key = config.input.role_key, config.input.content_key
+    plain = role_key == "role" and content_key == "content"
     messages = []
     for i, message in enumerate(raw):
+        # The common case, a {"role": str, "content": str} message, is taken as it is (never modified).
+        if plain and type(message) is dict and tuple(message) == ("role", "content") \
+                and type(message["role"]) is str and type(message["content"]) is str:
+            messages.append(message)
+            continue
         where = f"{key}[{i}]."
         if not isinstance(message, dict):
             raise RowError(Drop.WRONG_TYPE, f"{key}[{i}] must be an object, got {_type_name(message)}")

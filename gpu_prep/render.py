@@ -14,6 +14,7 @@ applied piece by piece so that positions and text agree.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -48,8 +49,13 @@ class RenderContext:
     affix: AffixTemplate | None = None  # the template as plain concatenation, when it is one
 
     def eot_pattern(self) -> re.Pattern[str]:
-        alternatives = "|".join(re.escape(t) for t in sorted(self.end_of_turn, key=len, reverse=True))
-        return re.compile(rf"[ \t]*(?:{alternatives})" if alternatives else r"(?!)")
+        return _eot_pattern(self.end_of_turn)
+
+
+@functools.lru_cache(maxsize=16)
+def _eot_pattern(end_of_turn: tuple[str, ...]) -> re.Pattern[str]:
+    alternatives = "|".join(re.escape(t) for t in sorted(end_of_turn, key=len, reverse=True))
+    return re.compile(rf"[ \t]*(?:{alternatives})" if alternatives else r"(?!)")
 
 
 @dataclass(frozen=True)
