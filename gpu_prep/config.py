@@ -13,7 +13,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from gpu_prep.errors import ConfigError
 
@@ -24,9 +33,28 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+ALPACA_FORMAT = ("Below is an instruction that describes a task, paired with an input that provides further "
+                 "context. Write a response that appropriately completes the request.\n\n"
+                 "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n")
+ALPACA_NO_INPUT_FORMAT = ("Below is an instruction that describes a task. Write a response that appropriately "
+                          "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n")
+# The roles of ShareGPT-style data ("from") and the template roles they stand for.
+SHAREGPT_ROLES = {"user": ["human", "user"], "assistant": ["gpt", "model", "assistant"], "system": ["system"],
+                  "tool": ["tool", "function", "observation"]}
+
+
 class InputConfig(_Frozen):
     type: str = "chat"
-    messages_key: str = "messages"
+    # field_messages is the name other trainers give it.
+    messages_key: str = Field("messages", validation_alias=AliasChoices("messages_key", "field_messages"))
+    # {template key: row key} inside a message, e.g. {"role": "from", "content": "value"}; "role" and
+    # "content" set role_key and content_key, other keys are renamed as given.
+    message_property_mappings: dict[str, str] = {}
+    # {template role: [row roles]}: roles renamed before rendering, e.g. {"assistant": ["gpt", "model"]}.
+    # Empty: none (chat), or SHAREGPT_ROLES for sharegpt rows.
+    roles: dict[str, list[str]] = {}
+    # Roles trained where `mask` names no rule for them (then mask_default applies).
+    roles_to_train: list[str] = []
     prompt_key: str = "prompt"
     response_key: str = "response"
     text_key: str = "text"
@@ -38,9 +66,41 @@ class InputConfig(_Frozen):
     # per-message rendering did.
     mask_scope: Literal["content", "turn"] = "content"
     train_end_of_turn: bool = True
+    # Alpaca-style instruction rows (input.type "alpaca"): the fields, and how the prompt is written from
+    # them ({instruction}, {input}, {system} are replaced; no_input_format when the input is absent or empty).
+    field_instruction: str = "instruction"
+    field_input: str | None = "input"
+    field_output: str = "output"
+    field_system: str | None = "system"
+    system_prompt: str = ""
+    format: str = ALPACA_FORMAT
+    no_input_format: str = ALPACA_NO_INPUT_FORMAT
     # gpu-prep's own: a JSON Lines row longer than this many bytes is dropped (too_large) without being
     # parsed, and never held in memory whole.
     max_row_bytes: int = Field(64 << 20, ge=2)
+
+    _role_of: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def model_post_init(self, context: Any) -> None:
+        roles = self.roles or (SHAREGPT_ROLES if self.type == "sharegpt" else {})
+        self._role_of = {source: target for target, sources in roles.items() for source in sources}
+
+    def role_of(self, role: str) -> str:
+        """The template role a row's role stands for (input.roles)."""
+        return self._role_of.get(role, role)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mappings(cls, data: Any) -> Any:
+        """message_property_mappings' role and content entries are role_key and content_key."""
+        if isinstance(data, dict) and isinstance(data.get("message_property_mappings"), dict):
+            mappings = data["message_property_mappings"]
+            for name in ("role", "content"):
+                if name in mappings and f"{name}_key" in data and data[f"{name}_key"] != mappings[name]:
+                    raise ValueError(f"input.message_property_mappings.{name} and input.{name}_key disagree")
+            data = {**data, **{f"{n}_key": mappings[n] for n in ("role", "content") if n in mappings},
+                    "message_property_mappings": {k: v for k, v in mappings.items() if k not in ("role", "content")}}
+        return data
 
     @field_validator("type")
     @classmethod
@@ -107,8 +167,11 @@ class PipelineConfig(_Frozen):
         return {"name": value} if isinstance(value, str) or value is None else value
 
     def action(self, label: str) -> Action:
-        """The mask rule for a role (chat) or field (instruction)."""
-        return self.mask.get(label, self.mask_default)
+        """The mask rule for a role (chat) or field (instruction): `mask` first, then roles_to_train, then
+        mask_default."""
+        if label in self.mask:
+            return self.mask[label]
+        return "train" if label in self.input.roles_to_train else self.mask_default
 
     def canonical_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))

@@ -10,6 +10,7 @@ the row with a reason. New input types register a builder:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
@@ -48,6 +49,7 @@ class Segments:
     pieces: list[tuple[str, str | None]]
     train_all: bool = False
     add_eos: bool = False
+    source: str | None = None  # the row's own text, when the pieces add text of a format to it
 
 
 Shape = Union[Conversation, Segments]
@@ -105,7 +107,23 @@ def _type_name(value: Any) -> str:
 
 @register("chat")
 def build_chat(record: dict[str, Any], config: PipelineConfig) -> Conversation:
-    key = config.input.messages_key
+    inp = config.input
+    return _conversation(record, inp.messages_key, inp.role_key, inp.content_key, config)
+
+
+@register("sharegpt")
+def build_sharegpt(record: dict[str, Any], config: PipelineConfig) -> Conversation:
+    """{"conversations": [{"from": "human", "value": ...}, ...]}: chat under other keys and role names
+    (input.roles defaults to SHAREGPT_ROLES); keys set in the config win."""
+    inp, given = config.input, config.input.model_fields_set
+    key = inp.messages_key if "messages_key" in given else "conversations"
+    role_key = inp.role_key if "role_key" in given else "from"
+    content_key = inp.content_key if "content_key" in given else "value"
+    return _conversation(record, key, role_key, content_key, config)
+
+
+def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: str,
+                  config: PipelineConfig) -> Conversation:
     if key not in record:
         raise RowError(Drop.MISSING_FIELD, f"field {key!r} is missing")
     raw = record[key]
@@ -113,8 +131,10 @@ def build_chat(record: dict[str, Any], config: PipelineConfig) -> Conversation:
         raise RowError(Drop.WRONG_TYPE, f"field {key!r} must be a list of messages, got {_type_name(raw)}")
     if not raw:
         raise RowError(Drop.EMPTY, f"field {key!r} has no messages")
-    role_key, content_key = config.input.role_key, config.input.content_key
-    plain = role_key == "role" and content_key == "content"
+    inp = config.input
+    renames = inp.message_property_mappings  # {template key: row key}
+    plain = role_key == "role" and content_key == "content" and not renames and not inp.roles \
+        and inp.type == "chat"
     messages = []
     for i, message in enumerate(raw):
         # The common case, a {"role": str, "content": str} message, is taken as it is (never modified).
@@ -125,10 +145,12 @@ def build_chat(record: dict[str, Any], config: PipelineConfig) -> Conversation:
         where = f"{key}[{i}]."
         if not isinstance(message, dict):
             raise RowError(Drop.WRONG_TYPE, f"{key}[{i}] must be an object, got {_type_name(message)}")
-        role = _string_field(message, role_key, where)
+        role = inp.role_of(_string_field(message, role_key, where))
         content = _content(message, content_key, where)
-        # Custom role/content keys are renamed, not copied: templates read role and content.
-        extra = {k: v for k, v in message.items() if k not in (role_key, content_key)}
+        # Row keys are renamed to the template's, not copied: templates read role and content.
+        sources = {role_key, content_key, *renames.values()}
+        extra = {k: v for k, v in message.items() if k not in sources}
+        extra.update((target, message[source]) for target, source in renames.items() if source in message)
         messages.append({**extra, "role": role, "content": content})
     return Conversation(messages, tools=record.get("tools"))
 
@@ -140,6 +162,38 @@ def build_instruction(record: dict[str, Any], config: PipelineConfig) -> Segment
     if not response.strip():
         raise RowError(Drop.EMPTY, f"field {config.input.response_key!r} is empty")
     return Segments([(prompt, "prompt"), (response, "response")], add_eos=True)
+
+
+@register("alpaca")
+def build_alpaca(record: dict[str, Any], config: PipelineConfig) -> Segments:
+    """Alpaca-style rows ({"instruction", "input", "output", "system"}, names set by input.field_*): the
+    prompt is input.format with {instruction}, {input} and {system} filled in (input.no_input_format when
+    the row has no input, or an empty one), then the output, closed by eos; labelled prompt and response."""
+    inp = config.input
+    instruction = _string_field(record, inp.field_instruction)
+    extra = _optional_string(record, inp.field_input)
+    system = _optional_string(record, inp.field_system) or inp.system_prompt
+    output = _string_field(record, inp.field_output)
+    if not output.strip():
+        raise RowError(Drop.EMPTY, f"field {inp.field_output!r} is empty")
+    template = inp.format if extra else inp.no_input_format
+    values = {"instruction": instruction, "input": extra, "system": system}
+    prompt = _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)  # one pass: no text of a row is a template
+    if system and "{system}" not in template:
+        prompt = f"{system}\n\n{prompt}"
+    # Filters and dedup look at the row's own text: the format's preamble is the same in every row.
+    own = "\n".join(t for t in (instruction, extra, output) if t)
+    return Segments([(prompt, "prompt"), (output, "response")], add_eos=True, source=own)
+
+
+_PLACEHOLDER = re.compile(r"\{(instruction|input|system)\}")
+
+
+def _optional_string(record: dict[str, Any], key: str | None) -> str:
+    """A field that may be absent or null (then ""); when present it must be a string."""
+    if key is None or record.get(key) is None:
+        return ""
+    return _string_field(record, key)
 
 
 @register("text")
@@ -161,7 +215,7 @@ def string_fields(config: PipelineConfig) -> tuple[str, ...] | None:
 def source_text(shape: Shape) -> str:
     """The row's own text, before any template: what the length filters look at."""
     if isinstance(shape, Segments):
-        return "".join(text for text, _ in shape.pieces)
+        return shape.source if shape.source is not None else "".join(text for text, _ in shape.pieces)
     return "\n".join(m["content"] for m in shape.messages)
 
 

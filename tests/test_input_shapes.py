@@ -1,0 +1,122 @@
+"""Input shapes other trainers use: ShareGPT conversations, custom message keys with role maps, roles to
+train, and Alpaca-style instruction rows with custom formats. Each is checked against the plain shape it
+stands for (the same samples, token for token), or against its prompt written out by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from gpu_prep.config import ALPACA_FORMAT, ALPACA_NO_INPUT_FORMAT, parse_config
+from gpu_prep.format import dedup_text, get_builder
+from helpers import REPO, run_rows, samples
+
+pytestmark = pytest.mark.usefixtures("fast_tokenizer")
+
+OPENAI = [
+    {"messages": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "2+2?"},
+                  {"role": "assistant", "content": "4."}]},
+    {"messages": [{"role": "user", "content": "Capital of Peru?"}, {"role": "assistant", "content": "Lima."},
+                  {"role": "user", "content": "And of Chile?"}, {"role": "assistant", "content": "Santiago."}]},
+]
+CHAT = {"input": {"type": "chat"}, "mask": {"assistant": "train"}}
+
+
+def _same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(np.array_equal(x[0], y[0]) and np.array_equal(x[1], y[1]) for x, y in zip(a, b))
+
+
+def _sharegpt(rows: list[dict], names: dict[str, str]) -> list[dict]:
+    return [{"conversations": [{"from": names[m["role"]], "value": m["content"]} for m in r["messages"]]}
+            for r in rows]
+
+
+def test_sharegpt_rows_give_the_openai_rows_samples(tmp_path: Path) -> None:
+    want = samples(run_rows(tmp_path, CHAT, OPENAI, name="openai"))
+    rows = _sharegpt(OPENAI, {"system": "system", "user": "human", "assistant": "gpt"})
+    got = samples(run_rows(tmp_path, {"input": {"type": "sharegpt"}, "mask": {"assistant": "train"}}, rows))
+    assert _same(got, want)
+
+
+def test_custom_keys_and_a_role_map_give_the_openai_rows_samples(tmp_path: Path) -> None:
+    want = samples(run_rows(tmp_path, CHAT, OPENAI, name="openai"))
+    rows = [{"dialogue": [{"speaker": {"system": "sys", "user": "person", "assistant": "bot"}[m["role"]],
+                           "text": m["content"]} for m in r["messages"]]} for r in OPENAI]
+    config = {"input": {"type": "chat", "field_messages": "dialogue",
+                        "message_property_mappings": {"role": "speaker", "content": "text"},
+                        "roles": {"system": ["sys"], "user": ["person"], "assistant": ["bot"]}},
+              "mask": {"assistant": "train"}}
+    assert _same(samples(run_rows(tmp_path, config, rows)), want)
+
+
+def test_other_mapped_message_keys_are_renamed() -> None:
+    config = parse_config({"input": {"message_property_mappings": {"reasoning_content": "thinking"}}})
+    row = {"messages": [{"role": "assistant", "content": "4", "thinking": "2 and 2", "name": "calc"}]}
+    message = get_builder("chat")(row, config).messages[0]
+    assert message == {"role": "assistant", "content": "4", "reasoning_content": "2 and 2", "name": "calc"}
+
+
+def test_roles_to_train_combines_with_the_mask_rules(tmp_path: Path) -> None:
+    by_mask = samples(run_rows(tmp_path, CHAT, OPENAI, name="mask"))
+    by_roles = samples(run_rows(tmp_path, {"input": {"type": "chat", "roles_to_train": ["assistant"]}}, OPENAI,
+                                name="roles"))
+    assert _same(by_roles, by_mask)
+    both = {"input": {"type": "chat", "roles_to_train": ["assistant", "user"]}, "mask": {"user": "mask"}}
+    assert _same(samples(run_rows(tmp_path, both, OPENAI, name="both")), by_mask)  # `mask` names win
+    config = parse_config({"input": {"roles_to_train": ["narrator"]}, "mask": {"user": "train"}})
+    assert [config.action(r) for r in ("narrator", "user", "assistant")] == ["train", "train", "mask"]
+
+
+def test_message_property_mappings_and_role_key_must_agree() -> None:
+    with pytest.raises(Exception, match="disagree"):
+        parse_config({"input": {"role_key": "a", "message_property_mappings": {"role": "b"}}})
+
+
+ALPACA = {"input": {"type": "alpaca"}, "mask": {"response": "train"}, "preprocessing": {"min_chars": 0}}
+
+
+@pytest.mark.parametrize(("row", "prompt"), [
+    ({"instruction": "Add them.", "input": "2 and 3", "output": "5"},
+     ALPACA_FORMAT.replace("{instruction}", "Add them.").replace("{input}", "2 and 3")),
+    ({"instruction": "Say hi.", "input": "", "output": "hi"}, ALPACA_NO_INPUT_FORMAT.replace("{instruction}", "Say hi.")),
+    ({"instruction": "Say hi.", "output": "hi", "system": "Be brief."},
+     "Be brief.\n\n" + ALPACA_NO_INPUT_FORMAT.replace("{instruction}", "Say hi.")),
+    ({"instruction": "Use {input} literally.", "input": "{system}", "output": "ok"},
+     ALPACA_FORMAT.replace("{instruction}", "Use {input} literally.").replace("### Input:\n{input}", "### Input:\n{system}")),
+])
+def test_alpaca_rows_are_written_with_their_format(tmp_path: Path, qwen: Any, row: dict, prompt: str) -> None:
+    [(ids, mask)] = samples(run_rows(tmp_path, ALPACA, [row]))
+    assert qwen.decode(ids) == prompt + row["output"] + qwen.eos_text
+    assert qwen.decode(ids[mask == 1]) == row["output"] + qwen.eos_text  # the prompt is masked
+
+
+def test_a_custom_instruct_format(tmp_path: Path, qwen: Any) -> None:
+    config = yaml.safe_load((REPO / "configs" / "mistral_instruct.yaml").read_text())
+    [(ids, _)] = samples(run_rows(tmp_path, config, [{"input": "Why?", "output": "Because."}]))
+    assert qwen.decode(ids) == "[INST] Why? [/INST]Because." + qwen.eos_text
+
+
+def test_alpaca_rows_dedup_on_their_own_text() -> None:
+    # Every row's prompt starts with the same long preamble; dedup must look past it.
+    config = parse_config(ALPACA)
+    build = get_builder("alpaca")
+    a = build({"instruction": "One.", "output": "1"}, config)
+    b = build({"instruction": "Two.", "output": "2"}, config)
+    assert dedup_text(a) == "One.\n1" and dedup_text(a)[:200] != dedup_text(b)[:200]
+
+
+@pytest.mark.parametrize(("config", "data", "rows"), [
+    ("sharegpt.yaml", "sharegpt.jsonl", 3), ("alpaca.yaml", "alpaca.jsonl", 3),
+])
+def test_example_configs_run(tmp_path: Path, config: str, data: str, rows: int) -> None:
+    from gpu_prep.pipeline import run
+
+    manifest = run(parse_config(yaml.safe_load((REPO / "configs" / config).read_text())),
+                   [str(REPO / "examples" / data)], tmp_path / "out")
+    assert manifest["totals"]["rows_written"] == rows, json.dumps(manifest["totals"])
+    assert 0 < manifest["totals"]["trained_tokens"] < manifest["totals"]["tokens"]
