@@ -8,6 +8,8 @@ it is counted and never takes its neighbours with it. Blank lines are not rows.
 from __future__ import annotations
 
 import glob
+import gzip
+import io
 import mmap
 import os
 import re
@@ -18,9 +20,10 @@ from typing import Any
 
 import orjson
 
-from gpu_prep.errors import ConfigError, Drop
+from gpu_prep.errors import ConfigError, Drop, InputError
 
 SUFFIXES = (".jsonl", ".json", ".parquet")
+COMPRESSIONS = (".gz", ".zst")  # of JSON Lines and JSON files: read as streams, never unpacked to disk
 # A JSON Lines chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so
 # memory stays bounded whatever the rows' sizes (Parquet and JSON-array rows count rows only).
 CHUNK_BYTES = 4 << 20
@@ -63,7 +66,7 @@ def expand_inputs(patterns: list[str]) -> list[InputFile]:
     paths: list[str] = []
     for pattern in patterns:
         if os.path.isdir(pattern):
-            found = sorted(str(p) for p in Path(pattern).rglob("*") if p.suffix in SUFFIXES and p.is_file())
+            found = sorted(str(p) for p in Path(pattern).rglob("*") if _kind(str(p)) and p.is_file())
         elif glob.has_magic(pattern):
             found = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
         else:
@@ -130,9 +133,54 @@ def _bounded_lines(handle: Any, cap: int) -> Iterator[tuple[int, bytes | int]]:
         yield line_no, size + len(rest)
 
 
+def _kind(path: str) -> str | None:
+    """".jsonl", ".json" or ".parquet" for a file gpu-prep reads (compressed JSON included), else None."""
+    for compression in COMPRESSIONS:
+        if path.endswith(compression):
+            path = path[: -len(compression)]
+            return next((s for s in SUFFIXES[:2] if path.endswith(s)), None)
+    return next((s for s in SUFFIXES if path.endswith(s)), None)
+
+
+class _Raw(io.RawIOBase):
+    """A pyarrow input stream as a raw file, so a BufferedReader can read lines from it."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.stream.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.stream.close()
+        super().close()
+
+
+def open_input(path: str) -> Any:
+    """A binary file object over the input's bytes, decompressed as they are read (.gz, .zst)."""
+    if path.endswith(".gz"):
+        return gzip.open(path, "rb")
+    if path.endswith(".zst"):
+        import pyarrow as pa
+
+        return io.BufferedReader(_Raw(pa.input_stream(path, compression="zstd")), 1 << 20)
+    return open(path, "rb")  # noqa: SIM115  the caller closes it
+
+
 def _jsonl_rows(file: InputFile, cap: int) -> Iterator[Row]:
-    with open(file.path, "rb") as handle:
-        yield from _exact_rows(_bounded_lines(handle, cap), cap)
+    line_no = 0
+    try:
+        with open_input(file.path) as handle:
+            for row in _exact_rows(_bounded_lines(handle, cap), cap):
+                line_no = row[0]
+                yield row
+    except (EOFError, OSError, ValueError) as exc:  # a damaged compressed file: stop, saying where
+        raise InputError(f"{file.path}: cannot decompress beyond line {line_no}: {type(exc).__name__}: {exc}") from None
 
 
 # Reading JSON Lines as columns: the GPU backend parses byte ranges with cudf.read_json. Its recovery
@@ -208,7 +256,8 @@ def _columnar_rows(file: InputFile, fields: tuple[str, ...], read_range: ReadRan
 
 
 def _json_array_rows(file: InputFile) -> Iterator[Row]:
-    raw = Path(file.path).read_bytes().removeprefix(b"\xef\xbb\xbf")
+    with open_input(file.path) as handle:
+        raw = handle.read().removeprefix(b"\xef\xbb\xbf")
     data, error = _parse_line(raw)
     if error is not None:
         yield 1, None, error, len(raw)
@@ -228,7 +277,7 @@ def _parquet_rows(file: InputFile) -> Iterator[Row]:
 
 
 def _is_json_array(path: str) -> bool:
-    with open(path, "rb") as handle:
+    with open_input(path) as handle:
         head = handle.read(64).removeprefix(b"\xef\xbb\xbf").lstrip()
     return head.startswith(b"[")
 
@@ -243,11 +292,12 @@ class Columnar:
 
 def file_rows(file: InputFile, columnar: Columnar | None = None, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[Row]:
     """(line or row number, record, error, bytes of JSON) for every row of one file."""
-    if file.path.endswith(".parquet"):
+    kind = _kind(file.path)
+    if kind == ".parquet":
         return _parquet_rows(file)
-    if file.path.endswith(".json") and _is_json_array(file.path):
+    if kind == ".json" and _is_json_array(file.path):
         return _json_array_rows(file)
-    if columnar is not None:
+    if columnar is not None and file.path == file.path.removesuffix(".gz").removesuffix(".zst"):
         return _columnar_rows(file, columnar.fields, columnar.read_range, max_row_bytes)
     return _jsonl_rows(file, max_row_bytes)
 

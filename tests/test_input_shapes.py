@@ -120,3 +120,33 @@ def test_example_configs_run(tmp_path: Path, config: str, data: str, rows: int) 
                    [str(REPO / "examples" / data)], tmp_path / "out")
     assert manifest["totals"]["rows_written"] == rows, json.dumps(manifest["totals"])
     assert 0 < manifest["totals"]["trained_tokens"] < manifest["totals"]["tokens"]
+
+
+def test_compressed_inputs_read_like_plain_ones(tmp_path: Path) -> None:
+    import gzip
+
+    import pyarrow as pa
+
+    from gpu_prep.errors import InputError
+    from gpu_prep.pipeline import run
+
+    data = b"".join(json.dumps(r).encode() + b"\n" for r in OPENAI * 3)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.jsonl").write_bytes(data)
+    (tmp_path / "data" / "b.jsonl.gz").write_bytes(gzip.compress(data))
+    with pa.output_stream(str(tmp_path / "data" / "c.jsonl.zst"), compression="zstd") as out:
+        out.write(data)
+    (tmp_path / "data" / "d.json.gz").write_bytes(gzip.compress(json.dumps(OPENAI * 3).encode()))
+    (tmp_path / "data" / "notes.txt").write_text("not an input")
+    config = parse_config({**CHAT, "preprocessing": {"deduplicate": False}})
+    manifest = run(config, [str(tmp_path / "data")], tmp_path / "out")
+    assert [Path(f["path"]).name for f in manifest["inputs"]] == ["a.jsonl", "b.jsonl.gz", "c.jsonl.zst", "d.json.gz"]
+    assert [f["rows_written"] for f in manifest["inputs"]] == [6, 6, 6, 6]
+    per_file = len(samples(tmp_path / "out")) // 4
+    got = samples(tmp_path / "out")
+    assert all(_same(got[:per_file], got[k * per_file:(k + 1) * per_file]) for k in range(4))
+    cut = tmp_path / "cut.jsonl.gz"
+    whole = gzip.compress(data * 200)
+    cut.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(InputError, match="cut.jsonl.gz: cannot decompress beyond line"):
+        run(config, [str(cut)], tmp_path / "cut-out")
