@@ -66,6 +66,8 @@ class InputConfig(_Frozen):
     # per-message rendering did.
     mask_scope: Literal["content", "turn"] = "content"
     train_end_of_turn: bool = True
+    # Text rows: close each with the tokenizer's eos token (trained), after any BOS the tokenizer adds.
+    add_eos: bool = False
     # Alpaca-style instruction rows (input.type "alpaca"): the fields, and how the prompt is written from
     # them ({instruction}, {input}, {system} are replaced; no_input_format when the input is absent or empty).
     field_instruction: str = "instruction"
@@ -115,6 +117,10 @@ class InputConfig(_Frozen):
 
 class PreprocessingConfig(_Frozen):
     max_seq_len: int = Field(2048, ge=1)
+    # gpu-prep's own: what happens to a row of more than max_seq_len tokens. right: its first tokens are
+    # kept; left: its last; drop: it is dropped (too_many_tokens); raise: the run stops, naming it; split:
+    # it is cut into samples of max_seq_len tokens (pretraining text), none lost.
+    truncation: Literal["right", "left", "drop", "raise", "split"] = "right"
     min_chars: int = Field(50, ge=0)
     max_chars: int = Field(2_000_000, ge=1)
     deduplicate: bool = True

@@ -33,6 +33,7 @@ class Drop:
     TOO_LARGE = "too_large"  # a line over input.max_row_bytes, dropped unparsed
     DUPLICATE = "duplicate"
     NO_TRAINED_TOKENS = "no_trained_tokens"
+    TOO_MANY_TOKENS = "too_many_tokens"  # over max_seq_len, with preprocessing.truncation "drop"
     TOKENIZER_MISMATCH = "tokenizer_mismatch"
 
     # Reasons that mean the row itself is bad data (--strict stops at the first), as opposed to rows that are

@@ -46,7 +46,7 @@ class Segments:
     add_eos: the tokenizer's eos token closes the last piece (and is trained with it).
     """
 
-    pieces: list[tuple[str, str | None]]
+    pieces: list[tuple[str, str | bool | None]]  # label: a mask rule's name, or True / False (None) outright
     train_all: bool = False
     add_eos: bool = False
     source: str | None = None  # the row's own text, when the pieces add text of a format to it
@@ -196,10 +196,34 @@ def _optional_string(record: dict[str, Any], key: str | None) -> str:
     return _string_field(record, key)
 
 
+@register("segments")
+def build_segments(record: dict[str, Any], config: PipelineConfig) -> Segments:
+    """Template-free rows: {"segments": [{"text": ..., "label": true | false}, ...]}, tokenized piece by
+    piece and concatenated as they are; a segment labelled true is trained, false is masked."""
+    if "segments" not in record:
+        raise RowError(Drop.MISSING_FIELD, "field 'segments' is missing")
+    raw = record["segments"]
+    if not isinstance(raw, list):
+        raise RowError(Drop.WRONG_TYPE, f"field 'segments' must be a list, got {_type_name(raw)}")
+    pieces: list[tuple[str, str | bool | None]] = []
+    for i, segment in enumerate(raw):
+        where = f"segments[{i}]."
+        if not isinstance(segment, dict):
+            raise RowError(Drop.WRONG_TYPE, f"segments[{i}] must be an object, got {_type_name(segment)}")
+        text = _string_field(segment, "text", where)
+        if not isinstance(segment.get("label"), bool):
+            raise RowError(Drop.WRONG_TYPE if "label" in segment else Drop.MISSING_FIELD,
+                           f"field {where}'label' must be true or false, got {_type_name(segment.get('label'))}")
+        pieces.append((text, segment["label"]))
+    if not any(text for text, _ in pieces):
+        raise RowError(Drop.EMPTY, "field 'segments' has no text")
+    return Segments(pieces)
+
+
 @register("text")
 def build_text(record: dict[str, Any], config: PipelineConfig) -> Segments:
     text = _string_field(record, config.input.text_key)
-    return Segments([(text, "text")], train_all=True)
+    return Segments([(text, "text")], train_all=True, add_eos=config.input.add_eos)
 
 
 def string_fields(config: PipelineConfig) -> tuple[str, ...] | None:

@@ -71,9 +71,20 @@ class Masked:
     truncated_rows: Any  # rows cut to max_seq_len (among those kept)
 
 
+def split_offsets(xp: Any, offsets: Any, window: int) -> Any:
+    """Offsets of the windows of at most `window` tokens that each sample is cut into, in order."""
+    lengths = offsets[1:] - offsets[:-1]
+    windows = offsets_from_lengths(xp, (lengths + window - 1) // window)
+    total = int(windows[-1])
+    owner = row_of(xp, windows, total)
+    starts = offsets[:-1][owner] + (xp.arange(total, dtype=xp.int64) - windows[:-1][owner]) * window
+    return xp.concatenate([starts, offsets[-1:]])
+
+
 def truncate_and_filter(xp: Any, ids: Any, loss_mask: Any, offsets: Any, max_seq_len: int, valid: Any,
-                        keep_tail: Any = None) -> Masked:
-    """Keep the first max_seq_len tokens of each row, then drop rows with no trained token.
+                        keep_tail: Any = None, side: str = "right") -> Masked:
+    """Keep the first max_seq_len tokens of each row (side "left": the last), then drop rows with no
+    trained token.
 
     valid: bool per row; rows that are not valid (tokenizer mismatch) are neither kept nor counted here.
     keep_tail: per row, how many closing tokens survive truncation (a tokenizer's [SEP]); the row keeps its
@@ -88,7 +99,10 @@ def truncate_and_filter(xp: Any, ids: Any, loss_mask: Any, offsets: Any, max_seq
     rows = row_of(xp, offsets, len(ids))
     position = xp.arange(len(ids), dtype=xp.int64) - offsets[rows]
     tail = xp.zeros(len(lengths), dtype=xp.int64) if keep_tail is None else xp.minimum(keep_tail, max_seq_len)
-    keep_token = (position < (max_seq_len - tail)[rows]) | (position >= (lengths - tail)[rows])
+    if side == "left":
+        keep_token = position >= (lengths - max_seq_len)[rows]
+    else:
+        keep_token = (position < (max_seq_len - tail)[rows]) | (position >= (lengths - tail)[rows])
     trained = segment_sums(xp, loss_mask * keep_token, offsets)
     keep_row = valid & (trained > 0)
     keep_token &= keep_row[rows]

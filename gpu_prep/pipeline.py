@@ -25,7 +25,7 @@ from gpu_prep.backend import Backend, select_backend
 from gpu_prep.chat_template import ChatTemplate
 from gpu_prep.checkpoint import Checkpointer, load_for_resume, run_identity
 from gpu_prep.config import PipelineConfig
-from gpu_prep.errors import ConfigError, Drop
+from gpu_prep.errors import ConfigError, Drop, InputError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter import DEDUP_PREFIX_CHARS, Deduplicator, filter_rows
 from gpu_prep.format import (
@@ -141,7 +141,10 @@ def _tokenize(encode: Callable, rendered: list[RenderedRow]) -> tuple[np.ndarray
 
 
 def _mask(backend: Backend, tok: Tokenizer, rendered: list[RenderedRow], ids: np.ndarray,
-          tokens_per_piece: np.ndarray, max_seq_len: int) -> Any:
+          tokens_per_piece: np.ndarray, max_seq_len: int, truncation: str = "right") -> Any:
+    """Loss masks, truncation and the rows left with nothing to train. Returns the Masked arrays, which
+    rows the tokens cover byte for byte, and which rows are over max_seq_len where truncation is drop or
+    raise (those are not kept)."""
     xp = backend.xp
     num_pieces = len(tokens_per_piece)
     piece_offsets = offsets_from_lengths(np, np.fromiter((len(r.pieces) for r in rendered), np.int64, len(rendered)))
@@ -171,12 +174,16 @@ def _mask(backend: Backend, tok: Tokenizer, rendered: list[RenderedRow], ids: np
     closing = np.fromiter((r.closing_piece for r in rendered), bool, len(rendered))
     keep_tail = np.zeros(len(rendered), dtype=np.int64)
     keep_tail[closing] = tokens_per_piece[piece_offsets[1:][closing] - 1]
-    masked = truncate_and_filter(xp, ids_d, loss_mask, offsets_d, max_seq_len, valid, backend.asarray(keep_tail))
-    return masked, backend.to_host(valid)
+    lengths = np.diff(token_offsets)
+    over = lengths > max_seq_len if truncation in ("drop", "raise") else np.zeros(len(rendered), dtype=bool)
+    limit = max(int(lengths.max(initial=1)), 1) if truncation == "split" else max_seq_len  # split: the writer cuts
+    masked = truncate_and_filter(xp, ids_d, loss_mask, offsets_d, limit, valid & ~backend.asarray(over),
+                                 backend.asarray(keep_tail), side="left" if truncation == "left" else "right")
+    return masked, backend.to_host(valid), over
 
 
-def _write(backend: Backend, masked: Any, valid: np.ndarray, rows: Rows, chunk: RawChunk,
-           writer: DatasetWriter, acct: Accounting) -> None:
+def _write(backend: Backend, masked: Any, valid: np.ndarray, over: np.ndarray, rows: Rows, chunk: RawChunk,
+           writer: DatasetWriter, acct: Accounting, rules: Any) -> None:
     ids, loss_mask = backend.to_host(masked.ids), backend.to_host(masked.loss_mask)
     offsets, kept = backend.to_host(masked.offsets), backend.to_host(masked.kept_rows)
     truncated = set(backend.to_host(masked.truncated_rows).tolist())
@@ -186,6 +193,13 @@ def _write(backend: Backend, masked: Any, valid: np.ndarray, rows: Rows, chunk: 
 
     for r in np.nonzero(~valid)[0]:
         drop(r, Drop.TOKENIZER_MISMATCH, "the tokens do not cover the rendered text byte for byte")
+    for r in np.nonzero(valid & over)[0]:
+        detail = f"over max_seq_len {rules.max_seq_len} tokens"
+        if rules.truncation == "raise":
+            i = rows.index[r]
+            where = f"{acct.files[chunk.file_index[i]].path}:{chunk.line[i]}"
+            raise InputError(f"{where}: {detail} (preprocessing.truncation is 'raise')")
+        drop(r, Drop.TOO_MANY_TOKENS, detail)
     for r in backend.to_host(masked.no_trained_rows):
         drop(r, Drop.NO_TRAINED_TOKENS, "no trained token within max_seq_len")
     for r in kept:
@@ -312,7 +326,8 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
         tok.restore_engine(*decided["engine"], options.workers)
         encode = backend.encoder(tok)
     acct = Accounting(files, rejects=options.rejects, strict=options.strict, state=resumed.get("accounting"))
-    writer = DatasetWriter(out_dir, config.output.storage_format, config.output.max_tokens_per_shard)
+    split = config.preprocessing.max_seq_len if config.preprocessing.truncation == "split" else None
+    writer = DatasetWriter(out_dir, config.output.storage_format, config.output.max_tokens_per_shard, split)
     writer.restore(resumed.get("writer", []))
     dedup = Deduplicator(checkpoints.seen()) if config.preprocessing.deduplicate else None
     fields = string_fields(config)
@@ -332,9 +347,10 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
         for row in rows.payload:
             acct.left_out.update(row.left_out)
         if tokens is not None:
-            masked, valid = clock.time("mask", _mask, backend, tok, rows.payload, *tokens,
-                                       config.preprocessing.max_seq_len)
-            clock.time("write", _write, backend, masked, valid, rows, chunk, writer, acct)
+            rules = config.preprocessing
+            masked, valid, over = clock.time("mask", _mask, backend, tok, rows.payload, *tokens, rules.max_seq_len,
+                                             rules.truncation)
+            clock.time("write", _write, backend, masked, valid, over, rows, chunk, writer, acct, rules)
         if checkpoints.chunk_done(len(chunk), digests, state):
             writer.remove_obsolete()
         if options.progress is not None:

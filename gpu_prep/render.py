@@ -210,11 +210,12 @@ def _trained(spans: list[tuple[int, int, str]], ctx: RenderContext) -> list[tupl
 def _segments(shape: Segments, ctx: RenderContext) -> RenderedRow:
     """Pieces are tokenized one by one, so a piece's tokens are exactly its own: its label decides them all
     (no byte positions needed, which is what lets tokenizers that drop whitespace, like WordPiece, work)."""
-    pieces: list[tuple[str, str | None]] = [(t, label) for t, label in shape.pieces if t]
+    pieces: list[tuple[str, str | bool | None]] = [(t, label) for t, label in shape.pieces if t]
     if shape.add_eos and ctx.eos_text and pieces:
         pieces.append((ctx.eos_text, pieces[-1][1]))
     pieces = [(ctx.prefix_text, None)] * bool(ctx.prefix_text) + pieces + [(ctx.suffix_text, None)] * bool(ctx.suffix_text)
-    trained = [shape.train_all or (label is not None and ctx.config.action(label) == "train") for _, label in pieces]
+    trained = [shape.train_all or label is True or (isinstance(label, str) and ctx.config.action(label) == "train")
+               for _, label in pieces]
     texts = [t for t, _ in pieces]
     return RenderedRow(texts, trained, [], sum(len(t.encode("utf-8")) for t in texts), bool(ctx.suffix_text))
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from gpu_prep.failpoint import failpoint
+from gpu_prep.mask import split_offsets
 
 TOKEN_DTYPE = np.dtype("<i8")
 MASK_DTYPE = np.dtype("<i8")
@@ -266,8 +267,10 @@ class DomainWriter:
 class DatasetWriter:
     """One DomainWriter per domain; domain values are made safe and kept distinct as directory names."""
 
-    def __init__(self, out_dir: Path, storage_format: str, max_tokens_per_shard: int) -> None:
-        self.out_dir = out_dir
+    def __init__(self, out_dir: Path, storage_format: str, max_tokens_per_shard: int,
+                 window: int | None = None) -> None:
+        """window: samples longer than this many tokens are cut into samples of that many (and a last one)."""
+        self.out_dir, self.window = out_dir, window
         self.storage_format, self.cap = storage_format, max_tokens_per_shard
         self.domains: dict[str, DomainWriter] = {}
         self.taken: dict[str, str] = {}
@@ -282,6 +285,8 @@ class DatasetWriter:
         return candidate
 
     def append(self, domain: str, ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray) -> None:
+        if self.window is not None:
+            offsets = split_offsets(np, offsets, self.window)
         if domain not in self.domains:
             self.domains[domain] = DomainWriter(self.out_dir / self._dir_for(domain), domain,
                                                 self.storage_format, self.cap)

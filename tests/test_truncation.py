@@ -1,0 +1,100 @@
+"""What happens to rows longer than max_seq_len (preprocessing.truncation), text rows closed by eos, and
+template-free segments. Expected samples are cut by hand from the same rows run without a limit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpu_prep.config import parse_config
+from gpu_prep.errors import InputError
+from gpu_prep.pipeline import run
+from helpers import run_rows, samples, write_jsonl
+
+pytestmark = pytest.mark.usefixtures("fast_tokenizer")
+
+ROWS = [{"text": " ".join(f"word{i}x{k}" for k in range(n))} for i, n in enumerate([3, 40, 9, 120, 25])]
+LIMIT = 32
+
+
+def _text(truncation: str | None, max_seq_len: int = LIMIT, **extra: Any) -> dict[str, Any]:
+    rules = {"max_seq_len": max_seq_len, "min_chars": 0}
+    if truncation is not None:
+        rules["truncation"] = truncation
+    return {"input": {"type": "text", **extra}, "preprocessing": rules}
+
+
+@pytest.fixture
+def whole(tmp_path: Path) -> list[np.ndarray]:
+    return [ids for ids, _ in samples(run_rows(tmp_path, _text(None, 1 << 20), ROWS, name="whole"))]
+
+
+def test_right_keeps_the_first_tokens(tmp_path: Path, whole: list[np.ndarray]) -> None:
+    got = [ids for ids, _ in samples(run_rows(tmp_path, _text("right"), ROWS))]
+    assert [g.tolist() for g in got] == [w[:LIMIT].tolist() for w in whole]
+    default = [ids for ids, _ in samples(run_rows(tmp_path, _text(None), ROWS, name="default"))]
+    assert [d.tolist() for d in default] == [g.tolist() for g in got]  # right is the default
+
+
+def test_left_keeps_the_last_tokens(tmp_path: Path, whole: list[np.ndarray]) -> None:
+    got = [ids for ids, _ in samples(run_rows(tmp_path, _text("left"), ROWS))]
+    assert [g.tolist() for g in got] == [w[-LIMIT:].tolist() for w in whole]
+
+
+def test_drop_counts_long_rows_and_keeps_the_rest(tmp_path: Path, whole: list[np.ndarray]) -> None:
+    data = write_jsonl(tmp_path / "rows.jsonl", ROWS)
+    manifest = run(parse_config(_text("drop")), [str(data)], tmp_path / "out", rejects=tmp_path / "rejects.jsonl")
+    short = [w for w in whole if len(w) <= LIMIT]
+    assert [ids.tolist() for ids, _ in samples(tmp_path / "out")] == [w.tolist() for w in short]
+    assert manifest["totals"]["rows_dropped"] == {"too_many_tokens": len(whole) - len(short)}
+    lines = [json.loads(x)["line"] for x in (tmp_path / "rejects.jsonl").read_text().splitlines()]
+    assert lines == [i + 1 for i, w in enumerate(whole) if len(w) > LIMIT]
+
+
+def test_raise_stops_at_the_first_long_row(tmp_path: Path, whole: list[np.ndarray]) -> None:
+    data = write_jsonl(tmp_path / "rows.jsonl", ROWS)
+    first = next(i + 1 for i, w in enumerate(whole) if len(w) > LIMIT)
+    with pytest.raises(InputError, match=rf"rows.jsonl:{first}: over max_seq_len {LIMIT} tokens"):
+        run(parse_config(_text("raise")), [str(data)], tmp_path / "out")
+
+
+@pytest.mark.parametrize("cap", [50, 1 << 20])
+def test_split_cuts_long_rows_into_windows_and_loses_nothing(tmp_path: Path, whole: list[np.ndarray],
+                                                             cap: int) -> None:
+    config = _text("split")
+    config["output"] = {"max_tokens_per_shard": cap}
+    out = run_rows(tmp_path, config, ROWS)
+    got = [ids for ids, _ in samples(out)]
+    want = [w[k:k + LIMIT] for w in whole for k in range(0, len(w), LIMIT)]
+    assert [g.tolist() for g in got] == [w.tolist() for w in want]
+    assert all(len(g) <= LIMIT for g in got)
+
+
+def test_text_rows_can_close_with_eos_after_their_bos(tmp_path: Path, qwen: Any) -> None:
+    [(ids, mask)] = samples(run_rows(tmp_path, _text(None, 1 << 20, add_eos=True), ROWS[:1]))
+    assert qwen.decode(ids) == (qwen.prefix_text or "") + ROWS[0]["text"] + qwen.eos_text
+    assert mask.all()
+
+
+def test_segments_train_what_they_label(tmp_path: Path, qwen: Any) -> None:
+    rows = [{"segments": [{"text": "Question: why?\n", "label": False}, {"text": "Because it is.", "label": True},
+                          {"text": "\n-- footer", "label": False}]}]
+    [(ids, mask)] = samples(run_rows(tmp_path, {"input": {"type": "segments"}}, rows))
+    assert qwen.decode(ids) == "Question: why?\nBecause it is.\n-- footer"
+    assert qwen.decode(ids[mask == 1]) == "Because it is."
+
+
+@pytest.mark.parametrize(("row", "reason"), [
+    ({"segments": [{"text": "x"}]}, "missing_field"),
+    ({"segments": [{"text": "x", "label": "yes"}]}, "wrong_type"),
+    ({"segments": "text"}, "wrong_type"),
+    ({"segments": [{"text": "", "label": True}]}, "empty"),
+])
+def test_bad_segments_are_dropped_for_their_reason(tmp_path: Path, row: dict, reason: str) -> None:
+    data = write_jsonl(tmp_path / "rows.jsonl", [row])
+    manifest = run(parse_config({"input": {"type": "segments"}}), [str(data)], tmp_path / "out")
+    assert manifest["totals"]["rows_dropped"] == {reason: 1}
