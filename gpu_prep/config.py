@@ -161,11 +161,21 @@ class PipelineConfig(_Frozen):
     # gpu-prep's own: which backend runs the array stages.
     device: Literal["auto", "cpu", "gpu"] = "auto"
     gpu: GpuConfig = GpuConfig()
+    # gpu-prep's own: the chat template (gpu_prep/templates.py): tokenizer_default, tokenizer_default_fallback_chatml,
+    # a name written here (chatml, llama3, gemma, mistral), a .jinja file or a Jinja string.
+    chat_template: str = "tokenizer_default"
     input: InputConfig = InputConfig()
     mask: dict[str, Action] = {}
     mask_default: Action = "mask"
     preprocessing: PreprocessingConfig = PreprocessingConfig()
     output: OutputConfig = OutputConfig()
+
+    @field_validator("chat_template")
+    @classmethod
+    def _known_template(cls, value: str) -> str:
+        from gpu_prep.templates import check_choice
+
+        return check_choice(value)
 
     @field_validator("tokenizer", mode="before")
     @classmethod

@@ -23,6 +23,7 @@ from gpu_prep.accounting import Accounting
 from gpu_prep.affix import detect_affix
 from gpu_prep.backend import Backend, select_backend
 from gpu_prep.chat_template import ChatTemplate
+from gpu_prep.templates import resolve_template
 from gpu_prep.checkpoint import Checkpointer, load_for_resume, run_identity
 from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError, Drop, InputError
@@ -286,13 +287,14 @@ def remove_partial_files(out_dir: Path) -> None:
 
 
 def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
-    template = ChatTemplate(tok.chat_template, tok.special_tokens) if tok.chat_template else None
+    text, template_eot = resolve_template(config.chat_template, tok.chat_template)
+    template = ChatTemplate(text, tok.special_tokens) if text else None
     affix = detect_affix(template.render) if template is not None and config.input.type == "chat" else None
     return RenderContext(
         config=config,
         template=template,
         affix=affix,
-        end_of_turn=tok.end_of_turn_tokens(),
+        end_of_turn=tuple(dict.fromkeys([*tok.end_of_turn_tokens(), *template_eot])),
         normalization=tok.normalization,
         span_problem=tok.span_problem(),
         prefix_text=tok.prefix_text,

@@ -154,7 +154,8 @@ def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, lis
     if ctx.span_problem:
         raise ConfigError(ctx.span_problem)
     if ctx.template is None:
-        raise ConfigError("chat rows need a chat template: the tokenizer's tokenizer_config.json has no chat_template")
+        raise ConfigError("chat rows need a chat template: the tokenizer's tokenizer_config.json has none; "
+                          'name one with the config key chat_template (say "chatml")')
     if ctx.affix is not None and ctx.affix.covers(conv.messages, conv.tools):
         real, regions = ctx.affix.render(conv.messages)
     else:
