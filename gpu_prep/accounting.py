@@ -43,6 +43,7 @@ class Accounting:
         self.tokens = 0
         self.trained_tokens = 0
         self.left_out: Counter = Counter()  # messages the chat template did not render, by role
+        self.schemas: Counter = Counter()  # rows formatted, by input type (several with input.type "auto")
         self.strict = strict
         self.rejects_path = rejects
         self.rejects = None
@@ -63,6 +64,7 @@ class Accounting:
                 counts.dropped.update(dropped)
             self.examples, self.tokens, self.trained_tokens = state["examples"], state["tokens"], state["trained_tokens"]
             self.left_out.update(state["left_out"])
+            self.schemas.update(state["schemas"])
 
     def state(self) -> dict[str, Any]:
         """Everything counted so far, and how much of the rejects file is written (flushed to the OS)."""
@@ -70,7 +72,7 @@ class Accounting:
             self.rejects.flush()
         return {"counts": [[c.rows_read, c.rows_written, c.rows_truncated, dict(c.dropped)] for c in self.counts],
                 "examples": self.examples, "tokens": self.tokens, "trained_tokens": self.trained_tokens,
-                "left_out": dict(self.left_out), "rejects_bytes": None if self.rejects is None else self.rejects.tell()}
+                "left_out": dict(self.left_out), "schemas": dict(self.schemas), "rejects_bytes": None if self.rejects is None else self.rejects.tell()}
 
     def abort(self, keep: bool = False) -> None:
         """The run failed: no rejects file appears (keep: its temporary file stays, for --resume)."""
@@ -121,6 +123,7 @@ class Accounting:
             "tokens": self.tokens,
             "trained_tokens": self.trained_tokens,
             "messages_left_out_by_template": dict(sorted(self.left_out.items())),
+            "rows_by_schema": dict(sorted(self.schemas.items())),
         }
 
     def per_file(self, checksums: list[str]) -> list[dict[str, Any]]:

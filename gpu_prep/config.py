@@ -84,7 +84,7 @@ class InputConfig(_Frozen):
     _role_of: dict[str, str] = PrivateAttr(default_factory=dict)
 
     def model_post_init(self, context: Any) -> None:
-        roles = self.roles or (SHAREGPT_ROLES if self.type == "sharegpt" else {})
+        roles = self.roles or (SHAREGPT_ROLES if self.type in ("sharegpt", "auto") else {})
         self._role_of = {source: target for target, sources in roles.items() for source in sources}
 
     def role_of(self, role: str) -> str:

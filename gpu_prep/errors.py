@@ -26,6 +26,7 @@ class Drop:
     NOT_AN_OBJECT = "not_an_object"
     MISSING_FIELD = "missing_field"
     WRONG_TYPE = "wrong_type"
+    UNKNOWN_SCHEMA = "unknown_schema"  # input.type "auto": the row matches no known shape
     EMPTY = "empty"
     TEMPLATE_ERROR = "template_error"
     TOO_SHORT = "too_short"
@@ -38,5 +39,5 @@ class Drop:
 
     # Reasons that mean the row itself is bad data (--strict stops at the first), as opposed to rows that are
     # well formed but filtered out by a rule (length, duplicate, nothing left to train).
-    BAD_DATA = frozenset({MALFORMED_JSON, NOT_AN_OBJECT, MISSING_FIELD, WRONG_TYPE, EMPTY, TEMPLATE_ERROR,
+    BAD_DATA = frozenset({MALFORMED_JSON, NOT_AN_OBJECT, MISSING_FIELD, WRONG_TYPE, UNKNOWN_SCHEMA, EMPTY, TEMPLATE_ERROR,
                           TOKENIZER_MISMATCH})

@@ -66,7 +66,7 @@ def register(name: str) -> Callable[[Builder], Builder]:
 
 
 def registered_types() -> list[str]:
-    return sorted(_BUILDERS)
+    return sorted([*_BUILDERS, "auto"])
 
 
 def get_builder(name: str) -> Builder:
@@ -218,6 +218,35 @@ def build_segments(record: dict[str, Any], config: PipelineConfig) -> Segments:
     if not any(text for text, _ in pieces):
         raise RowError(Drop.EMPTY, "field 'segments' has no text")
     return Segments(pieces)
+
+
+def detect_schema(record: dict[str, Any], config: PipelineConfig) -> str | None:
+    """The input type a row's keys say it is (input.type "auto"), or None."""
+    inp = config.input
+    if isinstance(record.get(inp.messages_key), list):
+        return "chat"
+    if isinstance(record.get("conversations"), list):
+        return "sharegpt"
+    if "segments" in record:
+        return "segments"
+    if inp.prompt_key in record and inp.response_key in record:
+        return "instruction"
+    if inp.field_instruction in record and inp.field_output in record:
+        return "alpaca"
+    if inp.text_key in record:
+        return "text"
+    return None
+
+
+def build_auto(record: dict[str, Any], config: PipelineConfig) -> tuple[str, Shape]:
+    """Rows of several shapes in one input: each is built by the builder its keys name."""
+    schema = detect_schema(record, config)
+    if schema is None:
+        inp = config.input
+        known = [inp.messages_key, "conversations", "segments", f"{inp.prompt_key}+{inp.response_key}",
+                 f"{inp.field_instruction}+{inp.field_output}", inp.text_key]
+        raise RowError(Drop.UNKNOWN_SCHEMA, f"no known shape: the row has none of the keys {', '.join(known)}")
+    return schema, _BUILDERS[schema](record, config)
 
 
 @register("text")

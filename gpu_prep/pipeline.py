@@ -32,6 +32,7 @@ from gpu_prep.filter import DEDUP_PREFIX_CHARS, Deduplicator, filter_rows
 from gpu_prep.format import (
     RowError,
     Segments,
+    build_auto,
     dedup_text,
     domain_of,
     get_builder,
@@ -70,7 +71,9 @@ Drops = list[tuple[int, int, str, str, Any]]  # (file index, line, reason, detai
 
 
 def _format(chunk: RawChunk, config: PipelineConfig, drops: Drops) -> Rows:
-    build = get_builder(config.input.type)
+    auto = config.input.type == "auto"
+    build = build_auto if auto else get_builder(config.input.type)
+    schema = config.input.type
     rows = Rows([], [], [])
     for i, record in enumerate(chunk.records):
         file_index, line = chunk.file_index[i], chunk.line[i]
@@ -80,9 +83,12 @@ def _format(chunk: RawChunk, config: PipelineConfig, drops: Drops) -> Rows:
         try:
             domain = domain_of(record, config.output.domain_key)
             shape = build(record, config)
+            if auto:
+                schema, shape = shape
         except RowError as err:
             drops.append((file_index, line, err.reason, err.detail, record))
             continue
+        chunk.schemas[schema] = chunk.schemas.get(schema, 0) + 1
         rows.index.append(i)
         rows.domain.append(domain)
         rows.payload.append(shape)
@@ -344,6 +350,7 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
         """Account for a chunk, mask it and write it (the only place accounting and writing happen)."""
         chunk, rows, drops, digests, tokens = item
         acct.read(chunk.file_index)
+        acct.schemas.update(chunk.schemas)
         for drop in drops:
             acct.dropped(*drop)
         for row in rows.payload:

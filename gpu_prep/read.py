@@ -46,6 +46,7 @@ class RawChunk:
     line: list[int] = field(default_factory=list)
     records: list[dict[str, Any] | None] = field(default_factory=list)
     errors: dict[int, tuple[str, str, Any]] = field(default_factory=dict)  # reason, detail, the row as read
+    schemas: dict[str, int] = field(default_factory=dict)  # rows formatted, by input type
 
     def __len__(self) -> int:
         return len(self.records)

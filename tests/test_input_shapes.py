@@ -150,3 +150,30 @@ def test_compressed_inputs_read_like_plain_ones(tmp_path: Path) -> None:
     cut.write_bytes(whole[: len(whole) // 2])
     with pytest.raises(InputError, match="cut.jsonl.gz: cannot decompress beyond line"):
         run(config, [str(cut)], tmp_path / "cut-out")
+
+
+MIXED = [
+    ("chat", OPENAI[0]),
+    ("sharegpt", _sharegpt(OPENAI[1:], {"user": "human", "assistant": "gpt"})[0]),
+    ("instruction", {"prompt": "Name a colour.", "response": "Teal."}),
+    ("alpaca", {"instruction": "Add.", "input": "1 and 2", "output": "3"}),
+    ("text", {"text": "A plain document of pretraining text."}),
+    ("segments", {"segments": [{"text": "Q: ", "label": False}, {"text": "A.", "label": True}]}),
+]
+MIXED_RULES = {"mask": {"assistant": "train", "response": "train"}, "preprocessing": {"min_chars": 0}}
+
+
+def test_auto_builds_each_row_by_its_shape(tmp_path: Path) -> None:
+    rows = [row for _, row in MIXED] + [{"unrelated": 1}]
+    config = {"input": {"type": "auto"}, **MIXED_RULES}
+    data = tmp_path / "mixed.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    from gpu_prep.pipeline import run
+
+    manifest = run(parse_config(config), [str(data)], tmp_path / "auto")
+    assert manifest["totals"]["rows_by_schema"] == {kind: 1 for kind, _ in MIXED}
+    assert manifest["totals"]["rows_dropped"] == {"unknown_schema": 1}
+    got = samples(tmp_path / "auto")
+    for k, (kind, row) in enumerate(MIXED):  # each sample is what its own input type makes of it
+        alone = samples(run_rows(tmp_path, {"input": {"type": kind}, **MIXED_RULES}, [row], name=kind))
+        assert _same(got[k:k + 1], alone), kind
