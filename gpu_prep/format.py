@@ -52,7 +52,15 @@ class Segments:
     source: str | None = None  # the row's own text, when the pieces add text of a format to it
 
 
-Shape = Union[Conversation, Segments]
+@dataclass(frozen=True)
+class Tokens:
+    """A pre-tokenized row: its token ids, and which of them are trained."""
+
+    ids: list[int]
+    trained: list[bool]
+
+
+Shape = Union[Conversation, Segments, Tokens]
 Builder = Callable[[dict[str, Any], "PipelineConfig"], Shape]
 _BUILDERS: dict[str, Builder] = {}
 
@@ -223,6 +231,8 @@ def build_segments(record: dict[str, Any], config: PipelineConfig) -> Segments:
 def detect_schema(record: dict[str, Any], config: PipelineConfig) -> str | None:
     """The input type a row's keys say it is (input.type "auto"), or None."""
     inp = config.input
+    if "input_ids" in record:
+        return "pretokenized"
     if isinstance(record.get(inp.messages_key), list):
         return "chat"
     if isinstance(record.get("conversations"), list):
@@ -243,10 +253,43 @@ def build_auto(record: dict[str, Any], config: PipelineConfig) -> tuple[str, Sha
     schema = detect_schema(record, config)
     if schema is None:
         inp = config.input
-        known = [inp.messages_key, "conversations", "segments", f"{inp.prompt_key}+{inp.response_key}",
+        known = ["input_ids", inp.messages_key, "conversations", "segments", f"{inp.prompt_key}+{inp.response_key}",
                  f"{inp.field_instruction}+{inp.field_output}", inp.text_key]
         raise RowError(Drop.UNKNOWN_SCHEMA, f"no known shape: the row has none of the keys {', '.join(known)}")
     return schema, _BUILDERS[schema](record, config)
+
+
+@register("pretokenized")
+def build_pretokenized(record: dict[str, Any], config: PipelineConfig) -> Tokens:
+    """{"input_ids": [...], "attention_mask": [...], "labels": [...]}, as tokenizers and trainers write
+    them: positions whose attention_mask is 0 (padding) are left out, and a token is trained unless its
+    label is -100 (no labels: all are). Labels must be unshifted (each -100 or the token's own id)."""
+    ids = _int_list(record, "input_ids")
+    if not ids:
+        raise RowError(Drop.EMPTY, "field 'input_ids' is empty")
+    attention = _int_list(record, "attention_mask", len(ids)) if "attention_mask" in record else None
+    labels = _int_list(record, "labels", len(ids)) if "labels" in record else None
+    if attention is not None and any(a not in (0, 1) for a in attention):
+        raise RowError(Drop.WRONG_TYPE, "field 'attention_mask' must hold only 0 and 1")
+    if labels is not None:
+        for i, (label, token) in enumerate(zip(labels, ids)):
+            if label not in (-100, token):
+                raise RowError(Drop.WRONG_TYPE, f"labels[{i}] is {label}: a label must be -100 or its token's "
+                                                f"own id {token} (labels are read unshifted)")
+    keep = range(len(ids)) if attention is None else [i for i, a in enumerate(attention) if a == 1]
+    if not keep:
+        raise RowError(Drop.EMPTY, "field 'attention_mask' masks every token")
+    return Tokens([ids[i] for i in keep], [labels is None or labels[i] != -100 for i in keep])
+
+
+def _int_list(record: dict[str, Any], key: str, length: int | None = None) -> list[int]:
+    value = record.get(key)
+    if not isinstance(value, list) or not all(type(v) is int for v in value):
+        raise RowError(Drop.WRONG_TYPE if key in record else Drop.MISSING_FIELD,
+                       f"field {key!r} must be a list of integers, got {_type_name(value)}")
+    if length is not None and len(value) != length:
+        raise RowError(Drop.WRONG_TYPE, f"field {key!r} has {len(value)} entries, input_ids {length}")
+    return value
 
 
 @register("text")
@@ -269,13 +312,15 @@ def source_text(shape: Shape) -> str:
     """The row's own text, before any template: what the length filters look at."""
     if isinstance(shape, Segments):
         return shape.source if shape.source is not None else "".join(text for text, _ in shape.pieces)
+    if isinstance(shape, Tokens):  # its ids, written out: what length rules and dedup see of it
+        return " ".join(map(str, shape.ids))
     return "\n".join(m["content"] for m in shape.messages)
 
 
 def dedup_text(shape: Shape) -> str:
     """What deduplication hashes a prefix of: the source text, less a conversation's system messages (a
     long system prompt shared by a whole dataset would otherwise make every row a duplicate)."""
-    if isinstance(shape, Segments):
+    if not isinstance(shape, Conversation):
         return source_text(shape)
     turns = [m["content"] for m in shape.messages if m["role"] != "system"]
     return "\n".join(turns) if turns else source_text(shape)

@@ -144,7 +144,22 @@ def _engine_sample(rendered: list[RenderedRow]) -> list[str]:
 
 
 def _tokenize(encode: Callable, rendered: list[RenderedRow]) -> tuple[np.ndarray, np.ndarray]:
-    return encode([p for row in rendered for p in row.pieces])
+    ids, counts = encode([p for row in rendered for p in row.pieces])
+    if all(row.given is None for row in rendered):
+        return ids, counts
+    # Pre-tokenized rows bring their ids: each has one empty piece, which takes them.
+    parts, piece, at = [], 0, 0
+    counts = counts.copy()
+    for row in rendered:
+        if row.given is not None:
+            counts[piece] = len(row.given[0])
+            parts.append(row.given[0])
+        else:
+            n = int(counts[piece:piece + len(row.pieces)].sum())
+            parts.append(ids[at:at + n])
+            at += n
+        piece += len(row.pieces)
+    return np.concatenate(parts).astype(np.int64, copy=False), counts
 
 
 def _mask(backend: Backend, tok: Tokenizer, rendered: list[RenderedRow], ids: np.ndarray,
@@ -178,6 +193,12 @@ def _mask(backend: Backend, tok: Tokenizer, rendered: list[RenderedRow], ids: np
         loss_mask = xp.maximum(by_span, backend.asarray(piece_trained)[piece_of_token])
     else:  # chat: byte spans say it all
         loss_mask = by_span
+    if any(r.given is not None for r in rendered):  # pre-tokenized rows bring their masks
+        host = backend.to_host(loss_mask).astype(np.int8)
+        for k, row in enumerate(rendered):
+            if row.given is not None:
+                host[token_offsets[k]:token_offsets[k + 1]] = row.given[1]
+        loss_mask = backend.asarray(host)
     closing = np.fromiter((r.closing_piece for r in rendered), bool, len(rendered))
     keep_tail = np.zeros(len(rendered), dtype=np.int64)
     keep_tail[closing] = tokens_per_piece[piece_offsets[1:][closing] - 1]
@@ -306,6 +327,7 @@ def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
         prefix_text=tok.prefix_text,
         suffix_text=tok.suffix_text,
         eos_text=tok.eos_text,
+        vocab_size=int(tok.engine.get_vocab_size(with_added_tokens=True)),
     )
 
 

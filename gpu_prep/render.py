@@ -22,10 +22,11 @@ from itertools import pairwise
 from typing import TYPE_CHECKING
 
 import jinja2
+import numpy as np
 
 from gpu_prep.affix import SENTINEL, SENTINEL_RE, AffixTemplate
 from gpu_prep.errors import ConfigError, Drop
-from gpu_prep.format import Conversation, RowError, Segments, Shape
+from gpu_prep.format import Conversation, RowError, Segments, Shape, Tokens
 
 if TYPE_CHECKING:
     from gpu_prep.chat_template import ChatTemplate
@@ -46,6 +47,7 @@ class RenderContext:
     prefix_text: str  # what the tokenizer adds before a plain text (BOS, [CLS]), as text
     suffix_text: str  # what it adds after one ([SEP]), as text
     eos_text: str | None
+    vocab_size: int = 0  # ids of pre-tokenized rows must be below it
     affix: AffixTemplate | None = None  # the template as plain concatenation, when it is one
 
     def eot_pattern(self) -> re.Pattern[str]:
@@ -66,6 +68,7 @@ class RenderedRow:
     num_bytes: int
     closing_piece: bool = False  # the last piece (a tokenizer's [SEP]) survives truncation
     left_out: tuple[str, ...] = ()  # roles of messages the chat template did not render
+    given: tuple[np.ndarray, np.ndarray] | None = None  # a pre-tokenized row's ids and loss mask (one empty piece)
 
 
 def _content_regions(real: str, skeleton: str, contents: dict[int, str], exact_only: bool = False
@@ -239,6 +242,12 @@ def affix_disagreement(shapes: list[Shape], ctx: RenderContext) -> str | None:
 def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
     if isinstance(shape, Segments):
         return _segments(shape, ctx)
+    if isinstance(shape, Tokens):
+        ids = np.asarray(shape.ids, dtype=np.int64)
+        if ids.min() < 0 or ids.max() >= ctx.vocab_size:
+            bad = int(ids[(ids < 0) | (ids >= ctx.vocab_size)][0])
+            raise RowError(Drop.WRONG_TYPE, f"input_ids holds {bad}, outside the vocabulary (0 to {ctx.vocab_size - 1})")
+        return RenderedRow([""], [False], [], 0, given=(ids, np.asarray(shape.trained, dtype=np.int8)))
     text, char_spans, left_out = conversation_spans(shape, ctx)
     text, byte_spans = _to_bytes(text, char_spans, ctx.normalization)
     return RenderedRow([text], [False], _trained(byte_spans, ctx), len(text.encode("utf-8")), left_out=left_out)

@@ -159,6 +159,7 @@ MIXED = [
     ("alpaca", {"instruction": "Add.", "input": "1 and 2", "output": "3"}),
     ("text", {"text": "A plain document of pretraining text."}),
     ("segments", {"segments": [{"text": "Q: ", "label": False}, {"text": "A.", "label": True}]}),
+    ("pretokenized", {"input_ids": [100, 200, 300], "labels": [-100, 200, 300]}),
 ]
 MIXED_RULES = {"mask": {"assistant": "train", "response": "train"}, "preprocessing": {"min_chars": 0}}
 
@@ -177,3 +178,34 @@ def test_auto_builds_each_row_by_its_shape(tmp_path: Path) -> None:
     for k, (kind, row) in enumerate(MIXED):  # each sample is what its own input type makes of it
         alone = samples(run_rows(tmp_path, {"input": {"type": kind}, **MIXED_RULES}, [row], name=kind))
         assert _same(got[k:k + 1], alone), kind
+
+
+def test_pretokenized_rows_are_passed_through(tmp_path: Path) -> None:
+    # A chat sample as gpu-prep writes it, handed back as a pre-tokenized row (with padding), comes out equal.
+    [(ids, mask)] = samples(run_rows(tmp_path, CHAT, OPENAI[:1], name="chat"))
+    row = {"input_ids": ids.tolist() + [0, 0], "attention_mask": [1] * len(ids) + [0, 0],
+           "labels": [int(t) if m else -100 for t, m in zip(ids, mask)] + [-100, -100]}
+    config = {"input": {"type": "pretokenized"}, "preprocessing": {"deduplicate": False}}
+    assert _same(samples(run_rows(tmp_path, config, [row, {"input_ids": ids.tolist()}])),
+                 [(ids, mask), (ids, np.ones_like(mask))])
+
+
+@pytest.mark.parametrize(("row", "reason"), [
+    ({"input_ids": [1, 2, 3], "labels": [2, 3, -100]}, "wrong_type"),  # shifted labels
+    ({"input_ids": [1, 2, 3], "labels": [1, 2]}, "wrong_type"),
+    ({"input_ids": [1, 10**9]}, "wrong_type"),
+    ({"input_ids": [1, -5]}, "wrong_type"),
+    ({"input_ids": "1 2 3"}, "wrong_type"),
+    ({"input_ids": [1, 2.5]}, "wrong_type"),
+    ({"input_ids": [1, 2], "attention_mask": [0, 0]}, "empty"),
+    ({"input_ids": [1, 2], "attention_mask": [1, 2]}, "wrong_type"),
+    ({"input_ids": []}, "empty"),
+    ({"tokens": [1, 2]}, "missing_field"),
+])
+def test_bad_pretokenized_rows_are_dropped_for_their_reason(tmp_path: Path, row: dict, reason: str) -> None:
+    from gpu_prep.pipeline import run
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps(row) + "\n")
+    manifest = run(parse_config({"input": {"type": "pretokenized"}}), [str(data)], tmp_path / "out")
+    assert manifest["totals"]["rows_dropped"] == {reason: 1}
