@@ -66,6 +66,13 @@ class InputConfig(_Frozen):
     # per-message rendering did.
     mask_scope: Literal["content", "turn"] = "content"
     train_end_of_turn: bool = True
+    # Which end-of-turn tokens are trained (content scope): those closing trained turns, every turn's, the
+    # last trained turn's, or none (train_end_of_turn false means none too).
+    train_on_eos: Literal["turn", "all", "last", "none"] = "turn"
+    # A message key whose true / false trains or masks that message whatever its role's rule (null: none).
+    message_training_key: str | None = "training"
+    # Only the last trained message of a conversation is trained.
+    train_last_turn_only: bool = False
     # Text rows: close each with the tokenizer's eos token (trained), after any BOS the tokenizer adds.
     add_eos: bool = False
     # Alpaca-style instruction rows (input.type "alpaca"): the fields, and how the prompt is written from

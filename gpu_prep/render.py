@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from gpu_prep.config import PipelineConfig
 
 
-Span = tuple[int, int, str]  # start, end, label
+Span = tuple[int, int, str | bool]  # start, end, label (a role, or True / False outright)
 AFFIX_CHECK_ROWS = 256  # rows of the first chunk rendered both ways before the Jinja-free path is trusted
 
 
@@ -169,17 +169,47 @@ def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, lis
     left_out = tuple(roles[i] for i, m in enumerate(conv.messages) if m["content"] and i not in located)
     if not regions:
         return real, [], left_out
+    labels = _labels(conv, ctx)
     if ctx.config.input.mask_scope == "turn":
-        return real, _turn_spans(real, regions, roles, ctx), left_out
+        return real, _turn_spans(real, regions, labels, ctx), left_out
     # A trained content runs on to the end-of-turn token that closes it: what the template writes between
-    # them (tool calls, a space) is the same turn's output.
+    # them (tool calls, a space) is the same turn's output. train_on_eos says which turns' end-of-turn
+    # tokens are trained: those of trained turns (turn), of every turn (all), of the last trained turn
+    # (last), or none.
+    policy = ctx.config.input.train_on_eos if ctx.config.input.train_end_of_turn else "none"
+    trained = [i for i, _, _ in regions if _is_trained(labels[i], ctx)]
     eot = ctx.eot_pattern()
     bounds = [start for _, start, _ in regions[1:]] + [len(real)]
     spans: list[Span] = []
     for (i, start, end), limit in zip(regions, bounds):
-        match = eot.search(real, end, limit) if ctx.config.input.train_end_of_turn else None
-        spans.append((start, match.end() if match else end, roles[i]))
+        match = eot.search(real, end, limit) if policy != "none" else None
+        if match is not None and policy == "last" and (not trained or i != trained[-1]):
+            match = None
+        if match is not None and policy == "all" and i not in trained:
+            spans.append((start, end, labels[i]))
+            spans.append((match.start(), match.end(), True))
+            continue
+        spans.append((start, match.end() if match else end, labels[i]))
     return real, spans, left_out
+
+
+def _labels(conv: Conversation, ctx: RenderContext) -> list[str | bool]:
+    """Each message's label: its role, or its own training flag (input.message_training_key, a bool);
+    with input.train_last_turn_only, only the last trained message stays trained."""
+    key = ctx.config.input.message_training_key
+    labels: list[str | bool] = []
+    for m in conv.messages:
+        flag = m.get(key) if key else None
+        labels.append(flag if isinstance(flag, bool) else m["role"])
+    if ctx.config.input.train_last_turn_only:
+        trained = [i for i, label in enumerate(labels) if _is_trained(label, ctx)]
+        for i in trained[:-1]:
+            labels[i] = False
+    return labels
+
+
+def _is_trained(label: str | bool | None, ctx: RenderContext) -> bool:
+    return label is True or (isinstance(label, str) and ctx.config.action(label) == "train")
 
 
 def _to_bytes(text: str, spans: list[Span], form: str | None) -> tuple[str, list[tuple[int, int, str]]]:
@@ -200,8 +230,8 @@ def _to_bytes(text: str, spans: list[Span], form: str | None) -> tuple[str, list
     return "".join(out), [(byte_at[s], byte_at[e], label) for s, e, label in spans]
 
 
-def _trained(spans: list[tuple[int, int, str]], ctx: RenderContext) -> list[tuple[int, int]]:
-    keep = sorted((s, e) for s, e, label in spans if e > s and ctx.config.action(label) == "train")
+def _trained(spans: list[tuple[int, int, str | bool]], ctx: RenderContext) -> list[tuple[int, int]]:
+    keep = sorted((s, e) for s, e, label in spans if e > s and _is_trained(label, ctx))
     merged: list[tuple[int, int]] = []
     for s, e in keep:
         if merged and s <= merged[-1][1]:
@@ -218,8 +248,7 @@ def _segments(shape: Segments, ctx: RenderContext) -> RenderedRow:
     if shape.add_eos and ctx.eos_text and pieces:
         pieces.append((ctx.eos_text, pieces[-1][1]))
     pieces = [(ctx.prefix_text, None)] * bool(ctx.prefix_text) + pieces + [(ctx.suffix_text, None)] * bool(ctx.suffix_text)
-    trained = [shape.train_all or label is True or (isinstance(label, str) and ctx.config.action(label) == "train")
-               for _, label in pieces]
+    trained = [shape.train_all or _is_trained(label, ctx) for _, label in pieces]
     texts = [t for t, _ in pieces]
     return RenderedRow(texts, trained, [], sum(len(t.encode("utf-8")) for t in texts), bool(ctx.suffix_text))
 

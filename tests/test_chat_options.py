@@ -1,0 +1,52 @@
+"""Chat training options beside the mask rules: which end-of-turn tokens are trained (train_on_eos),
+per-message training flags, and training on the last turn only. Trained text is read back from the
+samples and compared with the turns written out by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import run_rows, samples
+
+pytestmark = pytest.mark.usefixtures("fast_tokenizer")
+
+EOT = "<|im_end|>"
+TURNS = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi there"},
+         {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"},
+         {"role": "assistant", "content": "Goodbye."}]
+
+
+def _trained(tmp_path: Path, qwen: Any, messages: list[dict], **options: Any) -> str:
+    config = {"chat_template": "chatml", "input": {"type": "chat", **options}, "mask": {"assistant": "train"}}
+    name = f"run{len(list(tmp_path.glob('run*-out')))}"
+    [(ids, mask)] = samples(run_rows(tmp_path, config, [{"messages": messages}], name=name))
+    return qwen.decode(ids[mask == 1])
+
+
+@pytest.mark.parametrize(("policy", "want"), [
+    ("turn", f"Hello.{EOT}Goodbye.{EOT}"),
+    ("last", f"Hello.Goodbye.{EOT}"),
+    ("none", "Hello.Goodbye."),
+    ("all", f"{EOT}{EOT}Hello.{EOT}{EOT}Goodbye.{EOT}"),
+])
+def test_train_on_eos(tmp_path: Path, qwen: Any, policy: str, want: str) -> None:
+    assert _trained(tmp_path, qwen, TURNS, train_on_eos=policy) == want
+
+
+def test_train_end_of_turn_false_means_none(tmp_path: Path, qwen: Any) -> None:
+    assert _trained(tmp_path, qwen, TURNS, train_end_of_turn=False) == "Hello.Goodbye."
+
+
+def test_per_message_flags_override_the_role_rule(tmp_path: Path, qwen: Any) -> None:
+    messages = [dict(m) for m in TURNS]
+    messages[1]["training"] = True   # a user turn trained
+    messages[2]["training"] = False  # an assistant turn masked
+    assert _trained(tmp_path, qwen, messages) == f"Hi there{EOT}Goodbye.{EOT}"
+    assert _trained(tmp_path, qwen, messages, message_training_key=None) == f"Hello.{EOT}Goodbye.{EOT}"
+
+
+def test_last_turn_only(tmp_path: Path, qwen: Any) -> None:
+    assert _trained(tmp_path, qwen, TURNS, train_last_turn_only=True) == f"Goodbye.{EOT}"
