@@ -44,6 +44,7 @@ class Accounting:
         self.trained_tokens = 0
         self.left_out: Counter = Counter()  # messages the chat template did not render, by role
         self.schemas: Counter = Counter()  # rows formatted, by input type (several with input.type "auto")
+        self.notes: Counter = Counter()  # the parse report: rows with tools, unknown roles
         self.strict = strict
         self.rejects_path = rejects
         self.rejects = None
@@ -65,6 +66,7 @@ class Accounting:
             self.examples, self.tokens, self.trained_tokens = state["examples"], state["tokens"], state["trained_tokens"]
             self.left_out.update(state["left_out"])
             self.schemas.update(state["schemas"])
+            self.notes.update(state["notes"])
 
     def state(self) -> dict[str, Any]:
         """Everything counted so far, and how much of the rejects file is written (flushed to the OS)."""
@@ -72,7 +74,7 @@ class Accounting:
             self.rejects.flush()
         return {"counts": [[c.rows_read, c.rows_written, c.rows_truncated, dict(c.dropped)] for c in self.counts],
                 "examples": self.examples, "tokens": self.tokens, "trained_tokens": self.trained_tokens,
-                "left_out": dict(self.left_out), "schemas": dict(self.schemas), "rejects_bytes": None if self.rejects is None else self.rejects.tell()}
+                "left_out": dict(self.left_out), "schemas": dict(self.schemas), "notes": dict(self.notes), "rejects_bytes": None if self.rejects is None else self.rejects.tell()}
 
     def abort(self, keep: bool = False) -> None:
         """The run failed: no rejects file appears (keep: its temporary file stays, for --resume)."""
@@ -124,6 +126,11 @@ class Accounting:
             "trained_tokens": self.trained_tokens,
             "messages_left_out_by_template": dict(sorted(self.left_out.items())),
             "rows_by_schema": dict(sorted(self.schemas.items())),
+            "parse_report": {
+                "rows_with_tools": self.notes.get("rows_with_tools", 0),
+                "unknown_roles": {k.split(":", 1)[1]: n for k, n in sorted(self.notes.items())
+                                  if k.startswith("unknown_role:")},
+            },
         }
 
     def per_file(self, checksums: list[str]) -> list[dict[str, Any]]:

@@ -56,6 +56,9 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
     for name, meta in manifest["domains"].items():
         table.add_row(f"domain {name}", f"{meta['num_samples']:,} samples, {len(meta['shards'])} shard(s)")
     out.print(table)
+    for role, n in totals.get("parse_report", {}).get("unknown_roles", {}).items():
+        err.print(f"[yellow]warning:[/] {n:,} message(s) with role {role!r}, which is not system, user, assistant "
+                  "or tool (map it with input.roles)", highlight=False)
     for role, n in totals.get("messages_left_out_by_template", {}).items():
         err.print(f"[yellow]warning:[/] the chat template left out the content of {n:,} message(s) with role "
                   f"{role!r} (a role it does not render); those rows were written without that text", highlight=False)

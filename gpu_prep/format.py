@@ -10,6 +10,7 @@ the row with a reason. New input types register a builder:
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -160,7 +161,29 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
         extra = {k: v for k, v in message.items() if k not in sources}
         extra.update((target, message[source]) for target, source in renames.items() if source in message)
         messages.append({**extra, "role": role, "content": content})
-    return Conversation(messages, tools=record.get("tools"))
+    return Conversation(messages, tools=_tools(record))
+
+
+TOOL_KEYS = ("tools", "tool_schemas", "functions", "function_schemas")
+
+
+def _tools(record: dict[str, Any]) -> list[Any] | None:
+    """The row's tool definitions, for the template's `tools`: the first of TOOL_KEYS present, as a list
+    (a list as it is, one object as a list of it, a JSON string parsed into either)."""
+    key = next((k for k in TOOL_KEYS if record.get(k) not in (None, [], "")), None)
+    if key is None:
+        return None
+    value = record[key]
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise RowError(Drop.WRONG_TYPE, f"field {key!r} is a string but not JSON: {exc}") from None
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise RowError(Drop.WRONG_TYPE, f"field {key!r} must be a list of tool objects, got {_type_name(value)}")
+    return value
 
 
 @register("instruction")

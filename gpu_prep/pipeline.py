@@ -30,6 +30,7 @@ from gpu_prep.errors import ConfigError, Drop, InputError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter import DEDUP_PREFIX_CHARS, Deduplicator, filter_rows
 from gpu_prep.format import (
+    Conversation,
     RowError,
     Segments,
     build_auto,
@@ -89,10 +90,24 @@ def _format(chunk: RawChunk, config: PipelineConfig, drops: Drops) -> Rows:
             drops.append((file_index, line, err.reason, err.detail, record))
             continue
         chunk.schemas[schema] = chunk.schemas.get(schema, 0) + 1
+        if isinstance(shape, Conversation):
+            _note(chunk, shape)
         rows.index.append(i)
         rows.domain.append(domain)
         rows.payload.append(shape)
     return rows
+
+
+KNOWN_ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
+def _note(chunk: RawChunk, conv: Conversation) -> None:
+    """Count what the parse report shows: rows with tools, and roles chat templates do not know (they are
+    rendered as the template sees fit, never dropped silently: see messages_left_out_by_template)."""
+    keys = ["rows_with_tools"] * bool(conv.tools)
+    keys += [f"unknown_role:{m['role']}" for m in conv.messages if m["role"] not in KNOWN_ROLES]
+    for key in keys:
+        chunk.notes[key] = chunk.notes.get(key, 0) + 1
 
 
 def _drop_where(rows: Rows, reasons: list[tuple[str, str] | None], chunk: RawChunk, drops: Drops) -> Rows:
@@ -373,6 +388,7 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
         chunk, rows, drops, digests, tokens = item
         acct.read(chunk.file_index)
         acct.schemas.update(chunk.schemas)
+        acct.notes.update(chunk.notes)
         for drop in drops:
             acct.dropped(*drop)
         for row in rows.payload:

@@ -38,6 +38,7 @@ def test_every_row_meets_the_fate_written_beside_it(tmp_path: Path) -> None:
     assert totals["rows_written"] == sum(f == "written" for f in expected.values())
     assert totals["rows_read"] == totals["rows_written"] + sum(totals["rows_dropped"].values())
     assert totals["messages_left_out_by_template"] == {"knowledge": 1}
+    assert totals["parse_report"]["unknown_roles"] == {"knowledge": 1}
 
 
 def test_domain_values_stay_inside_the_output_and_apart(tmp_path: Path) -> None:

@@ -209,3 +209,26 @@ def test_bad_pretokenized_rows_are_dropped_for_their_reason(tmp_path: Path, row:
     data.write_text(json.dumps(row) + "\n")
     manifest = run(parse_config({"input": {"type": "pretokenized"}}), [str(data)], tmp_path / "out")
     assert manifest["totals"]["rows_dropped"] == {reason: 1}
+
+
+@pytest.mark.parametrize("key", ["tools", "tool_schemas", "functions", "function_schemas"])
+@pytest.mark.parametrize("form", ["list", "dict", "string"])
+def test_tools_are_found_under_any_of_their_names(key: str, form: str) -> None:
+    tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+    value = {"list": [tool], "dict": tool, "string": json.dumps([tool])}[form]
+    conv = get_builder("chat")({"messages": OPENAI[0]["messages"], key: value}, parse_config(CHAT))
+    assert conv.tools == [tool]
+
+
+def test_tools_reach_the_template_and_are_counted(tmp_path: Path, qwen: Any) -> None:
+    from gpu_prep.pipeline import run
+
+    tool = {"type": "function", "function": {"name": "lookup_weather", "parameters": {"type": "object"}}}
+    rows = [{**OPENAI[0], "functions": json.dumps([tool])}, {**OPENAI[1], "tools": "{not json"}]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    manifest = run(parse_config(CHAT), [str(data)], tmp_path / "out")
+    assert manifest["totals"]["parse_report"]["rows_with_tools"] == 1
+    assert manifest["totals"]["rows_dropped"] == {"wrong_type": 1}
+    [(ids, mask)] = samples(tmp_path / "out")
+    assert "lookup_weather" in qwen.decode(ids) and "lookup_weather" not in qwen.decode(ids[mask == 1])
