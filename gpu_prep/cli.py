@@ -134,5 +134,48 @@ def verify(output: Annotated[Path, typer.Argument(help="A run's output directory
     out.print(f"[green]ok[/]: {output} is complete and consistent")
 
 
+@app.command()
+def inspect(
+    output: Annotated[Path, typer.Argument(help="A run's output directory.")],
+    domain: Annotated[Optional[str], typer.Option(help="Domain directory (default: the first).")] = None,
+    samples: Annotated[int, typer.Option("--samples", "-n", min=1, help="How many samples.")] = 3,
+    start: Annotated[int, typer.Option(min=0, help="Index of the first sample.")] = 0,
+    ids: Annotated[bool, typer.Option(help="Also print each token id with its loss_mask.")] = False,
+    plain: Annotated[bool, typer.Option(help="Mark trained text with ⟦ ⟧ instead of colour.")] = False,
+) -> None:
+    """Show samples as text, trained tokens in green (or between ⟦ ⟧), masked ones dimmed."""
+    import gpu_prep
+    from gpu_prep.inspect import marked_text, runs
+    from gpu_prep.tokenize import load_tokenizer
+
+    try:
+        dataset = gpu_prep.open_dataset(output)
+        manifest = json.loads((output / "manifest.json").read_text(encoding="utf-8"))
+        tok = load_tokenizer(manifest["tokenizer"]["directory"])
+    except (OSError, KeyError, ValueError) as exc:
+        raise _fail(GpuPrepError(f"{output}: cannot inspect it: {exc}")) from None
+    except GpuPrepError as exc:
+        raise _fail(exc) from None
+    names = list(dataset)
+    if domain is not None and domain not in names:
+        raise _fail(ConfigError(f"--domain {domain!r} is not in {output}; domains: {', '.join(names)}"))
+    chosen = dataset[domain or names[0]]
+    for k in range(start, min(start + samples, len(chosen))):
+        sample_ids, mask = chosen[k]
+        out.print(f"[bold]# {domain or names[0]} sample {k}[/]: {len(sample_ids)} tokens, "
+                  f"{int(mask.sum())} trained", highlight=False)
+        if plain:
+            out.print(marked_text(tok, sample_ids, mask), markup=False, highlight=False, soft_wrap=True)
+        else:
+            for trained, text in runs(tok, sample_ids, mask):
+                out.print(text, style="bold green" if trained else "dim", end="", markup=False, highlight=False,
+                          soft_wrap=True)
+            out.print()
+        if ids:
+            out.print(" ".join(f"{int(i)}{'*' if m else ''}" for i, m in zip(sample_ids, mask)), highlight=False,
+                      soft_wrap=True)
+            out.print("(* = in the loss)", style="dim")
+
+
 def main() -> None:
     app()

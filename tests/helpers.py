@@ -9,61 +9,19 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import gpu_prep
+from gpu_prep.inspect import CLOSE, OPEN, marked_text, token_bytes  # noqa: F401  (shared with the tests)
 from gpu_prep.chat_template import ChatTemplate
 from gpu_prep.config import parse_config
 from gpu_prep.pipeline import run
 
 REPO = Path(__file__).resolve().parent.parent
-OPEN, CLOSE = "⟦", "⟧"
 Sample = tuple[np.ndarray, np.ndarray]
-
-
-@lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
-    """The inverse of GPT-2's bytes_to_unicode: byte-level BPE writes every byte as one printable char."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    chars = printable[:]
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
-
-
-def token_bytes(tok: Any, token_id: int) -> bytes:
-    """The exact bytes one token stands for (added tokens are their literal text)."""
-    added = tok.engine.get_added_tokens_decoder()
-    if token_id in added:
-        return added[token_id].content.encode("utf-8")
-    decoder = _byte_decoder()
-    return bytes(decoder[ch] for ch in tok.engine.id_to_token(token_id))
-
-
-def marked_text(tok: Any, ids: np.ndarray, loss_mask: np.ndarray, open_: str = OPEN, close: str = CLOSE) -> str:
-    """The sample's text with every run of trained tokens wrapped in open_ ... close."""
-    plain = b"".join(token_bytes(tok, int(i)) for i in ids).decode("utf-8", errors="backslashreplace")
-    if open_ in plain or close in plain:  # markers must be unambiguous
-        raise ValueError(f"the sample's own text contains a marker ({open_!r} or {close!r})")
-    out = bytearray()
-    trained = False
-    for token_id, flag in zip(ids, loss_mask):
-        if bool(flag) != trained:
-            out += (open_ if flag else close).encode("utf-8")
-            trained = bool(flag)
-        out += token_bytes(tok, int(token_id))
-    if trained:
-        out += close.encode("utf-8")
-    # A marker inside a multi-byte character leaves invalid UTF-8: shown as \xNN, never hidden.
-    return out.decode("utf-8", errors="backslashreplace")
 
 
 def golden_document(title: str, tok: Any, ids: np.ndarray, loss_mask: np.ndarray) -> str:

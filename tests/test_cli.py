@@ -310,3 +310,15 @@ def test_plugins_load_only_when_named(tmp_path: Path) -> None:
     assert done.exit_code == 0, done.stdout + done.stderr
     missing = _invoke("validate", "-c", config, "--plugin", tmp_path / "nowhere.py")
     assert missing.exit_code == 2 and "nosuchfile" in _squash(missing.stdout + missing.stderr)
+
+
+def test_inspect_shows_samples_with_their_trained_text(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert _invoke("run", REPO / "examples" / "chat.jsonl", "-c", REPO / "configs" / "sft.json", "-o", out, "-q").exit_code == 0
+    domain = sorted(p.name for p in out.iterdir() if p.is_dir())[0]
+    shown = _invoke("inspect", out, "--domain", domain, "-n", "1", "--plain", "--ids")
+    assert shown.exit_code == 0, shown.stdout
+    assert f"# {domain} sample 0:" in shown.stdout
+    assert "⟦" in shown.stdout and "<|im_end|>⟧" in shown.stdout and "*" in shown.stdout
+    missing = _invoke("inspect", out, "--domain", "no-such-domain")
+    assert missing.exit_code == 2 and "no-such-domain" in missing.stdout + missing.stderr
