@@ -73,6 +73,11 @@ class InputConfig(_Frozen):
     message_training_key: str | None = "training"
     # Only the last trained message of a conversation is trained.
     train_last_turn_only: bool = False
+    # A message's reasoning under any of these keys becomes its reasoning_content (what templates such as
+    # Qwen3's render); extract_think_tags also moves a leading <think>...</think> out of an assistant's
+    # content into it. Reasoning is rendered by the template as it sees fit and is never trained.
+    reasoning_keys: list[str] = ["reasoning", "reasoning_content", "thinking", "reason"]
+    extract_think_tags: bool = False
     # Text rows: close each with the tokenizer's eos token (trained), after any BOS the tokenizer adds.
     add_eos: bool = False
     # Alpaca-style instruction rows (input.type "alpaca"): the fields, and how the prompt is written from

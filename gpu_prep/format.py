@@ -143,7 +143,7 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
     inp = config.input
     renames = inp.message_property_mappings  # {template key: row key}
     plain = role_key == "role" and content_key == "content" and not renames and not inp.roles \
-        and inp.type == "chat"
+        and inp.type == "chat" and not inp.extract_think_tags
     messages = []
     for i, message in enumerate(raw):
         # The common case, a {"role": str, "content": str} message, is taken as it is (never modified).
@@ -157,11 +157,21 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
         role = inp.role_of(_string_field(message, role_key, where))
         content = _content(message, content_key, where)
         # Row keys are renamed to the template's, not copied: templates read role and content.
-        sources = {role_key, content_key, *renames.values()}
+        sources = {role_key, content_key, *renames.values(), *inp.reasoning_keys}
         extra = {k: v for k, v in message.items() if k not in sources}
         extra.update((target, message[source]) for target, source in renames.items() if source in message)
+        reasoning = next((message[k] for k in inp.reasoning_keys if isinstance(message.get(k), str)), None)
+        if inp.extract_think_tags and role == "assistant" and reasoning is None:
+            found = _THINK.match(content)
+            if found:
+                reasoning, content = found.group(1).strip("\n"), content[found.end():]
+        if reasoning is not None:
+            extra["reasoning_content"] = reasoning
         messages.append({**extra, "role": role, "content": content})
     return Conversation(messages, tools=_tools(record))
+
+
+_THINK = re.compile(r"\s*<think>(.*?)</think>\s*", re.DOTALL)
 
 
 TOOL_KEYS = ("tools", "tool_schemas", "functions", "function_schemas")

@@ -50,3 +50,32 @@ def test_per_message_flags_override_the_role_rule(tmp_path: Path, qwen: Any) -> 
 
 def test_last_turn_only(tmp_path: Path, qwen: Any) -> None:
     assert _trained(tmp_path, qwen, TURNS, train_last_turn_only=True) == f"Goodbye.{EOT}"
+
+
+def test_reasoning_keys_and_think_tags_become_reasoning_content() -> None:
+    from gpu_prep.config import parse_config
+    from gpu_prep.format import get_builder
+
+    build = get_builder("chat")
+    row = {"messages": [{"role": "user", "content": "2+2?"},
+                        {"role": "assistant", "content": "4", "thinking": "two and two"}]}
+    assert build(row, parse_config({})).messages[1] == \
+        {"role": "assistant", "content": "4", "reasoning_content": "two and two"}
+    inline = {"messages": [{"role": "user", "content": "2+2?"},
+                           {"role": "assistant", "content": "<think>\ntwo and two\n</think>\n\n4"}]}
+    assert build(inline, parse_config({"input": {"extract_think_tags": True}})).messages[1] == \
+        {"role": "assistant", "content": "4", "reasoning_content": "two and two"}
+    assert build(inline, parse_config({})).messages[1]["content"].startswith("<think>")  # off by default
+
+
+def test_qwen3_renders_reasoning_and_does_not_train_it(tmp_path: Path) -> None:
+    from gpu_prep.tokenize import load_tokenizer
+
+    qwen3 = load_tokenizer("qwen3")
+    rows = [{"messages": [{"role": "user", "content": "2+2?"},
+                          {"role": "assistant", "content": "4", "reasoning": "two and two make four"}]}]
+    config = {"tokenizer": "qwen3", "input": {"type": "chat"}, "mask": {"assistant": "train"}}
+    [(ids, mask)] = samples(run_rows(tmp_path, config, rows))
+    assert "two and two make four" in qwen3.decode(ids)
+    trained = qwen3.decode(ids[mask == 1])
+    assert "4" in trained and "two and two" not in trained
