@@ -111,7 +111,8 @@ def test_alpaca_rows_dedup_on_their_own_text() -> None:
 
 
 @pytest.mark.parametrize(("config", "data", "rows"), [
-    ("sharegpt.yaml", "sharegpt.jsonl", 3), ("alpaca.yaml", "alpaca.jsonl", 3),
+    ("sharegpt.yaml", "sharegpt.jsonl", 3), ("alpaca.yaml", "alpaca.jsonl", 3), ("segments.yaml", "segments.jsonl", 2),
+    ("auto.yaml", "mixed.jsonl", 7),
 ])
 def test_example_configs_run(tmp_path: Path, config: str, data: str, rows: int) -> None:
     from gpu_prep.pipeline import run
