@@ -81,6 +81,12 @@ def _format(chunk: RawChunk, config: PipelineConfig, drops: Drops) -> Rows:
         if record is None:
             drops.append((file_index, line, *chunk.errors[i]))
             continue
+        if isinstance(record, list):  # a conversation written as its messages alone
+            if config.input.type not in ("chat", "auto"):
+                drops.append((file_index, line, Drop.NOT_AN_OBJECT, "a row that is a list of messages is read "
+                              f"by input.type chat or auto, not {config.input.type}", record))
+                continue
+            record = {config.input.messages_key: record}
         try:
             domain = domain_of(record, config.output.domain_key)
             shape = build(record, config)

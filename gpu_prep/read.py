@@ -40,7 +40,8 @@ class InputFile:
 
 @dataclass
 class RawChunk:
-    """Rows in input order. records[i] is None when the row is already dropped (reason in errors)."""
+    """Rows in input order. records[i] is None when the row is already dropped (reason in errors). A
+    record is an object, or a non-empty list of objects (a conversation's messages)."""
 
     file_index: list[int] = field(default_factory=list)
     line: list[int] = field(default_factory=list)
@@ -53,7 +54,7 @@ class RawChunk:
         return len(self.records)
 
     def add(self, file_index: int, line: int, record: Any, error: tuple[str, str, Any] | None = None) -> None:
-        if error is None and not isinstance(record, dict):
+        if error is None and not (isinstance(record, dict) or is_message_list(record)):
             error = (Drop.NOT_AN_OBJECT, f"a row must be a JSON object, got {type(record).__name__}", record)
         if error is not None:
             self.errors[len(self.records)] = error
@@ -61,6 +62,11 @@ class RawChunk:
         self.file_index.append(file_index)
         self.line.append(line)
         self.records.append(record)
+
+
+def is_message_list(record: Any) -> bool:
+    """A row that is a list of objects: a conversation written as its messages alone (multi-dialogue)."""
+    return isinstance(record, list) and bool(record) and all(isinstance(m, dict) for m in record)
 
 
 def expand_inputs(patterns: list[str]) -> list[InputFile]:

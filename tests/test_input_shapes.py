@@ -233,3 +233,16 @@ def test_tools_reach_the_template_and_are_counted(tmp_path: Path, qwen: Any) -> 
     assert manifest["totals"]["rows_dropped"] == {"wrong_type": 1}
     [(ids, mask)] = samples(tmp_path / "out")
     assert "lookup_weather" in qwen.decode(ids) and "lookup_weather" not in qwen.decode(ids[mask == 1])
+
+
+def test_a_row_that_is_a_list_of_messages_is_a_conversation(tmp_path: Path) -> None:
+    # Multi-dialogue files: each row is the messages themselves, with roles a template may not know.
+    want = samples(run_rows(tmp_path, CHAT, OPENAI, name="openai"))
+    got = samples(run_rows(tmp_path, CHAT, [r["messages"] for r in OPENAI], name="lists"))
+    assert _same(got, want)
+    from gpu_prep.pipeline import run
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps(OPENAI[0]["messages"]) + "\n")
+    manifest = run(parse_config({"input": {"type": "text"}}), [str(data)], tmp_path / "text-out")
+    assert manifest["totals"]["rows_dropped"] == {"not_an_object": 1}
