@@ -174,7 +174,7 @@ class PipelineConfig(_Frozen):
     device: Literal["auto", "cpu", "gpu"] = "auto"
     gpu: GpuConfig = GpuConfig()
     # gpu-prep's own: the chat template (gpu_prep/templates.py): tokenizer_default, tokenizer_default_fallback_chatml,
-    # a name written here (chatml, llama3, gemma, mistral), a .jinja file or a Jinja string.
+    # a name written here (chatml, qwen3, llama3, gemma, mistral, deepseek), a .jinja file or a Jinja string.
     chat_template: str = "tokenizer_default"
     input: InputConfig = InputConfig()
     mask: dict[str, Action] = {}

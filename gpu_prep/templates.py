@@ -53,9 +53,39 @@ NAMED = {
         "{%- endif %}"
         "{%- endfor %}"
     ),
+    # DeepSeek (V3 / R1) layout: the system text first, then each turn after its role marker.
+    "deepseek": (
+        "{{- bos_token }}"
+        "{%- for message in messages %}"
+        "{%- if message.role == 'system' %}{{ message.content }}"
+        "{%- elif message.role == 'user' %}<\uff5cUser\uff5c>{{ message.content }}"
+        "{%- elif message.role == 'assistant' %}<\uff5cAssistant\uff5c>{{ message.content }}"
+        "<\uff5cend\u2581of\u2581sentence\uff5c>"
+        "{%- else %}{{ raise_exception('this template has no role ' + message.role) }}"
+        "{%- endif %}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}<\uff5cAssistant\uff5c>{%- endif %}"
+    ),
+    # Qwen3 layout: ChatML, and an assistant turn after the last user message shows its reasoning_content
+    # in a <think> block (earlier turns' reasoning is left out, as Qwen3's own template does).
+    "qwen3": (
+        "{%- set ns = namespace(last_query=-1) %}"
+        "{%- for message in messages %}"
+        "{%- if message.role == 'user' %}{%- set ns.last_query = loop.index0 %}{%- endif %}"
+        "{%- endfor %}"
+        "{%- for message in messages %}"
+        "<|im_start|>{{ message.role }}\n"
+        "{% if message.role == 'assistant' and loop.index0 > ns.last_query and message.reasoning_content %}"
+        "<think>\n{{ message.reasoning_content.strip('\\n') }}\n</think>\n\n"
+        "{% endif %}"
+        "{{ message.content }}<|im_end|>\n"
+        "{% endfor %}"
+        "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+    ),
 }
 # What closes a turn in each named template (Mistral's turns end with eos, which the tokenizer names).
-END_OF_TURN = {"chatml": ("<|im_end|>",), "llama3": ("<|eot_id|>",), "gemma": ("<end_of_turn>",)}
+END_OF_TURN = {"chatml": ("<|im_end|>",), "qwen3": ("<|im_end|>",), "llama3": ("<|eot_id|>",),
+               "gemma": ("<end_of_turn>",), "deepseek": ("<\uff5cend\u2581of\u2581sentence\uff5c>",)}
 CHOICES = ("tokenizer_default", "tokenizer_default_fallback_chatml", *NAMED)
 
 

@@ -33,6 +33,11 @@ EXPECTED = {
     "gemma": "<s><start_of_turn>user\nBe terse.\n\nHi there<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n"
              "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\nGoodbye.<end_of_turn>\n",
     "mistral": "<s>[INST] Be terse.\n\nHi there [/INST]Hello.</s>[INST] Bye [/INST]Goodbye.</s>",
+    "deepseek": "<s>Be terse.<\uff5cUser\uff5c>Hi there<\uff5cAssistant\uff5c>Hello.<\uff5cend\u2581of\u2581sentence\uff5c>"
+                "<\uff5cUser\uff5c>Bye<\uff5cAssistant\uff5c>Goodbye.<\uff5cend\u2581of\u2581sentence\uff5c>",
+    "qwen3": "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
+             "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
+             "<|im_start|>assistant\nGoodbye.<|im_end|>\n",
 }
 
 
@@ -41,15 +46,16 @@ def test_named_templates_write_their_chat_format(name: str) -> None:
     assert ChatTemplate(NAMED[name], SPECIALS).render(CONVERSATION, None) == EXPECTED[name]
 
 
-@pytest.mark.parametrize("name", ["chatml", "llama3", "gemma", "mistral"])
+@pytest.mark.parametrize("name", ["chatml", "llama3", "gemma", "mistral", "deepseek", "qwen3"])
 def test_runs_with_a_named_template_train_the_assistant_turns(tmp_path: Path, qwen: Any, name: str) -> None:
     config = {"chat_template": name, "input": {"type": "chat"}, "mask": {"assistant": "train"}}
     [(ids, mask)] = samples(run_rows(tmp_path, config, [{"messages": CONVERSATION}]))
-    closing = {"chatml": "<|im_end|>", "llama3": "<|eot_id|>", "gemma": "<end_of_turn>", "mistral": qwen.eos_text}
+    closing = {"chatml": "<|im_end|>", "llama3": "<|eot_id|>", "gemma": "<end_of_turn>", "mistral": qwen.eos_text,
+               "deepseek": "<\uff5cend\u2581of\u2581sentence\uff5c>", "qwen3": "<|im_end|>"}
     trained = qwen.decode(ids[mask == 1])
     # Where the template's markers are not tokens of this vocabulary (all but chatml here), a token may
     # straddle a span's edge and is then trained (any of its bytes in the span, transformers' rule).
-    if name == "chatml":
+    if name in ("chatml", "qwen3"):
         assert trained.replace("\n", "") == f"Hello.{closing[name]}Goodbye.{closing[name]}"
     assert f"Hello.{closing[name]}" in trained and f"Goodbye.{closing[name]}" in trained
     assert "Hi there" in qwen.decode(ids) and "Hi there" not in trained and "terse" not in trained
@@ -78,3 +84,16 @@ def test_unknown_or_missing_templates_are_config_errors(tmp_path: Path) -> None:
         parse_config({"chat_template": "vicuna"})
     with pytest.raises(ConfigError, match="cannot read it"):
         resolve_template(str(tmp_path / "absent.jinja"), None)
+
+
+def test_qwen3_shows_reasoning_only_after_the_last_user_turn(tmp_path: Path, qwen: Any) -> None:
+    turns = [dict(m) for m in CONVERSATION]
+    turns[2]["reasoning_content"] = "greeting back"
+    turns[4]["reasoning_content"] = "\nsaying goodbye\n"
+    rendered = ChatTemplate(NAMED["qwen3"], SPECIALS).render(turns, None)
+    assert "greeting back" not in rendered
+    assert "<|im_start|>assistant\n<think>\nsaying goodbye\n</think>\n\nGoodbye.<|im_end|>" in rendered
+    config = {"chat_template": "qwen3", "input": {"type": "chat"}, "mask": {"assistant": "train"}}
+    [(ids, mask)] = samples(run_rows(tmp_path, config, [{"messages": turns}]))
+    assert "saying goodbye" in qwen.decode(ids)
+    assert qwen.decode(ids[mask == 1]) == "Hello.<|im_end|>Goodbye.<|im_end|>"
