@@ -135,6 +135,32 @@ def verify(output: Annotated[Path, typer.Argument(help="A run's output directory
 
 
 @app.command()
+def stats(
+    output: Annotated[Path, typer.Argument(help="A run's output directory.")],
+    html_file: Annotated[Optional[Path], typer.Option("--html", help="Also write the table and a length histogram to this HTML file.")] = None,
+) -> None:
+    """Sample lengths (percentiles), trained-token share and truncation, per domain."""
+    from gpu_prep.stats import summarize, write_html
+
+    try:
+        summary = summarize(output)
+    except (OSError, KeyError, ValueError) as exc:
+        raise _fail(GpuPrepError(f"{output}: cannot read its statistics: {exc}")) from None
+    table = Table(title=f"gpu-prep stats: {output} (max_seq_len {summary['max_seq_len']})")
+    columns = list(next(iter(summary["domains"].values())))
+    for name in ["domain", *columns]:
+        table.add_column(name, justify="left" if name == "domain" else "right")
+    for name, row in summary["domains"].items():
+        table.add_row(name, *(f"{v:.1%}" if isinstance(v, float) else f"{v:,}" for v in row.values()))
+    out.print(table)
+    out.print(f"rows truncated: {summary['rows_truncated']:,} of {summary['rows_written']:,} "
+              f"({summary['truncation_rate']:.1%})", highlight=False)
+    if html_file is not None:
+        write_html(summary, html_file, f"gpu-prep stats: {output}")
+        out.print(f"histogram: {html_file}", highlight=False)
+
+
+@app.command()
 def inspect(
     output: Annotated[Path, typer.Argument(help="A run's output directory.")],
     domain: Annotated[Optional[str], typer.Option(help="Domain directory (default: the first).")] = None,

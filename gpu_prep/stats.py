@@ -1,0 +1,88 @@
+"""What a run's output holds, measured from its shards: sample lengths (percentiles and a histogram),
+trained-token share, rows truncated, per domain and over all. `gpu-prep stats OUT [--html FILE]`."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpu_prep.reader import open_dataset
+
+PERCENTILES = (50, 90, 95, 99)
+BINS = 30
+
+
+def _lengths(domain: Any) -> tuple[np.ndarray, int]:
+    """Sample lengths and trained tokens of one domain, read from offsets and masks shard by shard."""
+    lengths, trained = [], 0
+    for shard in domain.shards:
+        lengths.append(np.diff(shard.offsets))
+        trained += int(np.asarray(shard.loss_mask[:]).sum())
+    return (np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)), trained
+
+
+def summarize(out_dir: str | Path) -> dict[str, Any]:
+    """Per domain and in total: samples, tokens, trained share, length percentiles, min, max, histogram."""
+    out_dir = Path(out_dir)
+    manifest = json.loads((out_dir / "manifest.json").read_text(encoding="utf-8"))
+    max_seq_len = manifest["config"]["preprocessing"]["max_seq_len"]
+    dataset = open_dataset(out_dir)
+    parts = {name: _lengths(dataset[name]) for name in dataset}
+    every = np.concatenate([lengths for lengths, _ in parts.values()]) if parts else np.zeros(0, dtype=np.int64)
+    rows = {name: _describe(lengths, trained, max_seq_len) for name, (lengths, trained) in parts.items()}
+    rows["all"] = _describe(every, sum(t for _, t in parts.values()), max_seq_len)
+    totals = manifest["totals"]
+    written = totals["rows_written"]
+    return {"max_seq_len": max_seq_len, "domains": rows,
+            "rows_written": written, "rows_truncated": totals["rows_truncated"],
+            "truncation_rate": totals["rows_truncated"] / written if written else 0.0,
+            "histogram": _histogram(every)}
+
+
+def _describe(lengths: np.ndarray, trained: int, max_seq_len: int) -> dict[str, Any]:
+    tokens = int(lengths.sum())
+    described = {"samples": len(lengths), "tokens": tokens, "trained_share": trained / tokens if tokens else 0.0,
+                 "min": int(lengths.min()) if len(lengths) else 0, "max": int(lengths.max()) if len(lengths) else 0,
+                 "at_max_seq_len": int((lengths >= max_seq_len).sum())}
+    for p in PERCENTILES:
+        described[f"p{p}"] = int(np.percentile(lengths, p, method="lower")) if len(lengths) else 0
+    return described
+
+
+def _histogram(lengths: np.ndarray) -> dict[str, list[int]]:
+    top = max(int(lengths.max()) if len(lengths) else 1, 1)
+    edges = np.linspace(0, max(top, 1), BINS + 1).round().astype(np.int64)
+    counts, _ = np.histogram(lengths, bins=np.unique(edges))
+    return {"edges": np.unique(edges).tolist(), "counts": counts.tolist()}
+
+
+def write_html(summary: dict[str, Any], path: str | Path, title: str) -> None:
+    """A self-contained page: the table and an SVG histogram of sample lengths."""
+    edges, counts = summary["histogram"]["edges"], summary["histogram"]["counts"]
+    peak = max(counts, default=1) or 1
+    width, height = 640, 240
+    bar = width / max(len(counts), 1)
+    bars = "".join(
+        f'<rect x="{k * bar:.1f}" y="{height - c / peak * height:.1f}" width="{bar - 1:.1f}" '
+        f'height="{c / peak * height:.1f}" fill="#4c8"><title>{edges[k]}-{edges[k + 1]} tokens: {c}</title></rect>'
+        for k, c in enumerate(counts))
+    header = "".join(f"<th>{html.escape(k)}</th>" for k in ["domain", *next(iter(summary["domains"].values()))])
+    table = "".join(
+        "<tr><td>" + html.escape(name) + "</td>" + "".join(f"<td>{_cell(v)}</td>" for v in row.values()) + "</tr>"
+        for name, row in summary["domains"].items())
+    Path(path).write_text(
+        f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<h1>{html.escape(title)}</h1><p>max_seq_len {summary['max_seq_len']}; rows truncated "
+        f"{summary['rows_truncated']} of {summary['rows_written']} ({summary['truncation_rate']:.1%})</p>"
+        f"<table border=1 cellpadding=4><tr>{header}</tr>{table}</table>"
+        f"<h2>Sample lengths (tokens), {edges[0]} to {edges[-1]}</h2>"
+        f"<svg width='{width}' height='{height}' style='border:1px solid #ccc'>{bars}</svg>\n",
+        encoding="utf-8")
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.1%}" if isinstance(value, float) else f"{value:,}"

@@ -1,0 +1,40 @@
+"""gpu-prep stats: the figures equal what the samples read back say, and the HTML page holds them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from gpu_prep.cli import app
+from gpu_prep.stats import summarize
+from helpers import run_rows, samples
+
+pytestmark = pytest.mark.usefixtures("fast_tokenizer")
+
+
+def test_stats_match_the_samples(tmp_path: Path) -> None:
+    rows = [{"text": " ".join(f"w{k}" for k in range(n)), "source": "ab"[n % 2]} for n in range(1, 80, 3)]
+    config = {"input": {"type": "text"}, "preprocessing": {"max_seq_len": 40, "min_chars": 0},
+              "output": {"domain_key": "source"}}
+    out = run_rows(tmp_path, config, rows)
+    summary = summarize(out)
+    lengths = {d: np.array([len(ids) for ids, _ in samples(out, d)]) for d in ("a", "b")}
+    every = np.concatenate(list(lengths.values()))
+    for name, got in [("a", lengths["a"]), ("b", lengths["b"]), ("all", every)]:
+        row = summary["domains"][name]
+        assert row["samples"] == len(got) and row["tokens"] == int(got.sum()) and row["max"] == int(got.max())
+        assert row["p50"] == int(np.percentile(got, 50, method="lower"))
+        assert row["at_max_seq_len"] == int((got >= 40).sum()) > 0
+        assert row["trained_share"] == 1.0  # pretraining text
+    whole = run_rows(tmp_path, {**config, "preprocessing": {"max_seq_len": 1 << 20, "min_chars": 0}}, rows,
+                     name="whole")
+    full = [len(ids) for d in ("a", "b") for ids, _ in samples(whole, d)]
+    assert summary["rows_truncated"] == sum(n > 40 for n in full) > 0
+    assert sum(summary["histogram"]["counts"]) == len(every)
+    page = tmp_path / "stats.html"
+    shown = CliRunner().invoke(app, ["stats", str(out), "--html", str(page)])
+    assert shown.exit_code == 0 and "p99" in shown.stdout
+    assert "<svg" in page.read_text() and f"{len(every):,}" in page.read_text()
