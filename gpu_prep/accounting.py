@@ -20,6 +20,8 @@ from gpu_prep.read import InputFile, as_read
 from gpu_prep.write import finish_file
 
 EXAMPLES_PER_REASON = 3
+# The parse report's counts (besides unknown roles): rows with tools, and what building chat rows did.
+PARSE_COUNTS = ("rows_with_tools", "tools_parsed_from_string", "moved_reasoning_keys", "extracted_think_from_content")
 
 
 @dataclass
@@ -127,7 +129,7 @@ class Accounting:
             "messages_left_out_by_template": dict(sorted(self.left_out.items())),
             "rows_by_schema": dict(sorted(self.schemas.items())),
             "parse_report": {
-                "rows_with_tools": self.notes.get("rows_with_tools", 0),
+                **{k: self.notes.get(k, 0) for k in PARSE_COUNTS},
                 "unknown_roles": {k.split(":", 1)[1]: n for k, n in sorted(self.notes.items())
                                   if k.startswith("unknown_role:")},
             },

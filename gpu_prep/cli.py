@@ -68,7 +68,7 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
 def run(
     inputs: Annotated[list[str], typer.Argument(help="Input files, globs or folders (.jsonl, .json, .parquet).")],
     config: ConfigOpt,
-    output: Annotated[Path, typer.Option("--output", "-o", help="Output directory.")],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output directory (not with --stats-only).")] = None,
     tokenizer: Annotated[Optional[str], typer.Option(help="Tokenizer directory or bundled name; overrides the config.")] = None,
     device: Annotated[Optional[str], typer.Option(help="auto | cpu | gpu; overrides the config.")] = None,
     chunk_rows: Annotated[int, typer.Option(min=1, help="Rows per chunk; output does not depend on it.")] = 2048,
@@ -80,10 +80,19 @@ def run(
     strict: Annotated[bool, typer.Option(help="Stop at the first bad row (malformed, wrong type, ...), naming file:line and the cause.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no summary.")] = False,
     plugin: PluginOpt = None,
+    stats_only: Annotated[bool, typer.Option(help="Write nothing: run into a temporary directory, print the statistics of what would be written, and delete it.")] = False,
+    debug_samples: Annotated[int, typer.Option(min=0, help="After the run, show this many samples with their trained text marked.")] = 0,
 ) -> None:
     """Run the pipeline described by CONFIG over INPUTS into OUTPUT."""
+    import shutil
+    import tempfile
+
     from gpu_prep.pipeline import run as run_pipeline
 
+    if stats_only == (output is not None):
+        raise _fail(ConfigError("give --output, or --stats-only (which writes nothing), but not both"))
+    if stats_only:
+        output = Path(tempfile.mkdtemp(prefix="gpu-prep-stats-")) / "out"
     if overwrite and resume:
         raise _fail(ConfigError("--overwrite and --resume contradict each other; pass one"))
     if device not in (None, "auto", "cpu", "gpu"):
@@ -105,8 +114,19 @@ def run(
         raise _fail(exc) from None
     except OSError as exc:  # an unwritable output or rejects path, an unreadable input
         raise _fail(GpuPrepError(f"{exc.filename or ''}: {exc.strerror or exc}")) from None
+    finally:
+        if stats_only and not (output / "manifest.json").exists():
+            shutil.rmtree(output.parent, ignore_errors=True)
+    if stats_only:
+        try:
+            stats(output)
+        finally:
+            shutil.rmtree(output.parent, ignore_errors=True)
+        return
     if not quiet:
         _summary(manifest, output)
+    if debug_samples:
+        _show_samples(output, None, debug_samples, 0, ids=True, plain=True)
 
 
 @app.command()
@@ -170,6 +190,10 @@ def inspect(
     plain: Annotated[bool, typer.Option(help="Mark trained text with ⟦ ⟧ instead of colour.")] = False,
 ) -> None:
     """Show samples as text, trained tokens in green (or between ⟦ ⟧), masked ones dimmed."""
+    _show_samples(output, domain, samples, start, ids, plain)
+
+
+def _show_samples(output: Path, domain: str | None, samples: int, start: int, ids: bool, plain: bool) -> None:
     import gpu_prep
     from gpu_prep.inspect import marked_text, runs
     from gpu_prep.tokenize import load_tokenizer
@@ -183,6 +207,9 @@ def inspect(
     except GpuPrepError as exc:
         raise _fail(exc) from None
     names = list(dataset)
+    if not names:
+        out.print(f"{output}: no samples were written", highlight=False)
+        return
     if domain is not None and domain not in names:
         raise _fail(ConfigError(f"--domain {domain!r} is not in {output}; domains: {', '.join(names)}"))
     chosen = dataset[domain or names[0]]

@@ -37,6 +37,9 @@ class RowError(Exception):
 class Conversation:
     messages: list[dict[str, Any]]
     tools: list[Any] | None = None
+    # What building it did, for the parse report: "moved_reasoning_keys", "extracted_think_from_content",
+    # "tools_parsed_from_string" (once per occurrence).
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,7 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
     plain = role_key == "role" and content_key == "content" and not renames and not inp.roles \
         and inp.type == "chat" and not inp.extract_think_tags
     messages = []
+    notes: list[str] = []
     for i, message in enumerate(raw):
         # The common case, a {"role": str, "content": str} message, is taken as it is (never modified).
         if plain and type(message) is dict and tuple(message) == ("role", "content") \
@@ -160,15 +164,20 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
         sources = {role_key, content_key, *renames.values(), *inp.reasoning_keys}
         extra = {k: v for k, v in message.items() if k not in sources}
         extra.update((target, message[source]) for target, source in renames.items() if source in message)
-        reasoning = next((message[k] for k in inp.reasoning_keys if isinstance(message.get(k), str)), None)
+        source = next((k for k in inp.reasoning_keys if isinstance(message.get(k), str)), None)
+        reasoning = None if source is None else message[source]
+        if source is not None and source != "reasoning_content":
+            notes.append("moved_reasoning_keys")
         if inp.extract_think_tags and role == "assistant" and reasoning is None:
             found = _THINK.match(content)
             if found:
                 reasoning, content = found.group(1).strip("\n"), content[found.end():]
+                notes.append("extracted_think_from_content")
         if reasoning is not None:
             extra["reasoning_content"] = reasoning
         messages.append({**extra, "role": role, "content": content})
-    return Conversation(messages, tools=_tools(record))
+    tools, parsed = _tools(record)
+    return Conversation(messages, tools=tools, notes=(*notes, *["tools_parsed_from_string"] * parsed))
 
 
 _THINK = re.compile(r"\s*<think>(.*?)</think>\s*", re.DOTALL)
@@ -177,14 +186,16 @@ _THINK = re.compile(r"\s*<think>(.*?)</think>\s*", re.DOTALL)
 TOOL_KEYS = ("tools", "tool_schemas", "functions", "function_schemas")
 
 
-def _tools(record: dict[str, Any]) -> list[Any] | None:
+def _tools(record: dict[str, Any]) -> tuple[list[Any] | None, bool]:
     """The row's tool definitions, for the template's `tools`: the first of TOOL_KEYS present, as a list
-    (a list as it is, one object as a list of it, a JSON string parsed into either)."""
+    (a list as it is, one object as a list of it, a JSON string parsed into either); and whether they
+    were parsed from a string."""
     key = next((k for k in TOOL_KEYS if record.get(k) not in (None, [], "")), None)
     if key is None:
-        return None
+        return None, False
     value = record[key]
-    if isinstance(value, str):
+    parsed = isinstance(value, str)
+    if parsed:
         try:
             value = json.loads(value)
         except ValueError as exc:
@@ -193,7 +204,7 @@ def _tools(record: dict[str, Any]) -> list[Any] | None:
         value = [value]
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
         raise RowError(Drop.WRONG_TYPE, f"field {key!r} must be a list of tool objects, got {_type_name(value)}")
-    return value
+    return value, parsed
 
 
 @register("instruction")

@@ -110,7 +110,7 @@ KNOWN_ROLES = frozenset({"system", "user", "assistant", "tool"})
 def _note(chunk: RawChunk, conv: Conversation) -> None:
     """Count what the parse report shows: rows with tools, and roles chat templates do not know (they are
     rendered as the template sees fit, never dropped silently: see messages_left_out_by_template)."""
-    keys = ["rows_with_tools"] * bool(conv.tools)
+    keys = ["rows_with_tools"] * bool(conv.tools) + list(conv.notes)
     keys += [f"unknown_role:{m['role']}" for m in conv.messages if m["role"] not in KNOWN_ROLES]
     for key in keys:
         chunk.notes[key] = chunk.notes.get(key, 0) + 1

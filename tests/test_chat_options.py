@@ -79,3 +79,21 @@ def test_qwen3_renders_reasoning_and_does_not_train_it(tmp_path: Path) -> None:
     assert "two and two make four" in qwen3.decode(ids)
     trained = qwen3.decode(ids[mask == 1])
     assert "4" in trained and "two and two" not in trained
+
+
+def test_the_parse_report_counts_reasoning_moves_and_extractions(tmp_path: Path) -> None:
+    from gpu_prep.config import parse_config
+    from gpu_prep.pipeline import run
+
+    rows = [{"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A", "thinking": "t"}]},
+            {"messages": [{"role": "user", "content": "Q2"},
+                          {"role": "assistant", "content": "<think>t2</think>A2"},
+                          {"role": "assistant", "content": "A3", "reasoning_content": "kept as is"}]}]
+    data = tmp_path / "rows.jsonl"
+    import json
+
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = {"input": {"type": "chat", "extract_think_tags": True}, "mask": {"assistant": "train"}}
+    report = run(parse_config(config), [str(data)], tmp_path / "out")["totals"]["parse_report"]
+    assert report["moved_reasoning_keys"] == 1 and report["extracted_think_from_content"] == 1
+    assert report["rows_with_tools"] == 0 and report["unknown_roles"] == {}

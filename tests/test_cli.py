@@ -322,3 +322,18 @@ def test_inspect_shows_samples_with_their_trained_text(tmp_path: Path) -> None:
     assert "⟦" in shown.stdout and "<|im_end|>⟧" in shown.stdout and "*" in shown.stdout
     missing = _invoke("inspect", out, "--domain", "no-such-domain")
     assert missing.exit_code == 2 and "no-such-domain" in missing.stdout + missing.stderr
+
+
+def test_stats_only_writes_nothing_and_debug_samples_shows_them(tmp_path: Path) -> None:
+    import tempfile
+
+    before = set(Path(tempfile.gettempdir()).glob("gpu-prep-stats-*"))
+    shown = _invoke("run", REPO / "examples" / "chat.jsonl", "-c", REPO / "configs" / "sft.json", "--stats-only")
+    assert shown.exit_code == 0, shown.stdout + shown.stderr
+    assert "p99" in shown.stdout and "rows truncated" in shown.stdout
+    assert set(Path(tempfile.gettempdir()).glob("gpu-prep-stats-*")) == before
+    neither = _invoke("run", REPO / "examples" / "chat.jsonl", "-c", REPO / "configs" / "sft.json")
+    assert neither.exit_code == 2 and "--stats-only" in neither.stdout + neither.stderr
+    debug = _invoke("run", REPO / "examples" / "chat.jsonl", "-c", REPO / "configs" / "sft.json", "-o",
+                    tmp_path / "out", "-q", "--debug-samples", "2")
+    assert debug.exit_code == 0 and "sample 0:" in debug.stdout and "⟦" in debug.stdout

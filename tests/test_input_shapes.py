@@ -230,6 +230,7 @@ def test_tools_reach_the_template_and_are_counted(tmp_path: Path, qwen: Any) -> 
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     manifest = run(parse_config(CHAT), [str(data)], tmp_path / "out")
     assert manifest["totals"]["parse_report"]["rows_with_tools"] == 1
+    assert manifest["totals"]["parse_report"]["tools_parsed_from_string"] == 1
     assert manifest["totals"]["rows_dropped"] == {"wrong_type": 1}
     [(ids, mask)] = samples(tmp_path / "out")
     assert "lookup_weather" in qwen.decode(ids) and "lookup_weather" not in qwen.decode(ids[mask == 1])
