@@ -26,7 +26,7 @@ from typing import Any
 
 from gpu_prep.errors import ConfigError
 from gpu_prep.failpoint import failpoint
-from gpu_prep.write import ARRAYS, write_json_atomic
+from gpu_prep.write import ARRAYS, raw_file_name, write_json_atomic
 
 CHECKPOINT = ".gpu-prep-checkpoint.json"
 DEDUP_LOG = ".gpu-prep-dedup.bin"
@@ -53,12 +53,8 @@ def _kept_files(state: dict[str, Any]) -> set[str]:
             kept.update(f"{directory}/{name}" for name in shard["files"].values())
         if domain["open"] is not None:
             index = len(domain["shards"])
-            kept.update(f"{directory}/{_open_tmp(k, index)}" for k in ARRAYS)
+            kept.update(f"{directory}/{raw_file_name(k, index, temporary=True)}" for k in ARRAYS)
     return kept
-
-
-def _open_tmp(array: str, index: int) -> str:
-    return f".{array}{'' if index == 0 else f'.{index:05d}'}.bin.tmp"
 
 
 def load_for_resume(out_dir: Path, identity: dict[str, Any], keep: set[str]) -> dict[str, Any] | None:
@@ -75,8 +71,8 @@ def load_for_resume(out_dir: Path, identity: dict[str, Any], keep: set[str]) -> 
         if domain["open"] is not None:
             directory, index = out_dir / domain["directory"], len(domain["shards"])
             for array in ARRAYS:
-                reopen(directory / f"{array}{'' if index == 0 else f'.{index:05d}'}.bin",
-                       directory / _open_tmp(array, index))
+                reopen(directory / raw_file_name(array, index, temporary=False),
+                       directory / raw_file_name(array, index, temporary=True))
     kept = keep | (_kept_files(state) if state is not None else set())
     for root, dirs, names in os.walk(out_dir, topdown=False):
         for name in names:

@@ -95,6 +95,12 @@ def _suffix(index: int) -> str:
     return "" if index == 0 else f".{index:05d}"
 
 
+def raw_file_name(array: str, index: int, temporary: bool) -> str:
+    """The name of one array of shard `index` as raw .bin: its final name, or the temporary one."""
+    name = f"{array}{_suffix(index)}.bin"
+    return f".{name}.tmp" if temporary else name
+
+
 ARRAYS = ("sequence", "loss_mask", "sample_offsets")
 H5_COPY_ITEMS = 1 << 22
 
@@ -105,7 +111,7 @@ class _RawShard:
 
     def __init__(self, directory: Path, index: int, lengths: dict[str, int] | None = None) -> None:
         self.index = index
-        self.tmp = {k: directory / f".{k}{_suffix(index)}.bin.tmp" for k in ARRAYS}
+        self.tmp = {k: directory / raw_file_name(k, index, temporary=True) for k in ARRAYS}
         self.digests = {k: hashlib.sha256() for k in ARRAYS}
         if lengths is None:
             self.handles = {k: open(p, "wb") for k, p in self.tmp.items()}  # noqa: SIM115  closed in close()
@@ -147,7 +153,7 @@ class _RawShard:
 class _BinShard(_RawShard):
     def close(self, directory: Path) -> dict[str, Any]:
         self._close_handles()
-        names = {k: f"{k}{_suffix(self.index)}.bin" for k in ARRAYS}
+        names = {k: raw_file_name(k, self.index, temporary=False) for k in ARRAYS}
         for k in ARRAYS:
             finish_file(self.tmp[k], directory / names[k])
             failpoint("shard_close")  # some of the shard's files renamed, the others not yet
