@@ -23,7 +23,6 @@ from gpu_prep.accounting import Accounting
 from gpu_prep.affix import detect_affix
 from gpu_prep.backend import Backend, select_backend
 from gpu_prep.chat_template import ChatTemplate
-from gpu_prep.templates import resolve_template
 from gpu_prep.checkpoint import Checkpointer, load_for_resume, run_identity
 from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError, Drop, InputError
@@ -50,6 +49,7 @@ from gpu_prep.mask import (
 from gpu_prep.overlap import Sink, Stopwatch, overlapped
 from gpu_prep.read import RawChunk, expand_inputs, read_chunks
 from gpu_prep.render import RenderContext, RenderedRow, affix_disagreement, render_row
+from gpu_prep.templates import resolve_template
 from gpu_prep.tokenize import Tokenizer, load_tokenizer
 from gpu_prep.write import DatasetWriter, sha256_file, write_json_atomic
 
