@@ -18,7 +18,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from gpu_prep.config import load_config
+from gpu_prep.config import TEMPLATE_ROLES, load_config
 from gpu_prep.errors import ConfigError, GpuPrepError
 from gpu_prep.plugins import load_plugins
 
@@ -57,8 +57,8 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
         table.add_row(f"domain {name}", f"{meta['num_samples']:,} samples, {len(meta['shards'])} shard(s)")
     out.print(table)
     for role, n in totals.get("parse_report", {}).get("unknown_roles", {}).items():
-        err.print(f"[yellow]warning:[/] {n:,} message(s) with role {role!r}, which is not system, user, assistant "
-                  "or tool (map it with input.roles)", highlight=False)
+        err.print(f"[yellow]warning:[/] {n:,} message(s) with role {role!r}, which is not one of "
+                  f"{', '.join(TEMPLATE_ROLES)} (map it with input.roles)", highlight=False)
     for role, n in totals.get("messages_left_out_by_template", {}).items():
         err.print(f"[yellow]warning:[/] the chat template left out the content of {n:,} message(s) with role "
                   f"{role!r} (a role it does not render); those rows were written without that text", highlight=False)
@@ -160,7 +160,7 @@ def stats(
     html_file: Annotated[Optional[Path], typer.Option("--html", help="Also write the table and a length histogram to this HTML file.")] = None,
 ) -> None:
     """Sample lengths (percentiles), trained-token share and truncation, per domain."""
-    from gpu_prep.stats import summarize, write_html
+    from gpu_prep.stats import cell, summarize, write_html
 
     try:
         summary = summarize(output)
@@ -171,7 +171,7 @@ def stats(
     for name in ["domain", *columns]:
         table.add_column(name, justify="left" if name == "domain" else "right")
     for name, row in summary["domains"].items():
-        table.add_row(name, *(f"{v:.1%}" if isinstance(v, float) else f"{v:,}" for v in row.values()))
+        table.add_row(name, *(cell(v) for v in row.values()))
     out.print(table)
     out.print(f"rows truncated: {summary['rows_truncated']:,} of {summary['rows_written']:,} "
               f"({summary['truncation_rate']:.1%})", highlight=False)

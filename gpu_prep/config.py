@@ -38,6 +38,8 @@ ALPACA_FORMAT = ("Below is an instruction that describes a task, paired with an 
                  "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n")
 ALPACA_NO_INPUT_FORMAT = ("Below is an instruction that describes a task. Write a response that appropriately "
                           "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n")
+# The roles chat templates know.
+TEMPLATE_ROLES = ("system", "user", "assistant", "tool")
 # The roles of ShareGPT-style data ("from") and the template roles they stand for.
 SHAREGPT_ROLES = {"user": ["human", "user"], "assistant": ["gpt", "model", "assistant"], "system": ["system"],
                   "tool": ["tool", "function", "observation"]}
@@ -98,6 +100,10 @@ class InputConfig(_Frozen):
     def model_post_init(self, context: Any) -> None:
         roles = self.roles or (SHAREGPT_ROLES if self.type in ("sharegpt", "auto") else {})
         self._role_of = {source: target for target, sources in roles.items() for source in sources}
+
+    @property
+    def renames_roles(self) -> bool:
+        return bool(self._role_of)
 
     def role_of(self, role: str) -> str:
         """The template role a row's role stands for (input.roles)."""

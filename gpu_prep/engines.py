@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-_FORMS = {"NFC", "NFD", "NFKC", "NFKD"}
+NORMAL_FORMS = frozenset({"NFC", "NFD", "NFKC", "NFKD"})  # normalizers that are a Unicode normal form
 
 
 def _pack(batches: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -65,7 +65,7 @@ def tiktoken_problem(spec: dict[str, Any]) -> str | None:
     if steps[0].get("behavior") != "Isolated" or steps[0].get("invert"):
         return "the Split pre-tokenizer does not isolate its matches"
     normalizer = spec.get("normalizer") or {}
-    if normalizer and normalizer.get("type") not in _FORMS:
+    if normalizer and normalizer.get("type") not in NORMAL_FORMS:
         return f"normalizer {normalizer.get('type')} is not a Unicode normal form"
     if any(t.get("lstrip") or t.get("rstrip") or t.get("single_word") for t in spec.get("added_tokens", [])):
         return "an added token strips spaces or matches single words only"

@@ -127,11 +127,17 @@ def build_chat(record: dict[str, Any], config: PipelineConfig) -> Conversation:
 def build_sharegpt(record: dict[str, Any], config: PipelineConfig) -> Conversation:
     """{"conversations": [{"from": "human", "value": ...}, ...]}: chat under other keys and role names
     (input.roles defaults to SHAREGPT_ROLES); keys set in the config win."""
-    inp, given = config.input, config.input.model_fields_set
-    key = inp.messages_key if "messages_key" in given else "conversations"
-    role_key = inp.role_key if "role_key" in given else "from"
-    content_key = inp.content_key if "content_key" in given else "value"
-    return _conversation(record, key, role_key, content_key, config)
+    return _conversation(record, *sharegpt_keys(config), config)
+
+
+def sharegpt_keys(config: PipelineConfig) -> tuple[str, str, str]:
+    """Where a sharegpt row keeps its messages, roles and contents: conversations / from / value, or the
+    keys the config sets when its input.type is sharegpt (with auto, those keys are chat's)."""
+    inp = config.input
+    given = inp.model_fields_set if inp.type == "sharegpt" else set()
+    return (inp.messages_key if "messages_key" in given else "conversations",
+            inp.role_key if "role_key" in given else "from",
+            inp.content_key if "content_key" in given else "value")
 
 
 def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: str,
@@ -145,8 +151,9 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
         raise RowError(Drop.EMPTY, f"field {key!r} has no messages")
     inp = config.input
     renames = inp.message_property_mappings  # {template key: row key}
-    plain = role_key == "role" and content_key == "content" and not renames and not inp.roles \
-        and inp.type == "chat" and not inp.extract_think_tags
+    plain = role_key == "role" and content_key == "content" and not renames and not inp.renames_roles \
+        and not inp.extract_think_tags
+    sources = {role_key, content_key, *renames.values(), *inp.reasoning_keys}  # row keys not copied as they are
     messages = []
     notes: list[str] = []
     for i, message in enumerate(raw):
@@ -161,7 +168,6 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
         role = inp.role_of(_string_field(message, role_key, where))
         content = _content(message, content_key, where)
         # Row keys are renamed to the template's, not copied: templates read role and content.
-        sources = {role_key, content_key, *renames.values(), *inp.reasoning_keys}
         extra = {k: v for k, v in message.items() if k not in sources}
         extra.update((target, message[source]) for target, source in renames.items() if source in message)
         source = next((k for k in inp.reasoning_keys if isinstance(message.get(k), str)), None)
@@ -279,7 +285,7 @@ def detect_schema(record: dict[str, Any], config: PipelineConfig) -> str | None:
         return "pretokenized"
     if isinstance(record.get(inp.messages_key), list):
         return "chat"
-    if isinstance(record.get("conversations"), list):
+    if isinstance(record.get(sharegpt_keys(config)[0]), list):
         return "sharegpt"
     if "segments" in record:
         return "segments"
@@ -297,7 +303,7 @@ def build_auto(record: dict[str, Any], config: PipelineConfig) -> tuple[str, Sha
     schema = detect_schema(record, config)
     if schema is None:
         inp = config.input
-        known = ["input_ids", inp.messages_key, "conversations", "segments", f"{inp.prompt_key}+{inp.response_key}",
+        known = ["input_ids", inp.messages_key, sharegpt_keys(config)[0], "segments", f"{inp.prompt_key}+{inp.response_key}",
                  f"{inp.field_instruction}+{inp.field_output}", inp.text_key]
         raise RowError(Drop.UNKNOWN_SCHEMA, f"no known shape: the row has none of the keys {', '.join(known)}")
     return schema, _BUILDERS[schema](record, config)
@@ -361,13 +367,15 @@ def source_text(shape: Shape) -> str:
     return "\n".join(m["content"] for m in shape.messages)
 
 
-def dedup_text(shape: Shape) -> str:
-    """What deduplication hashes a prefix of: the source text, less a conversation's system messages (a
-    long system prompt shared by a whole dataset would otherwise make every row a duplicate)."""
-    if not isinstance(shape, Conversation):
-        return source_text(shape)
-    turns = [m["content"] for m in shape.messages if m["role"] != "system"]
-    return "\n".join(turns) if turns else source_text(shape)
+def dedup_text(shape: Shape, source: str | None = None) -> str:
+    """What deduplication hashes a prefix of: the source text (source_text(shape), when the caller has it),
+    less a conversation's system messages (a long system prompt shared by a whole dataset would otherwise
+    make every row a duplicate)."""
+    if isinstance(shape, Conversation):
+        turns = [m["content"] for m in shape.messages if m["role"] != "system"]
+        if turns:
+            return "\n".join(turns)
+    return source_text(shape) if source is None else source
 
 
 def domain_of(record: dict[str, Any], domain_key: str | None) -> str:

@@ -24,7 +24,7 @@ from gpu_prep.affix import detect_affix
 from gpu_prep.backend import Backend, select_backend
 from gpu_prep.chat_template import ChatTemplate
 from gpu_prep.checkpoint import Checkpointer, load_for_resume, run_identity
-from gpu_prep.config import PipelineConfig
+from gpu_prep.config import TEMPLATE_ROLES, PipelineConfig
 from gpu_prep.errors import ConfigError, Drop, InputError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter import DEDUP_PREFIX_CHARS, Deduplicator, filter_rows
@@ -104,7 +104,7 @@ def _format(chunk: RawChunk, config: PipelineConfig, drops: Drops) -> Rows:
     return rows
 
 
-KNOWN_ROLES = frozenset({"system", "user", "assistant", "tool"})
+KNOWN_ROLES = frozenset(TEMPLATE_ROLES)
 
 
 def _note(chunk: RawChunk, conv: Conversation) -> None:
@@ -130,7 +130,7 @@ def _drop_where(rows: Rows, reasons: list[tuple[str, str] | None], chunk: RawChu
 
 def _filter(backend: Backend, rows: Rows, config: PipelineConfig, dedup: Deduplicator | None) -> list:
     texts = [source_text(shape) for shape in rows.payload]
-    keys = [dedup_text(shape) for shape in rows.payload]
+    keys = [dedup_text(shape, text) for shape, text in zip(rows.payload, texts)]
     pretraining = np.fromiter((isinstance(s, Segments) and s.train_all for s in rows.payload), bool, len(texts))
     reasons = filter_rows(backend, texts, keys, pretraining, config, dedup)
     rules = config.preprocessing
@@ -318,7 +318,7 @@ def check_output(out_dir: Path, overwrite: bool, resume: bool) -> None:
 
 
 def prepare_output(out_dir: Path, overwrite: bool, resume: bool = False) -> None:
-    check_output(out_dir, overwrite, resume)
+    """Empty (or, resuming, keep) an output check_output accepted, and mark it as a gpu-prep run."""
     if out_dir.is_dir() and any(out_dir.iterdir()):
         if resume:
             return
@@ -361,7 +361,6 @@ class Options:
     rejects: Path | None = None
     strict: bool = False
     progress: Callable[[int], None] | None = None
-    checkpoint_seconds: float = 30.0
 
 
 def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backend, out_dir: Path,
@@ -446,17 +445,18 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
     clock = Stopwatch()
     files = expand_inputs(inputs)
     out_dir = Path(out_dir)
+    if resume and (out_dir / MANIFEST).exists():  # finished already: nothing to do
+        return json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
     check_output(out_dir, overwrite, resume)
     tok = clock.time("load tokenizer", load_tokenizer, tokenizer or config.tokenizer.name or DEFAULT_TOKENIZER)
     clock.time("load tokenizer", tok.prepare_engines, config.tokenizer.engine)
     backend = select_backend(device or config.device, config.gpu.rmm_pool_size, config.gpu.spill)
-    if resume and (out_dir / MANIFEST).exists():
-        return json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
     prepare_output(out_dir, overwrite, resume)
-    identity = run_identity(config.sha256(), files, tok.identity())
+    config_sha256, tokenizer_identity = config.sha256(), tok.identity()  # hashes files: once a run
+    identity = run_identity(config_sha256, files, tokenizer_identity)
     resumed = load_for_resume(out_dir, identity, keep={RUN_MARKER}) if resume else None
     checkpoints = Checkpointer(out_dir, identity, checkpoint_seconds, resumed)
-    options = Options(chunk_rows, workers, Path(rejects) if rejects else None, strict, progress, checkpoint_seconds)
+    options = Options(chunk_rows, workers, Path(rejects) if rejects else None, strict, progress)
     try:
         acct, domains = _process(config, files, tok, backend, out_dir, clock, options, checkpoints, resumed)
     except BaseException as exc:
@@ -469,8 +469,9 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
     manifest = {
         "gpu_prep_version": __version__,
         "config": config.model_dump(mode="json"),
-        "config_sha256": config.sha256(),
-        "tokenizer": tok.identity(),
+        "config_sha256": config_sha256,
+        # The engine is chosen during the run, on its first rows.
+        "tokenizer": {**tokenizer_identity, "engine": tok.active.name, "engine_choice": tok.engine_choice},
         "device": backend.name,
         "inputs": acct.per_file(checksums),
         "totals": acct.totals(),

@@ -305,7 +305,7 @@ def file_rows(file: InputFile, columnar: Columnar | None = None, max_row_bytes: 
         return _parquet_rows(file)
     if kind == ".json" and _is_json_array(file.path):
         return _json_array_rows(file)
-    if columnar is not None and file.path == file.path.removesuffix(".gz").removesuffix(".zst"):
+    if columnar is not None and not file.path.endswith(COMPRESSIONS):  # byte ranges need the bytes as stored
         return _columnar_rows(file, columnar.fields, columnar.read_range, max_row_bytes)
     return _jsonl_rows(file, max_row_bytes)
 

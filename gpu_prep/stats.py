@@ -17,12 +17,11 @@ BINS = 30
 
 
 def _lengths(domain: Any) -> tuple[np.ndarray, int]:
-    """Sample lengths and trained tokens of one domain, read from offsets and masks shard by shard."""
-    lengths, trained = [], 0
-    for shard in domain.shards:
-        lengths.append(np.diff(shard.offsets))
-        trained += int(np.asarray(shard.loss_mask[:]).sum())
-    return (np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)), trained
+    """Sample lengths of one domain, from its shards' offsets, and its trained tokens, from meta.json
+    (which `gpu-prep verify` checks against the masks)."""
+    lengths = [np.diff(shard.offsets) for shard in domain.shards]
+    every = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+    return every, int(domain.meta["num_trained_tokens"])
 
 
 def summarize(out_dir: str | Path) -> dict[str, Any]:
@@ -72,7 +71,7 @@ def write_html(summary: dict[str, Any], path: str | Path, title: str) -> None:
         for k, c in enumerate(counts))
     header = "".join(f"<th>{html.escape(k)}</th>" for k in ["domain", *next(iter(summary["domains"].values()))])
     table = "".join(
-        "<tr><td>" + html.escape(name) + "</td>" + "".join(f"<td>{_cell(v)}</td>" for v in row.values()) + "</tr>"
+        "<tr><td>" + html.escape(name) + "</td>" + "".join(f"<td>{cell(v)}</td>" for v in row.values()) + "</tr>"
         for name, row in summary["domains"].items())
     Path(path).write_text(
         f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>"
@@ -84,5 +83,5 @@ def write_html(summary: dict[str, Any], path: str | Path, title: str) -> None:
         encoding="utf-8")
 
 
-def _cell(value: Any) -> str:
+def cell(value: Any) -> str:
     return f"{value:.1%}" if isinstance(value, float) else f"{value:,}"

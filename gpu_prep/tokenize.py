@@ -17,14 +17,13 @@ from typing import Any
 import numpy as np
 import orjson
 
-from gpu_prep.engines import HfEngine, build_fast_engine, choose_engine
+from gpu_prep.engines import NORMAL_FORMS, HfEngine, build_fast_engine, choose_engine
 from gpu_prep.errors import ConfigError
 
 # End-of-turn tokens of the common template families; those present in the vocabulary, plus the eos token,
 # close a turn (and are trained with a trained turn).
 KNOWN_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>", "<|end_of_turn|>",
                      "<｜end▁of▁sentence｜>", "<|endoftext|>", "</s>")
-_NORMALIZERS = {"NFC", "NFD", "NFKC", "NFKD"}
 
 
 def _token_text(value: Any) -> str | None:
@@ -83,7 +82,7 @@ class Tokenizer:
     def normalization(self) -> str | None:
         """The Unicode form the tokenizer normalizes to, when that is all its normalizer does."""
         kinds = self.normalizer_kinds
-        return kinds[0] if len(kinds) == 1 and kinds[0] in _NORMALIZERS else None
+        return kinds[0] if len(kinds) == 1 and kinds[0] in NORMAL_FORMS else None
 
     def lowercases(self) -> bool:
         """Whether the tokenizer's normalizer lower-cases (BERT uncased)."""

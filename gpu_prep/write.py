@@ -109,10 +109,12 @@ class _RawShard:
     """A shard's three arrays appended to temporary raw files. Their lengths are the shard's whole state,
     so a checkpoint can record them and a resumed run can cut the files back to them (resume)."""
 
+    hashes_arrays = True  # the arrays' sha256 go in meta.json (bin); an h5 shard hashes its one file instead
+
     def __init__(self, directory: Path, index: int, lengths: dict[str, int] | None = None) -> None:
         self.index = index
         self.tmp = {k: directory / raw_file_name(k, index, temporary=True) for k in ARRAYS}
-        self.digests = {k: hashlib.sha256() for k in ARRAYS}
+        self.digests = {k: hashlib.sha256() for k in ARRAYS} if self.hashes_arrays else {}
         if lengths is None:
             self.handles = {k: open(p, "wb") for k, p in self.tmp.items()}  # noqa: SIM115  closed in close()
             self._put("sample_offsets", np.zeros(1, TOKEN_DTYPE))
@@ -124,14 +126,17 @@ class _RawShard:
                 handle.close()
                 raise ValueError(f"{path} is shorter than the checkpoint says ({lengths[k]} bytes)")
             handle.truncate(lengths[k])
-            for block in iter(lambda h=handle: h.read(1 << 20), b""):
-                self.digests[k].update(block)
+            if self.digests:  # what was written before the checkpoint counts in the digest
+                for block in iter(lambda h=handle: h.read(1 << 20), b""):
+                    self.digests[k].update(block)
+            handle.seek(0, os.SEEK_END)
             self.handles[k] = handle
 
     def _put(self, key: str, array: np.ndarray) -> None:
         data = array.tobytes()
         self.handles[key].write(data)
-        self.digests[key].update(data)
+        if self.digests:
+            self.digests[key].update(data)
 
     def append(self, ids: np.ndarray, loss_mask: np.ndarray, ends: np.ndarray) -> None:
         self._put("sequence", ids.astype(TOKEN_DTYPE, copy=False))
@@ -162,6 +167,8 @@ class _BinShard(_RawShard):
 
 class _H5Shard(_RawShard):
     """The same raw temporary files, turned into one HDF5 file when the shard is complete."""
+
+    hashes_arrays = False
 
     def close(self, directory: Path) -> dict[str, Any]:
         import h5py

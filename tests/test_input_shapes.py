@@ -247,3 +247,16 @@ def test_a_row_that_is_a_list_of_messages_is_a_conversation(tmp_path: Path) -> N
     data.write_text(json.dumps(OPENAI[0]["messages"]) + "\n")
     manifest = run(parse_config({"input": {"type": "text"}}), [str(data)], tmp_path / "text-out")
     assert manifest["totals"]["rows_dropped"] == {"not_an_object": 1}
+
+
+def test_auto_finds_sharegpt_rows_whatever_the_chat_key(tmp_path: Path) -> None:
+    # messages_key names chat rows' key; sharegpt rows keep their own ("conversations").
+    from gpu_prep.pipeline import run
+
+    rows = [{"dialog": OPENAI[0]["messages"]}, _sharegpt(OPENAI[1:], {"user": "human", "assistant": "gpt"})[0]]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = {"input": {"type": "auto", "messages_key": "dialog"}, "mask": {"assistant": "train"}}
+    manifest = run(parse_config(config), [str(data)], tmp_path / "out")
+    assert manifest["totals"]["rows_by_schema"] == {"chat": 1, "sharegpt": 1}
+    assert manifest["totals"]["rows_written"] == 2
