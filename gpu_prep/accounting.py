@@ -17,7 +17,7 @@ from gpu_prep.checkpoint import reopen
 from gpu_prep.errors import Drop, InputError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.read import InputFile, as_read
-from gpu_prep.write import finish_file
+from gpu_prep.write import finish_file, temporary_path
 
 EXAMPLES_PER_REASON = 3
 # The parse report's counts (besides unknown roles): rows with tools, and what building chat rows did.
@@ -52,7 +52,7 @@ class Accounting:
         self.rejects = None
         if rejects is not None:
             rejects.parent.mkdir(parents=True, exist_ok=True)
-            tmp = rejects.with_name(f".{rejects.name}.tmp")
+            tmp = temporary_path(rejects)
             if state is not None:
                 reopen(rejects, tmp)
             if state is None or state["rejects_bytes"] is None or not tmp.exists():

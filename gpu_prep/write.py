@@ -57,8 +57,17 @@ def finish_file(tmp: Path, final: Path) -> None:
         os.close(dir_fd)
 
 
+def temporary_name(name: str) -> str:
+    """What a file is called until it is complete (hidden, and matched by cleanup's ".*.tmp")."""
+    return f".{name}.tmp"
+
+
+def temporary_path(path: Path) -> Path:
+    return path.with_name(temporary_name(path.name))
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = temporary_path(path)
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     finish_file(tmp, path)
 
@@ -98,7 +107,7 @@ def _suffix(index: int) -> str:
 def raw_file_name(array: str, index: int, temporary: bool) -> str:
     """The name of one array of shard `index` as raw .bin: its final name, or the temporary one."""
     name = f"{array}{_suffix(index)}.bin"
-    return f".{name}.tmp" if temporary else name
+    return temporary_name(name) if temporary else name
 
 
 ARRAYS = ("sequence", "loss_mask", "sample_offsets")
@@ -176,7 +185,7 @@ class _H5Shard(_RawShard):
         self._close_handles()
         name = f"data{_suffix(self.index)}.h5"
         path = directory / name
-        tmp = path.with_name(f".{name}.tmp")
+        tmp = temporary_path(path)
         with h5py.File(tmp, "w") as h5:
             h5.attrs["loss_mask_meaning"] = LOSS_MASK_MEANING
             for k in ARRAYS:
