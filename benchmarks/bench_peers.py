@@ -190,6 +190,8 @@ def setup_gpu_prep(ws: Workspace) -> Job:
         "input": {"type": ws.kind}, "mask": {"assistant": "train"}, "preprocessing": lengths,
     })
     out = ws.root / "gpu-prep-out"
+    # An output left by an earlier round is cleared before the clock: the peers start with nothing to delete.
+    shutil.rmtree(out, ignore_errors=True)
 
     def job() -> Callable[[], Output]:
         manifest = gpu_prep.pipeline.run(config, [str(ws.corpus)], out, overwrite=True)

@@ -22,43 +22,51 @@ def row_of(xp: Any, offsets: Any, n: int) -> Any:
 
 def offsets_from_lengths(xp: Any, lengths: Any) -> Any:
     out = xp.zeros(len(lengths) + 1, dtype=xp.int64)
-    xp.cumsum(lengths.astype(xp.int64), out=out[1:])
+    xp.cumsum(lengths, dtype=xp.int64, out=out[1:])
     return out
 
 
 def segment_sums(xp: Any, values: Any, offsets: Any) -> Any:
     """Sum of values within each row (rows may be empty)."""
-    running = xp.zeros(len(values) + 1, dtype=xp.int64)
-    xp.cumsum(values.astype(xp.int64), out=running[1:])
+    running = offsets_from_lengths(xp, values)
     return running[offsets[1:]] - running[offsets[:-1]]
 
 
-def project(xp: Any, token_len: Any, token_offsets: Any, span_start: Any, span_end: Any, span_offsets: Any) -> Any:
+def project(xp: Any, positions: Any, token_offsets: Any, span_start: Any, span_end: Any, span_offsets: Any) -> Any:
     """loss_mask (int8) for every token.
 
-    token_len: byte length of each token; token_offsets: tokens of each row. span_start/span_end: trained
-    byte ranges relative to their row, sorted and disjoint within a row; span_offsets: spans of each row.
+    positions: where each token starts in the running bytes of all rows, and where the last one ends
+    (offsets_from_lengths of the tokens' byte lengths); token_offsets: tokens of each row.
+    span_start/span_end: trained byte ranges relative to their row, sorted and disjoint within a row;
+    span_offsets: spans of each row.
     """
-    token_end = xp.cumsum(token_len)
-    token_start = token_end - token_len
+    n = len(positions) - 1
+    if len(span_start) == 0:
+        return xp.zeros(n, dtype=xp.int8)
     # Each row's byte 0 in the running positions: where its first token starts.
-    bounds = xp.concatenate([xp.zeros(1, dtype=xp.int64), token_end])
-    row_base, row_limit = bounds[token_offsets[:-1]], bounds[token_offsets[1:]]
+    row_base, row_limit = positions[token_offsets[:-1]], positions[token_offsets[1:]]
     span_row = row_of(xp, span_offsets, len(span_start))
     # Clipped to the row's tokens, so spans stay sorted even where a row's tokens miss bytes.
     start = xp.minimum(span_start + row_base[span_row], row_limit[span_row])
     end = xp.minimum(span_end + row_base[span_row], row_limit[span_row])
-    n = len(token_len)
-    if len(start) == 0:
-        return xp.zeros(n, dtype=xp.int8)
     # Span s trains tokens [a_s, b_s): those ending after it starts and starting before it ends. Positions
-    # only grow, so two searches per span (not one per token) find them; +1 at a_s and -1 at b_s, summed
-    # along the tokens, counts the spans covering each token.
-    first = xp.searchsorted(token_end, start, side="right")
-    stop = xp.searchsorted(token_start, end, side="left")
-    stop = xp.maximum(stop, first)  # an empty span covers nothing
-    cover = xp.cumsum(xp.bincount(first, minlength=n + 1)[:n] - xp.bincount(stop, minlength=n + 1)[:n])
-    return ((cover > 0) & (token_len > 0)).astype(xp.int8)
+    # only grow, so two searches per span (not one per token) find them, and both a and b grow with s.
+    a = xp.searchsorted(positions[1:], start, side="right")
+    b = xp.searchsorted(positions[:-1], end, side="left")
+    # Made disjoint (a token on the edge of two spans is in both), then empty ones and the edges where one
+    # ends as the next begins are left out: what remains are distinct positions where the mask turns on
+    # (+1) and off (-1), so one int8 running sum over the tokens is the mask.
+    a = xp.maximum(a, xp.concatenate([xp.zeros(1, dtype=b.dtype), b[:-1]]))
+    keep = b > a
+    a, b = a[keep], b[keep]
+    turns_on = a != xp.concatenate([xp.full(1, -1, dtype=b.dtype), b[:-1]])
+    turns_off = b != xp.concatenate([a[1:], xp.full(1, -1, dtype=a.dtype)])
+    change = xp.zeros(n + 1, dtype=xp.int8)
+    change[a[turns_on]] = 1
+    change[b[turns_off]] = -1
+    mask = xp.cumsum(change[:n], dtype=xp.int8)
+    mask *= positions[1:] > positions[:-1]  # a token of no bytes holds none of a span's
+    return mask
 
 
 @dataclass

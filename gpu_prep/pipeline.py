@@ -8,6 +8,7 @@ tokens is array code on the backend's `xp`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import shutil
 import time
@@ -152,16 +153,15 @@ def _render(rows: Rows, ctx: RenderContext) -> tuple[Rows, list]:
     return Rows(rows.index, rows.domain, rendered), reasons
 
 
-def _engine_sample(rendered: list[RenderedRow]) -> list[str]:
-    """The first pieces of the input, about ENGINE_SAMPLE_BYTES of them (at least one row's)."""
-    sample: list[str] = []
-    size = 0
+def _engine_sample_size(rendered: list[RenderedRow]) -> int:
+    """How many of the first pieces of the input make about ENGINE_SAMPLE_BYTES (at least one row's)."""
+    count = size = 0
     for row in rendered:
-        sample.extend(row.pieces)
+        count += len(row.pieces)
         size += row.num_bytes
         if size >= ENGINE_SAMPLE_BYTES:
             break
-    return sample
+    return count
 
 
 def _tokenize(encode: Callable, rendered: list[RenderedRow]) -> tuple[np.ndarray, np.ndarray]:
@@ -200,12 +200,13 @@ def _mask(backend: Backend, tok: Tokenizer, rendered: list[RenderedRow], ids: np
 
     ids_d, offsets_d = backend.asarray(ids), backend.asarray(token_offsets)
     if tok.token_bytes is None:
-        token_len = xp.zeros(len(ids), dtype=xp.int64)
+        positions = xp.zeros(len(ids) + 1, dtype=xp.int64)
     else:
-        token_len = backend.asarray(tok.token_bytes)[ids_d]
+        positions = offsets_from_lengths(xp, backend.asarray(tok.token_bytes)[ids_d])
     # Rows masked by byte spans must be covered byte for byte by their tokens; rows masked by pieces need not.
-    valid = (segment_sums(xp, token_len, offsets_d) == backend.asarray(row_bytes)) | ~backend.asarray(has_spans)
-    by_span = project(xp, token_len, offsets_d, backend.asarray(spans[:, 0].copy()),
+    covered = positions[offsets_d[1:]] - positions[offsets_d[:-1]]
+    valid = (covered == backend.asarray(row_bytes)) | ~backend.asarray(has_spans)
+    by_span = project(xp, positions, offsets_d, backend.asarray(spans[:, 0].copy()),
                       backend.asarray(spans[:, 1].copy()), backend.asarray(span_offsets))
     if piece_trained.all():  # pretraining text: every token counts
         loss_mask = xp.ones(len(ids), dtype=xp.int8)
@@ -416,14 +417,17 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
             for chunk, rows, drops, digests in overlapped(_prepare(chunks, config, ctx, backend, dedup, clock,
                                                                    decided)):
                 tokens = None
-                if rows.index and encode is None:
-                    sample = _engine_sample(rows.payload)
-                    clock.time("engine check", tok.use_engine, config.tokenizer.engine, sample, options.workers)
-                    encode = backend.encoder(tok)
-                    decided["engine"] = [tok.active.name, tok.engine_choice]
                 if rows.index:
                     failpoint("tokenize")
-                    tokens = clock.time("tokenize", _tokenize, encode, rows.payload)
+                    if encode is None:  # the first rows choose the engine, checking it on a sample of them
+                        first = functools.partial(tok.use_engine, config.tokenizer.engine,
+                                                  sample_size=_engine_sample_size(rows.payload),
+                                                  threads=options.workers)
+                        tokens = clock.time("tokenize", _tokenize, first, rows.payload)
+                        encode = backend.encoder(tok)
+                        decided["engine"] = [tok.active.name, tok.engine_choice]
+                    else:
+                        tokens = clock.time("tokenize", _tokenize, encode, rows.payload)
                 finish.put((chunk, rows, drops, digests, tokens))
     except BaseException as exc:
         acct.abort(keep=isinstance(exc, KeyboardInterrupt))

@@ -27,6 +27,9 @@ COMPRESSIONS = (".gz", ".zst")  # of JSON Lines and JSON files: read as streams,
 # A JSON Lines chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so
 # memory stays bounded whatever the rows' sizes (Parquet and JSON-array rows count rows only).
 CHUNK_BYTES = 4 << 20
+# The first chunk is smaller, and each next one twice the size up to CHUNK_BYTES, so that tokenizing (the
+# stage everything else hides behind) starts early instead of after a whole chunk was read and rendered.
+FIRST_CHUNK_BYTES = 256 << 10
 MAX_ROW_BYTES = 64 << 20  # input.max_row_bytes's default
 Row = tuple[int, Any, "tuple[str, str, Any] | None", int]  # line (or row) number, record, error, bytes of JSON
 
@@ -318,6 +321,7 @@ def read_chunks(files: list[InputFile], chunk_rows: int, max_items: int | None =
     `skip` rows are read past (a resumed run has done them)."""
     chunk = RawChunk()
     seen = size = 0
+    limit = min(chunk_bytes, FIRST_CHUNK_BYTES)
     for file in files:
         if max_items is not None and seen >= max_items:
             break
@@ -329,8 +333,8 @@ def read_chunks(files: list[InputFile], chunk_rows: int, max_items: int | None =
                 continue
             chunk.add(file.index, line, record, error)
             size += nbytes
-            if len(chunk) >= chunk_rows or size >= chunk_bytes:
+            if len(chunk) >= chunk_rows or size >= limit:
                 yield chunk
-                chunk, size = RawChunk(), 0
+                chunk, size, limit = RawChunk(), 0, min(chunk_bytes, 2 * limit)
     if len(chunk):
         yield chunk

@@ -122,16 +122,18 @@ class Tokenizer:
         """Build the fast engine a run may use (auto | hf | tiktoken) before it reads any input."""
         build_fast_engine(requested, self.spec, self._engine_key())
 
-    def use_engine(self, requested: str, sample: list[str], threads: int | None = None) -> str:
-        """Pick the engine for this run (auto | hf | tiktoken), checked on a sample of the input."""
-        self.active, self.engine_choice = choose_engine(requested, self.spec, HfEngine(self.engine), sample,
-                                                        threads, cache_key=self._engine_key())
-        return self.engine_choice
+    def use_engine(self, requested: str, pieces: list[str], sample_size: int,
+                   threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Pick the engine for this run (auto | hf | tiktoken), checked on the first sample_size of these
+        pieces of the input, and return the pieces encoded by it (as encode() does)."""
+        self.active, self.engine_choice, encoded = choose_engine(
+            requested, self.spec, HfEngine(self.engine), pieces, sample_size, threads, cache_key=self._engine_key())
+        return encoded
 
     def restore_engine(self, name: str, choice: str, threads: int | None = None) -> None:
         """Run the engine an interrupted run chose (--resume), without checking it again on other rows."""
-        self.active, _ = choose_engine(name, self.spec, HfEngine(self.engine), [], threads,
-                                       cache_key=self._engine_key())
+        self.active, _, _ = choose_engine(name, self.spec, HfEngine(self.engine), [], 0, threads,
+                                          cache_key=self._engine_key())
         self.engine_choice = choice
 
     def decode(self, ids: Any) -> str:

@@ -70,7 +70,9 @@ def test_wordpiece_is_not_a_tiktoken_vocabulary() -> None:
     except ConfigError as exc:
         pytest.skip(str(exc))
     assert "WordPiece" in tiktoken_problem(tok.spec)
-    assert tok.use_engine("auto", ["hello"]).startswith("hf: tiktoken cannot run")
+    ids, counts = tok.use_engine("auto", ["hello"], sample_size=1)
+    assert tok.engine_choice.startswith("hf: tiktoken cannot run")
+    assert ids.tolist() == tok.engine.encode("hello", add_special_tokens=False).ids and counts.tolist() == [len(ids)]
 
 
 def test_output_does_not_depend_on_workers_or_chunk_size(tmp_path: Path) -> None:

@@ -64,3 +64,39 @@ def test_without_a_gpu_auto_falls_back_and_gpu_names_what_is_missing() -> None:
     assert backend.select_backend("auto").name == "cpu"
     with pytest.raises(backend.ConfigError, match="--device gpu: .*(driver|device|extra)"):
         backend.select_backend("gpu")
+
+
+def _xp_uses() -> dict[str, set[str]]:
+    """Every `xp.NAME` the package's array code uses (the code CuPy runs on a GPU), with the keywords of
+    the calls made to it, read from the source so that no new call can escape the check."""
+    import ast
+    from pathlib import Path
+
+    uses: dict[str, set[str]] = {}
+    for path in Path(backend.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "xp":
+                uses.setdefault(node.attr, set())
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "xp"):
+                uses.setdefault(node.func.attr, set()).update(k.arg for k in node.keywords if k.arg)
+    return uses
+
+
+def test_the_source_uses_xp_at_all() -> None:
+    assert {"cumsum", "searchsorted", "zeros"} <= set(_xp_uses())
+
+
+@pytest.mark.parametrize("name, keywords", sorted((n, tuple(sorted(k))) for n, k in _xp_uses().items()))
+def test_every_xp_call_exists_in_cupy_with_its_keywords(name: str, keywords: tuple[str, ...]) -> None:
+    cupy = _import("cupy")
+    target = getattr(cupy, name, None)
+    assert target is not None, f"cupy has no {name}"
+    if isinstance(target, cupy.ufunc):  # ufuncs take out= and dtype= by their own protocol
+        assert set(keywords) <= {"out", "dtype"}, f"cupy.{name} is a ufunc; keywords {keywords}"
+        return
+    if not keywords:
+        return
+    parameters = inspect.signature(target).parameters
+    missing = [k for k in keywords if k not in parameters]
+    assert not missing, f"cupy.{name} no longer takes {missing}; it takes {list(parameters)}"
