@@ -74,6 +74,29 @@ class _Failure:
     exc: BaseException
 
 
+def in_background(fn: Callable[[], T]) -> Callable[[], T]:
+    """Start fn in a daemon thread (one a failing run does not wait for); the callable returned waits for
+    fn's result, or raises its exception."""
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(_call(fn)), name="gpu-prep-background", daemon=True)
+    thread.start()
+
+    def result() -> T:
+        thread.join()
+        if isinstance(box[0], _Failure):
+            raise box[0].exc
+        return box[0]
+
+    return result
+
+
+def _call(fn: Callable[[], T]) -> T | _Failure:
+    try:
+        return fn()
+    except BaseException as exc:  # handed to whoever waits for the result
+        return _Failure(exc)
+
+
 class Sink:
     """Runs fn on each item put, in order, in a thread of its own, at most one item behind the producer.
     An exception in fn is raised again in the producer, at its next put or when the sink closes."""

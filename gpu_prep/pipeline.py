@@ -47,7 +47,7 @@ from gpu_prep.mask import (
     segment_sums,
     truncate_and_filter,
 )
-from gpu_prep.overlap import Sink, Stopwatch, overlapped
+from gpu_prep.overlap import Sink, Stopwatch, in_background, overlapped
 from gpu_prep.read import RawChunk, expand_inputs, read_chunks
 from gpu_prep.render import RenderContext, RenderedRow, affix_disagreement, render_row
 from gpu_prep.templates import resolve_template
@@ -461,6 +461,8 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
     resumed = load_for_resume(out_dir, identity, keep={RUN_MARKER}) if resume else None
     checkpoints = Checkpointer(out_dir, identity, checkpoint_seconds, resumed)
     options = Options(chunk_rows, workers, Path(rejects) if rejects else None, strict, progress)
+    # The inputs' checksums are taken beside the run (hashing releases the GIL), not after it.
+    checksums = in_background(lambda: [sha256_file(Path(f.path)) for f in files])
     try:
         acct, domains = _process(config, files, tok, backend, out_dir, clock, options, checkpoints, resumed)
     except BaseException as exc:
@@ -468,7 +470,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
         if not isinstance(exc, KeyboardInterrupt):  # an interrupted run keeps what --resume needs
             remove_partial_files(out_dir)
         raise
-    checksums = clock.time("checksums", lambda: [sha256_file(Path(f.path)) for f in files])
+    checksums = clock.time("checksums", checksums)
     elapsed = time.perf_counter() - started
     manifest = {
         "gpu_prep_version": __version__,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
@@ -49,9 +49,19 @@ class RenderContext:
     eos_text: str | None
     vocab_size: int = 0  # ids of pre-tokenized rows must be below it
     affix: AffixTemplate | None = None  # the template as plain concatenation, when it is one
+    _trains: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)  # label -> trained
 
     def eot_pattern(self) -> re.Pattern[str]:
         return _eot_pattern(self.end_of_turn)
+
+    def trains(self, label: str | bool | None) -> bool:
+        """Whether a message or piece with this label (a role or field, or its own bool flag) is trained."""
+        if not isinstance(label, str):
+            return label is True
+        known = self._trains.get(label)
+        if known is None:
+            known = self._trains[label] = self.config.action(label) == "train"
+        return known
 
 
 @functools.lru_cache(maxsize=16)
@@ -177,7 +187,7 @@ def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, lis
     # tokens are trained: those of trained turns (turn), of every turn (all), of the last trained turn
     # (last), or none.
     policy = ctx.config.input.train_on_eos if ctx.config.input.train_end_of_turn else "none"
-    trained = [i for i, _, _ in regions if _is_trained(labels[i], ctx)]
+    trained = [i for i, _, _ in regions if ctx.trains(labels[i])]
     eot = ctx.eot_pattern()
     bounds = [start for _, start, _ in regions[1:]] + [len(real)]
     spans: list[Span] = []
@@ -202,20 +212,17 @@ def _labels(conv: Conversation, ctx: RenderContext) -> list[str | bool]:
         flag = m.get(key) if key else None
         labels.append(flag if isinstance(flag, bool) else m["role"])
     if ctx.config.input.train_last_turn_only:
-        trained = [i for i, label in enumerate(labels) if _is_trained(label, ctx)]
+        trained = [i for i, label in enumerate(labels) if ctx.trains(label)]
         for i in trained[:-1]:
             labels[i] = False
     return labels
 
 
-def _is_trained(label: str | bool | None, ctx: RenderContext) -> bool:
-    return label is True or (isinstance(label, str) and ctx.config.action(label) == "train")
-
-
-def _to_bytes(text: str, spans: list[Span], form: str | None) -> tuple[str, list[tuple[int, int, str]]]:
-    """Normalize text between span boundaries and turn character spans into byte spans."""
+def _to_bytes(text: str, spans: list[Span], form: str | None) -> tuple[str, list[tuple[int, int, str]], int]:
+    """Normalize text between span boundaries and turn character spans into byte spans; also the text's
+    length in bytes."""
     if text.isascii():  # one byte per character, and every normal form leaves ASCII alone
-        return text, spans
+        return text, spans, len(text)
     cuts = sorted({0, len(text), *(s for s, _, _ in spans), *(e for _, e, _ in spans)})
     byte_at: dict[int, int] = {0: 0}
     out: list[str] = []
@@ -227,11 +234,11 @@ def _to_bytes(text: str, spans: list[Span], form: str | None) -> tuple[str, list
         out.append(segment)
         total += len(segment.encode("utf-8"))
         byte_at[b] = total
-    return "".join(out), [(byte_at[s], byte_at[e], label) for s, e, label in spans]
+    return "".join(out), [(byte_at[s], byte_at[e], label) for s, e, label in spans], total
 
 
 def _trained(spans: list[tuple[int, int, str | bool]], ctx: RenderContext) -> list[tuple[int, int]]:
-    keep = sorted((s, e) for s, e, label in spans if e > s and _is_trained(label, ctx))
+    keep = sorted((s, e) for s, e, label in spans if e > s and ctx.trains(label))
     merged: list[tuple[int, int]] = []
     for s, e in keep:
         if merged and s <= merged[-1][1]:
@@ -248,7 +255,7 @@ def _segments(shape: Segments, ctx: RenderContext) -> RenderedRow:
     if shape.add_eos and ctx.eos_text and pieces:
         pieces.append((ctx.eos_text, pieces[-1][1]))
     pieces = [(ctx.prefix_text, None)] * bool(ctx.prefix_text) + pieces + [(ctx.suffix_text, None)] * bool(ctx.suffix_text)
-    trained = [shape.train_all or _is_trained(label, ctx) for _, label in pieces]
+    trained = [shape.train_all or ctx.trains(label) for _, label in pieces]
     texts = [t for t, _ in pieces]
     return RenderedRow(texts, trained, [], sum(len(t.encode("utf-8")) for t in texts), bool(ctx.suffix_text))
 
@@ -278,5 +285,5 @@ def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
             raise RowError(Drop.WRONG_TYPE, f"input_ids holds {bad}, outside the vocabulary (0 to {ctx.vocab_size - 1})")
         return RenderedRow([""], [False], [], 0, given=(ids, np.asarray(shape.trained, dtype=np.int8)))
     text, char_spans, left_out = conversation_spans(shape, ctx)
-    text, byte_spans = _to_bytes(text, char_spans, ctx.normalization)
-    return RenderedRow([text], [False], _trained(byte_spans, ctx), len(text.encode("utf-8")), left_out=left_out)
+    text, byte_spans, num_bytes = _to_bytes(text, char_spans, ctx.normalization)
+    return RenderedRow([text], [False], _trained(byte_spans, ctx), num_bytes, left_out=left_out)

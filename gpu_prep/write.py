@@ -142,7 +142,7 @@ class _RawShard:
             self.handles[k] = handle
 
     def _put(self, key: str, array: np.ndarray) -> None:
-        data = array.tobytes()
+        data = memoryview(np.ascontiguousarray(array)).cast("B")
         self.handles[key].write(data)
         if self.digests:
             self.digests[key].update(data)
@@ -152,6 +152,11 @@ class _RawShard:
         failpoint("shard_append")  # one array of the shard written, the others not yet
         self._put("loss_mask", loss_mask.astype(MASK_DTYPE, copy=False))
         self._put("sample_offsets", ends.astype(TOKEN_DTYPE, copy=False))
+        # Each chunk goes to the disk as it is written (this thread works a chunk behind tokenizing), so
+        # closing the shard has little left to flush.
+        for handle in self.handles.values():
+            handle.flush()
+            os.fdatasync(handle.fileno())
 
     def lengths(self) -> dict[str, int]:
         """Flush to the OS (enough to survive the process being killed) and say how long each file is."""

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gpu_prep.overlap import Sink, overlapped
+from gpu_prep.overlap import Sink, in_background, overlapped
 
 
 def test_overlapped_keeps_order_and_raises_the_producers_error() -> None:
@@ -56,3 +56,20 @@ def test_sink_runs_in_order_and_raises_its_error_in_the_producer() -> None:
                 sink.put(item)
                 time.sleep(0.01)
     assert seen == [0, 1, 2]
+
+
+def test_in_background_returns_the_result_or_raises_the_error_of_another_thread() -> None:
+    names: list[str] = []
+
+    def work() -> int:
+        names.append(threading.current_thread().name)
+        return 42
+
+    assert in_background(work)() == 42
+    assert names and names[0] != threading.current_thread().name
+
+    def fail() -> None:
+        raise ValueError("hashing failed")
+
+    with pytest.raises(ValueError, match="hashing failed"):
+        in_background(fail)()
