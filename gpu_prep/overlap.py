@@ -8,10 +8,12 @@ on how the work interleaves.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -67,6 +69,23 @@ def overlapped(items: Iterator[T], depth: int = 1) -> Iterator[T]:
             yield item
     finally:
         stopped.set()
+
+
+# How long a thread running Python keeps the GIL while another asks for it (CPython's default is 5 ms).
+SWITCH_SECONDS = 0.0005
+
+
+@contextmanager
+def quick_handoffs() -> Iterator[None]:
+    """While the stages overlap: a tokenizer thread needs the GIL for a moment after each piece, and with
+    CPython's default it may wait 5 ms for a thread that is rendering or masking, its core idle meanwhile.
+    Handing the GIL over after 0.5 ms measured about 5% faster on chat rows (2 cores)."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, SWITCH_SECONDS))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 @dataclass

@@ -47,7 +47,7 @@ from gpu_prep.mask import (
     segment_sums,
     truncate_and_filter,
 )
-from gpu_prep.overlap import Sink, Stopwatch, in_background, overlapped
+from gpu_prep.overlap import Sink, Stopwatch, in_background, overlapped, quick_handoffs
 from gpu_prep.read import RawChunk, expand_inputs, read_chunks
 from gpu_prep.render import RenderContext, RenderedRow, affix_disagreement, render_row
 from gpu_prep.templates import resolve_template
@@ -413,7 +413,7 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
     # rendering run a chunk ahead; this thread tokenizes (the engines release the GIL); masking, accounting
     # and writing run a chunk behind. Output does not depend on the overlap.
     try:
-        with Sink(finish_chunk) as finish:
+        with quick_handoffs(), Sink(finish_chunk) as finish:
             for chunk, rows, drops, digests in overlapped(_prepare(chunks, config, ctx, backend, dedup, clock,
                                                                    decided)):
                 tokens = None

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gpu_prep.overlap import Sink, in_background, overlapped
+from gpu_prep.overlap import Sink, in_background, overlapped, quick_handoffs
 
 
 def test_overlapped_keeps_order_and_raises_the_producers_error() -> None:
@@ -73,3 +73,15 @@ def test_in_background_returns_the_result_or_raises_the_error_of_another_thread(
 
     with pytest.raises(ValueError, match="hashing failed"):
         in_background(fail)()
+
+
+def test_quick_handoffs_shorten_the_switch_interval_for_the_run_only() -> None:
+    import sys
+
+    before = sys.getswitchinterval()
+    with quick_handoffs():
+        assert sys.getswitchinterval() < before
+    assert sys.getswitchinterval() == before
+    with pytest.raises(RuntimeError), quick_handoffs():
+        raise RuntimeError("a failing run")
+    assert sys.getswitchinterval() == before
