@@ -77,9 +77,17 @@ class InputConfig(_Frozen):
     train_last_turn_only: bool = False
     # A message's reasoning under any of these keys becomes its reasoning_content (what templates such as
     # Qwen3's render); extract_think_tags also moves a leading <think>...</think> out of an assistant's
-    # content into it. Reasoning is rendered by the template as it sees fit and is never trained.
+    # content into it. The template renders reasoning as it sees fit (Qwen3 only after the last user turn).
     reasoning_keys: list[str] = ["reasoning", "reasoning_content", "thinking", "reason"]
     extract_think_tags: bool = False
+    # keep: reasoning goes to the template; drop: every message's reasoning is removed before rendering
+    # (counted as dropped_think_messages).
+    think_mode: Literal["keep", "drop"] = "keep"
+    # Each reasoning is cut to its first this many tokens before rendering (null: as it is).
+    think_max_tokens: int | None = Field(None, ge=0)
+    # The rendered reasoning of a trained turn (from its <think> tag, where the template writes one) is
+    # trained with the turn; false: masked, only the answer and its end-of-turn token are trained.
+    think_loss: bool = False
     # Text rows: close each with the tokenizer's eos token (trained), after any BOS the tokenizer adds.
     add_eos: bool = False
     # Alpaca-style instruction rows (input.type "alpaca"): the fields, and how the prompt is written from

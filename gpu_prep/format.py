@@ -179,7 +179,10 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
             if found:
                 reasoning, content = found.group(1).strip("\n"), content[found.end():]
                 notes.append("extracted_think_from_content")
-        if reasoning is not None:
+        if reasoning is not None and inp.think_mode == "drop":
+            extra.pop("reasoning_content", None)
+            notes.append("dropped_think_messages")
+        elif reasoning is not None:
             extra["reasoning_content"] = reasoning
         messages.append({**extra, "role": role, "content": content})
     tools, parsed = _tools(record)

@@ -350,6 +350,7 @@ def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
         suffix_text=tok.suffix_text,
         eos_text=tok.eos_text,
         vocab_size=int(tok.engine.get_vocab_size(with_added_tokens=True)),
+        first_tokens=tok.first_tokens,
     )
 
 

@@ -14,10 +14,12 @@ applied piece by piece so that positions and text agree.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import unicodedata
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
@@ -49,6 +51,7 @@ class RenderContext:
     eos_text: str | None
     vocab_size: int = 0  # ids of pre-tokenized rows must be below it
     affix: AffixTemplate | None = None  # the template as plain concatenation, when it is one
+    first_tokens: Callable[[str, int], str] | None = None  # a text's first n tokens (input.think_max_tokens)
     _trains: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)  # label -> trained
 
     def eot_pattern(self) -> re.Pattern[str]:
@@ -192,6 +195,11 @@ def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, lis
     if ctx.template is None:
         raise ConfigError("chat rows need a chat template: the tokenizer's tokenizer_config.json has none; "
                           'name one with the config key chat_template (say "chatml")')
+    limit = ctx.config.input.think_max_tokens
+    if limit is not None and ctx.first_tokens is not None and any(m.get("reasoning_content") for m in conv.messages):
+        conv = dataclasses.replace(conv, messages=[
+            {**m, "reasoning_content": ctx.first_tokens(m["reasoning_content"], limit)}
+            if isinstance(m.get("reasoning_content"), str) else m for m in conv.messages])
     if ctx.affix is not None and ctx.affix.covers(conv.messages, conv.tools):
         real, regions = ctx.affix.render(conv.messages)
     else:
@@ -214,7 +222,11 @@ def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, lis
     eot = ctx.eot_pattern()
     bounds = [start for _, start, _ in regions[1:]] + [len(real)]
     spans: list[Span] = []
+    previous_end = 0
     for (i, start, end), limit in zip(regions, bounds):
+        if ctx.config.input.think_loss and i in trained:
+            start = _reasoning_start(real, conv.messages[i], previous_end, start)
+        previous_end = end
         match = eot.search(real, end, limit) if policy != "none" else None
         if match is not None and policy == "last" and (not trained or i != trained[-1]):
             match = None
@@ -224,6 +236,18 @@ def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, lis
             continue
         spans.append((start, match.end() if match else end, labels[i]))
     return real, spans, left_out
+
+
+def _reasoning_start(real: str, message: dict, previous_end: int, start: int) -> int:
+    """Where a trained turn's rendered reasoning begins (its <think> tag, where the template writes one
+    before it): the turn is trained from there. The content's start where the template shows none."""
+    reasoning = message.get("reasoning_content")
+    text = reasoning.strip() if isinstance(reasoning, str) else ""
+    at = real.rfind(text, previous_end, start) if text else -1
+    if at < 0:
+        return start
+    tag = real.rfind("<think>", previous_end, at)
+    return tag if tag >= 0 else at
 
 
 def _labels(conv: Conversation, ctx: RenderContext) -> list[str | bool]:

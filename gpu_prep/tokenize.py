@@ -136,6 +136,11 @@ class Tokenizer:
                                           cache_key=self._engine_key())
         self.engine_choice = choice
 
+    def first_tokens(self, text: str, count: int) -> str:
+        """The text its first `count` tokens spell (all of it when it has no more)."""
+        encoding = self.engine.encode(text, add_special_tokens=False)
+        return text if len(encoding.ids) <= count else text[:encoding.offsets[count][0]]
+
     def decode(self, ids: Any) -> str:
         return self.engine.decode([int(i) for i in ids], skip_special_tokens=False)
 

@@ -4,6 +4,7 @@ samples and compared with the turns written out by hand."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +98,40 @@ def test_the_parse_report_counts_reasoning_moves_and_extractions(tmp_path: Path)
     report = run(parse_config(config), [str(data)], tmp_path / "out")["totals"]["parse_report"]
     assert report["moved_reasoning_keys"] == 1 and report["extracted_think_from_content"] == 1
     assert report["rows_with_tools"] == 0 and report["unknown_roles"] == {}
+
+
+def _qwen3_run(tmp_path: Path, rows: list[dict], **options: Any) -> tuple[Any, list, dict]:
+    from gpu_prep.tokenize import load_tokenizer
+
+    qwen3 = load_tokenizer("qwen3")
+    config = {"tokenizer": "qwen3", "input": {"type": "chat", **options}, "mask": {"assistant": "train"}}
+    name = f"q3run{len(list(tmp_path.glob('q3run*-out')))}"
+    out = run_rows(tmp_path, config, rows, name=name)
+    return qwen3, samples(out), json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+
+
+REASONING_ROW = {"messages": [{"role": "user", "content": "2+2?"},
+                              {"role": "assistant", "content": "4", "reasoning": "two and two make four, surely"}]}
+
+
+def test_think_mode_drop_removes_reasoning_and_counts_it(tmp_path: Path) -> None:
+    qwen3, [(ids, _)], manifest = _qwen3_run(tmp_path, [REASONING_ROW], think_mode="drop")
+    assert "two and two" not in qwen3.decode(ids)
+    assert manifest["totals"]["parse_report"]["dropped_think_messages"] == 1
+    _, [(kept, _)], manifest = _qwen3_run(tmp_path, [REASONING_ROW])
+    assert "two and two make four, surely" in qwen3.decode(kept)
+    assert manifest["totals"]["parse_report"]["dropped_think_messages"] == 0
+
+
+def test_think_max_tokens_keeps_the_first_tokens_of_each_reasoning(tmp_path: Path) -> None:
+    qwen3, [(ids, _)], _ = _qwen3_run(tmp_path, [REASONING_ROW], think_max_tokens=3)
+    text = qwen3.decode(ids)
+    assert "<think>\ntwo and two\n</think>" in text and "make four" not in text
+
+
+@pytest.mark.parametrize("think_loss", [False, True])
+def test_think_loss_trains_the_shown_reasoning_with_its_turn(tmp_path: Path, think_loss: bool) -> None:
+    qwen3, [(ids, mask)], _ = _qwen3_run(tmp_path, [REASONING_ROW], think_loss=think_loss)
+    trained = qwen3.decode(ids[mask == 1])
+    want = "<think>\ntwo and two make four, surely\n</think>\n\n4<|im_end|>" if think_loss else "4<|im_end|>"
+    assert trained == want

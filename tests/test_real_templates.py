@@ -44,6 +44,7 @@ class Case:
     lead: str = ""  # what the template writes between the header and the content
     strips: bool = False  # the template trims contents
     extra: dict[str, Any] = field(default_factory=dict)  # more tokenizer_config.json entries
+    think_loss: bool = False  # input.think_loss: a shown reasoning is trained from its <think> tag
 
 
 CASES = {
@@ -59,6 +60,8 @@ CASES = {
                      "<｜end▁of▁sentence｜>", "<｜Assistant｜>",
                      ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>")),
     "qwen3": Case("Qwen-Qwen3-0.6B", None, "<|im_end|>", "<|im_end|>", "<|im_start|>assistant\n", ()),
+    "qwen3-think-loss": Case("Qwen-Qwen3-0.6B", None, "<|im_end|>", "<|im_end|>", "<|im_start|>assistant\n", (),
+                             think_loss=True),
 }
 
 
@@ -109,14 +112,16 @@ def reference_spans(case: Case, text: str, conv: list[dict]) -> list[tuple[int, 
         header = text.find(case.header, cursor)
         assert header >= 0, f"message {k}: no assistant header {case.header!r} after character {cursor}"
         start = header + len(case.header)
-        if text.startswith("<think>", start):  # Qwen3 shows this turn's reasoning before its content
+        think = start if text.startswith("<think>", start) else None  # Qwen3 shows this turn's reasoning
+        if think is not None:
             start = text.index("</think>", start) + len("</think>\n\n")
             content = content.lstrip("\n")
         start += len(case.lead)
+        trained_from = think if think is not None and case.think_loss and message.get("reasoning_content") else start
         assert text.startswith(content, start), f"message {k}: content not where the template puts it"
         end = text.find(case.end_of_turn, start + len(content))
         assert end >= 0, f"message {k}: no {case.end_of_turn!r} closes the turn"
-        spans.append((start, end + len(case.end_of_turn)))
+        spans.append((trained_from, end + len(case.end_of_turn)))
         cursor = end
     return spans
 
@@ -183,17 +188,17 @@ def reasoning_rows() -> list[dict]:
 
 def rows_for(name: str) -> list[dict]:
     rows = plain_rows(CASES[name])
-    return rows + reasoning_rows() if name == "qwen3" else rows
+    return rows + reasoning_rows() if name.startswith("qwen3") else rows
 
 
 # ---------------------------------------------------------------- the test
 
 
-def run_gpu_prep(directory: Path, rows: list[dict], work: Path) -> tuple[dict, list]:
+def run_gpu_prep(directory: Path, rows: list[dict], work: Path, think_loss: bool) -> tuple[dict, list]:
     data = work / "rows.jsonl"
     data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     config = parse_config({
-        "tokenizer": str(directory), "device": "auto", "input": {"type": "chat"},
+        "tokenizer": str(directory), "device": "auto", "input": {"type": "chat", "think_loss": think_loss},
         "mask": {"assistant": "train"}, "mask_default": "mask",
         "preprocessing": {"max_seq_len": 1_000_000, "deduplicate": False, "max_chars": 100_000_000},
     })
@@ -211,7 +216,7 @@ def test_masks_equal_the_reference_under_real_templates(name: str, tmp_path: Pat
     for k, (ids, mask) in enumerate(expected):  # the reference itself must mean something
         assert 0 < sum(mask) < len(ids), f"row {k}: the reference mask is degenerate"
 
-    manifest, samples = run_gpu_prep(directory, rows, tmp_path)
+    manifest, samples = run_gpu_prep(directory, rows, tmp_path, case.think_loss)
     assert manifest["totals"]["rows_written"] == len(rows), (manifest["totals"], manifest["dropped_examples"])
     differing = []
     for k, ((want_ids, want_mask), (got_ids, got_mask)) in enumerate(zip(expected, samples)):
