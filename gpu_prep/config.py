@@ -73,6 +73,9 @@ class InputConfig(_Frozen):
     train_on_eos: Literal["turn", "all", "last", "none"] = "turn"
     # A message key whose true / false trains or masks that message whatever its role's rule (null: none).
     message_training_key: str | None = "training"
+    # A message key holding character ranges of its content trained or masked whatever the message's own
+    # rule: [{"begin_offset": 0, "end_offset": 8, "train": false}, ...], end_offset included (null: none).
+    message_training_detail_key: str | None = "train_detail"
     # Only the last trained message of a conversation is trained.
     train_last_turn_only: bool = False
     # A message's reasoning under any of these keys becomes its reasoning_content (what templates such as

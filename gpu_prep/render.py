@@ -230,12 +230,51 @@ def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, lis
         match = eot.search(real, end, limit) if policy != "none" else None
         if match is not None and policy == "last" and (not trained or i != trained[-1]):
             match = None
+        detail = _detail(conv.messages[i], i, real[start:end], ctx.config.input.message_training_detail_key)
+        spans.extend(_split(start, end, labels[i], detail))
         if match is not None and policy == "all" and i not in trained:
-            spans.append((start, end, labels[i]))
             spans.append((match.start(), match.end(), True))
-            continue
-        spans.append((start, match.end() if match else end, labels[i]))
+        elif match is not None:
+            spans.append((end, match.end(), labels[i]))
     return real, spans, left_out
+
+
+def _split(start: int, end: int, label: str | bool, detail: list[tuple[int, int, bool]]) -> list[Span]:
+    """[start, end) labelled: by the last detail range over each part, else by the message's label."""
+    if not detail:
+        return [(start, end, label)]
+    cuts = sorted({0, end - start, *(a for a, _, _ in detail), *(b for _, b, _ in detail)})
+    parts = []
+    for a, b in pairwise(cuts):
+        own = [train for lo, hi, train in detail if lo <= a and b <= hi]
+        parts.append((start + a, start + b, own[-1] if own else label))
+    return parts
+
+
+def _detail(message: dict, index: int, rendered: str, key: str | None) -> list[tuple[int, int, bool]]:
+    """A message's training detail as (start, end, train) character ranges of its rendered content (the
+    offsets count in the content as written; a template that trims it shifts them)."""
+    ranges = message.get(key) if key else None
+    if ranges is None:
+        return []
+    where = f"message {index}'s {key}"
+    content = message["content"]
+    shift = content.find(rendered) if rendered else 0
+    if shift < 0:
+        raise RowError(Drop.TEMPLATE_ERROR, f"{where} needs the content written as it is, and the template changed it")
+    if not isinstance(ranges, list):
+        raise RowError(Drop.WRONG_TYPE, f"{where} must be a list of {{begin_offset, end_offset, train}}")
+    out = []
+    for r in ranges:
+        if not (isinstance(r, dict) and type(r.get("begin_offset")) is int and type(r.get("end_offset")) is int
+                and isinstance(r.get("train"), bool) and 0 <= r["begin_offset"] <= r["end_offset"] < len(content)):
+            raise RowError(Drop.WRONG_TYPE, f"{where}: {r!r} is not {{begin_offset, end_offset (included), train}} "
+                           f"within the content's {len(content)} characters")
+        a, b = r["begin_offset"] - shift, r["end_offset"] + 1 - shift
+        a, b = max(a, 0), min(b, len(rendered))
+        if b > a:
+            out.append((a, b, r["train"]))
+    return out
 
 
 def _reasoning_start(real: str, message: dict, previous_end: int, start: int) -> int:

@@ -135,3 +135,32 @@ def test_think_loss_trains_the_shown_reasoning_with_its_turn(tmp_path: Path, thi
     trained = qwen3.decode(ids[mask == 1])
     want = "<think>\ntwo and two make four, surely\n</think>\n\n4<|im_end|>" if think_loss else "4<|im_end|>"
     assert trained == want
+
+
+def test_character_ranges_of_a_message_are_trained_or_masked_by_its_detail(tmp_path: Path, qwen: Any) -> None:
+    answer = "I'm doing very well, thank you!"
+    detail = [{"begin_offset": 0, "end_offset": 8, "train": False},  # "I'm doing", end included
+              {"begin_offset": 21, "end_offset": 30, "train": True}]
+    messages = [{"role": "user", "content": "How are you?"},
+                {"role": "assistant", "content": answer, "train_detail": detail},
+                {"role": "user", "content": "Say it again."},
+                {"role": "assistant", "content": answer, "training": False,
+                 "train_detail": [{"begin_offset": 10, "end_offset": 19, "train": True}]}]
+    trained = _trained(tmp_path, qwen, messages)
+    # First answer: masked "I'm doing", the rest trained as the role says, its end of turn too. Second one:
+    # masked by its flag but for "very well," (characters 10 to 19; the token " very" holds character 10,
+    # so it is trained whole), and no end of turn.
+    assert trained == f" very well, thank you!{EOT} very well,"
+
+
+def test_a_malformed_detail_drops_the_row_naming_the_rule(tmp_path: Path) -> None:
+    import json
+
+    rows = [{"messages": [{"role": "user", "content": "Hi"},
+                          {"role": "assistant", "content": "Hello", "train_detail": [{"begin_offset": 3,
+                                                                                      "end_offset": 9, "train": True}]}]}]
+    out = run_rows(tmp_path, {"chat_template": "chatml", "input": {"type": "chat"}, "mask": {"assistant": "train"}},
+                   rows)
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["totals"]["rows_dropped"] == {"wrong_type": 1}
+    assert "train_detail" in manifest["dropped_examples"]["wrong_type"][0]["detail"]
