@@ -22,7 +22,7 @@ from gpu_prep.write import finish_file, temporary_path
 EXAMPLES_PER_REASON = 3
 # The parse report's counts (besides unknown roles): rows with tools, and what building chat rows did.
 PARSE_COUNTS = ("rows_with_tools", "tools_parsed_from_string", "moved_reasoning_keys", "extracted_think_from_content",
-                "dropped_think_messages")
+                "dropped_think_messages", "structured_dropped_turns", "structured_dropped_reasoning")
 
 
 @dataclass

@@ -148,8 +148,10 @@ class PreprocessingConfig(_Frozen):
     max_seq_len: int = Field(2048, ge=1)
     # gpu-prep's own: what happens to a row of more than max_seq_len tokens. right: its first tokens are
     # kept; left: its last; drop: it is dropped (too_many_tokens); raise: the run stops, naming it; split:
-    # it is cut into samples of max_seq_len tokens (pretraining text), none lost.
-    truncation: Literal["right", "left", "drop", "raise", "split"] = "right"
+    # it is cut into samples of max_seq_len tokens (pretraining text), none lost; structured (chat rows):
+    # the system messages and the latest turns are kept, the oldest turns between them dropped, then the
+    # kept turns' reasoning removed, oldest first, and only then the first tokens cut as with left.
+    truncation: Literal["right", "left", "drop", "raise", "split", "structured"] = "right"
     min_chars: int = Field(50, ge=0)
     max_chars: int = Field(2_000_000, ge=1)
     deduplicate: bool = True

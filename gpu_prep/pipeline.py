@@ -228,7 +228,7 @@ def _mask(backend: Backend, tok: Tokenizer, rendered: list[RenderedRow], ids: np
     over = lengths > max_seq_len if truncation in ("drop", "raise") else np.zeros(len(rendered), dtype=bool)
     limit = max(int(lengths.max(initial=1)), 1) if truncation == "split" else max_seq_len  # split: the writer cuts
     masked = truncate_and_filter(xp, ids_d, loss_mask, offsets_d, limit, valid & ~backend.asarray(over),
-                                 backend.asarray(keep_tail), side="left" if truncation == "left" else "right")
+                                 backend.asarray(keep_tail), side="left" if truncation in ("left", "structured") else "right")
     return masked, backend.to_host(valid), over
 
 
@@ -237,6 +237,7 @@ def _write(backend: Backend, masked: Any, valid: np.ndarray, over: np.ndarray, r
     ids, loss_mask = backend.to_host(masked.ids), backend.to_host(masked.loss_mask)
     offsets, kept = backend.to_host(masked.offsets), backend.to_host(masked.kept_rows)
     truncated = set(backend.to_host(masked.truncated_rows).tolist())
+    truncated.update(r for r, row in enumerate(rows.payload) if row.notes)  # turns dropped to fit (structured)
     def drop(r: int, reason: str, detail: str) -> None:
         i = rows.index[r]
         acct.dropped(chunk.file_index[i], chunk.line[i], reason, detail, chunk.records[i])
@@ -351,6 +352,7 @@ def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
         eos_text=tok.eos_text,
         vocab_size=int(tok.engine.get_vocab_size(with_added_tokens=True)),
         first_tokens=tok.first_tokens,
+        count_tokens=tok.count_tokens,
     )
 
 
@@ -400,6 +402,7 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
             acct.dropped(*drop)
         for row in rows.payload:
             acct.left_out.update(row.left_out)
+            acct.notes.update(row.notes)
         if tokens is not None:
             rules = config.preprocessing
             masked, valid, over = clock.time("mask", _mask, backend, tok, rows.payload, *tokens, rules.max_seq_len,

@@ -52,6 +52,7 @@ class RenderContext:
     vocab_size: int = 0  # ids of pre-tokenized rows must be below it
     affix: AffixTemplate | None = None  # the template as plain concatenation, when it is one
     first_tokens: Callable[[str, int], str] | None = None  # a text's first n tokens (input.think_max_tokens)
+    count_tokens: Callable[[str], int] | None = None  # a text's tokens (structured truncation)
     _trains: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)  # label -> trained
 
     def eot_pattern(self) -> re.Pattern[str]:
@@ -81,6 +82,7 @@ class RenderedRow:
     num_bytes: int
     closing_piece: bool = False  # the last piece (a tokenizer's [SEP]) survives truncation
     left_out: tuple[str, ...] = ()  # roles of messages the chat template did not render
+    notes: tuple[str, ...] = ()  # what structured truncation did, for the parse report
     given: tuple[np.ndarray, np.ndarray] | None = None  # a pre-tokenized row's ids and loss mask (one empty piece)
 
 
@@ -370,6 +372,44 @@ def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
             bad = int(ids[(ids < 0) | (ids >= ctx.vocab_size)][0])
             raise RowError(Drop.WRONG_TYPE, f"input_ids holds {bad}, outside the vocabulary (0 to {ctx.vocab_size - 1})")
         return RenderedRow([""], [False], [], 0, given=(ids, np.asarray(shape.trained, dtype=np.int8)))
+    notes: tuple[str, ...] = ()
+    if ctx.config.preprocessing.truncation == "structured" and ctx.count_tokens is not None:
+        shape, notes = _structured(shape, ctx)
     text, char_spans, left_out = conversation_spans(shape, ctx)
     text, byte_spans, num_bytes = _to_bytes(text, char_spans, ctx.normalization)
-    return RenderedRow([text], [False], _trained(byte_spans, ctx), num_bytes, left_out=left_out)
+    return RenderedRow([text], [False], _trained(byte_spans, ctx), num_bytes, left_out=left_out, notes=notes)
+
+
+def _structured(conv: Conversation, ctx: RenderContext) -> tuple[Conversation, tuple[str, ...]]:
+    """The conversation cut to fit max_seq_len by turns: leading system messages and the latest turn stay,
+    the oldest turns after the system messages go first (as few as will do), then the reasoning of kept
+    messages, oldest first. What is still too long is cut to its last tokens by the mask stage."""
+    limit = ctx.config.preprocessing.max_seq_len
+
+    def fits(messages: list[dict]) -> bool:
+        text = _render(ctx.template, messages, conv.tools)
+        return len(text.encode("utf-8")) <= limit or ctx.count_tokens(text) <= limit  # a token is >= 1 byte
+
+    messages = conv.messages
+    if fits(messages):
+        return conv, ()
+    head = next((k for k, m in enumerate(messages) if m["role"] != "system"), len(messages))
+    starts = [k for k in range(head, len(messages)) if k == head or messages[k]["role"] == "user"]
+    turns = [messages[a:b] for a, b in zip(starts, [*starts[1:], len(messages)])]
+
+    def without(dropped: int) -> list[dict]:
+        return messages[:head] + [m for turn in turns[dropped:] for m in turn]
+
+    low, high = 0, max(len(turns) - 1, 0)  # the fewest oldest turns to drop, keeping the latest turn
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if fits(without(middle)) else (middle + 1, high)
+    kept = without(low)
+    notes = ["structured_dropped_turns"] * low
+    for k, message in enumerate(kept):
+        if fits(kept):
+            break
+        if message.get("reasoning_content"):
+            kept[k] = {**message, "reasoning_content": ""}
+            notes.append("structured_dropped_reasoning")
+    return dataclasses.replace(conv, messages=kept), tuple(notes)

@@ -136,6 +136,10 @@ class Tokenizer:
                                           cache_key=self._engine_key())
         self.engine_choice = choice
 
+    def count_tokens(self, text: str) -> int:
+        """How many tokens the text is, no special tokens added."""
+        return len(self.engine.encode(text, add_special_tokens=False).ids)
+
     def first_tokens(self, text: str, count: int) -> str:
         """The text its first `count` tokens spell (all of it when it has no more)."""
         encoding = self.engine.encode(text, add_special_tokens=False)

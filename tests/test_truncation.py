@@ -98,3 +98,60 @@ def test_bad_segments_are_dropped_for_their_reason(tmp_path: Path, row: dict, re
     data = write_jsonl(tmp_path / "rows.jsonl", [row])
     manifest = run(parse_config({"input": {"type": "segments"}}), [str(data)], tmp_path / "out")
     assert manifest["totals"]["rows_dropped"] == {reason: 1}
+
+
+def _conversation(turns: int, reasoning: bool = False) -> list[dict]:
+    messages = [{"role": "system", "content": "You keep count."}]
+    for t in range(turns):
+        answer = {"role": "assistant", "content": f"Answer {t}: " + "ok " * 30}
+        if reasoning:
+            answer["reasoning_content"] = f"Thinking about {t}: " + "hmm " * 40
+        messages += [{"role": "user", "content": f"Question {t}: " + "why " * 30}, answer]
+    return messages
+
+
+def _structured_run(tmp_path: Path, qwen: Any, messages: list[dict], limit: int, template: str = "chatml"):
+    config = {"chat_template": template, "input": {"type": "chat"}, "mask": {"assistant": "train"},
+              "preprocessing": {"max_seq_len": limit, "truncation": "structured", "min_chars": 0}}
+    name = f"s{len(list(tmp_path.glob('s*-out')))}"
+    out = run_rows(tmp_path, config, [{"messages": messages}], name=name)
+    [(ids, mask)] = samples(out)
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    return qwen.decode(ids), len(ids), manifest["totals"]
+
+
+def test_structured_keeps_the_system_and_latest_turns_and_drops_the_oldest(tmp_path: Path, qwen: Any) -> None:
+    messages = _conversation(6)
+    whole, n, _ = _structured_run(tmp_path, qwen, messages, 100_000)
+    two_turns = sum(len(qwen.engine.encode(m["content"]).ids) + 5 for m in messages[-4:]) + 20
+    text, n, totals = _structured_run(tmp_path, qwen, messages, two_turns)
+    assert n <= two_turns and text.startswith("<|im_start|>system\nYou keep count.")
+    kept = [t for t in range(6) if f"Question {t}:" in text]
+    assert kept == [4, 5] or kept == [3, 4, 5]  # the latest whole turns, oldest first, nothing cut inside
+    assert text.endswith(whole[-len(text) + len("<|im_start|>system\nYou keep count.<|im_end|>\n"):])
+    assert totals["parse_report"]["structured_dropped_turns"] == 6 - len(kept)
+    assert totals["rows_truncated"] == 1
+
+
+def test_structured_drops_reasoning_before_cutting_tokens(tmp_path: Path, qwen: Any) -> None:
+    from gpu_prep.tokenize import load_tokenizer
+
+    qwen3 = load_tokenizer("qwen3")
+    messages = _conversation(1, reasoning=True)
+    config_limit = 110  # the one turn fits without its reasoning (98 tokens), not with it (139)
+    config = {"tokenizer": "qwen3", "input": {"type": "chat"}, "mask": {"assistant": "train"},
+              "preprocessing": {"max_seq_len": config_limit, "truncation": "structured", "min_chars": 0}}
+    out = run_rows(tmp_path, config, [{"messages": messages}])
+    [(ids, _)] = samples(out)
+    text = qwen3.decode(ids)
+    totals = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["totals"]
+    assert "Thinking about" not in text and "Question 0:" in text and "Answer 0:" in text
+    assert totals["parse_report"]["structured_dropped_reasoning"] == 1
+    assert totals["parse_report"]["structured_dropped_turns"] == 0
+
+
+def test_structured_falls_back_to_the_last_tokens(tmp_path: Path, qwen: Any) -> None:
+    messages = _conversation(3)
+    text, n, totals = _structured_run(tmp_path, qwen, messages, 40)
+    assert n == 40 and "Answer 2:" in text and "Question 1:" not in text
+    assert totals["parse_report"]["structured_dropped_turns"] == 2
