@@ -66,21 +66,44 @@ NAMED = {
         "{%- endfor %}"
         "{%- if add_generation_prompt %}<\uff5cAssistant\uff5c>{%- endif %}"
     ),
-    # Qwen3 layout: ChatML, and an assistant turn after the last user message shows its reasoning_content
-    # in a <think> block (earlier turns' reasoning is left out, as Qwen3's own template does).
+    # Qwen3 layout: ChatML; tools listed in the system turn; an assistant turn after the last user message
+    # shows its reasoning_content in a <think> block (earlier turns' reasoning is left out, as Qwen3's own
+    # template does); tool calls follow the content in <tool_call> blocks, and tool results go back in a
+    # user turn, each in a <tool_response> block.
     "qwen3": (
-        "{%- set ns = namespace(last_query=-1) %}"
+        "{%- set nl = '\\n' %}{%- set ns = namespace(last_query=-1) %}"
         "{%- for message in messages %}"
         "{%- if message.role == 'user' %}{%- set ns.last_query = loop.index0 %}{%- endif %}"
         "{%- endfor %}"
+        "{%- set system_first = messages and messages[0].role == 'system' %}"
+        "{%- if tools %}{{ '<|im_start|>system' + nl }}"
+        "{%- if system_first %}{{ messages[0].content + nl + nl }}{%- endif %}"
+        "{{ '# Tools' + nl + nl + '<tools>' }}{%- for tool in tools %}{{ nl + tool | tojson }}{%- endfor %}"
+        "{{ nl + '</tools><|im_end|>' + nl }}"
+        "{%- endif %}"
         "{%- for message in messages %}"
-        "<|im_start|>{{ message.role }}\n"
-        "{% if message.role == 'assistant' and loop.index0 > ns.last_query and message.reasoning_content %}"
-        "<think>\n{{ message.reasoning_content.strip('\\n') }}\n</think>\n\n"
-        "{% endif %}"
-        "{{ message.content }}<|im_end|>\n"
-        "{% endfor %}"
-        "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+        "{%- if tools and system_first and loop.first %}"
+        "{%- elif message.role == 'tool' %}"
+        "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{ '<|im_start|>user' }}{%- endif %}"
+        "{{ nl + '<tool_response>' + nl + message.content + nl + '</tool_response>' }}"
+        "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{ '<|im_end|>' + nl }}{%- endif %}"
+        "{%- else %}"
+        "{{ '<|im_start|>' + message.role + nl }}"
+        "{%- if message.role == 'assistant' and loop.index0 > ns.last_query and message.reasoning_content %}"
+        "{{ '<think>' + nl + message.reasoning_content.strip(nl) + nl + '</think>' + nl + nl }}"
+        "{%- endif %}"
+        "{{ message.content }}"
+        "{%- for call in message.tool_calls or [] %}"
+        "{%- set call = call.function or call %}"
+        "{%- if message.content or not loop.first %}{{ nl }}{%- endif %}"
+        "{{ '<tool_call>' + nl + '{\"name\": \"' + call.name + '\", \"arguments\": ' }}"
+        "{{- call.arguments if call.arguments is string else call.arguments | tojson }}"
+        "{{ '}' + nl + '</tool_call>' }}"
+        "{%- endfor %}"
+        "{{ '<|im_end|>' + nl }}"
+        "{%- endif %}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}{{ '<|im_start|>assistant' + nl }}{%- endif %}"
     ),
 }
 # What closes a turn in each named template (Mistral's turns end with eos, which the tokenizer names).

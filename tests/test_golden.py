@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import copy
 import difflib
+import json
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from helpers import REPO, golden_document, load_json, marked_text, run_rows, samples
 
@@ -43,8 +45,47 @@ def _with_scope(scope: str) -> dict[str, Any]:
     return config
 
 
-# name -> (title, config, row); the instruction and pretraining cases use the shipped configs unchanged.
-CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+def _shipped(name: str) -> dict[str, Any]:
+    path = REPO / "configs" / name
+    return load_json(path) if path.suffix == ".json" else yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def _example(name: str, line: int = 0) -> Any:
+    return json.loads((REPO / "examples" / name).read_text(encoding="utf-8").splitlines()[line])
+
+
+MIXED_SHAPES = ("messages", "sharegpt", "prompt_response", "alpaca", "text", "segments", "pretokenized")
+QWEN3_ROW = {
+    "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                                "parameters": {"type": "object",
+                                                               "properties": {"city": {"type": "string"}}}}}],
+    "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "reasoning_content": "Call the tool.",
+         "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "content": "sunny"},
+        {"role": "assistant", "content": "<think>It said sunny.</think>Sunny in Paris."},
+    ],
+}
+
+# name -> (title, config, row); the cases named after a shipped config run it unchanged on the first row
+# of its example file.
+CASES: dict[str, tuple[str, dict[str, Any], Any]] = {
+    "sharegpt": ("ShareGPT row, configs/sharegpt.yaml", _shipped("sharegpt.yaml"), _example("sharegpt.jsonl")),
+    "alpaca": ("Alpaca row, configs/alpaca.yaml", _shipped("alpaca.yaml"), _example("alpaca.jsonl")),
+    "segments": ("template-free segments, configs/segments.yaml", _shipped("segments.yaml"),
+                 _example("segments.jsonl")),
+    **{f"auto_{shape}": (f"input.type auto on a {shape} row, configs/auto.yaml", _shipped("auto.yaml"),
+                         _example("mixed.jsonl", k)) for k, shape in enumerate(MIXED_SHAPES)},
+    "multi_dialogue": ("a row that is a list of messages, with a knowledge role the template skips",
+                       CHAT, [{"role": "system", "content": "Use the notes."},
+                              {"role": "knowledge", "content": "Paris is in France."},
+                              {"role": "user", "content": "Where is Paris?"},
+                              {"role": "assistant", "content": "In France."}]),
+    "qwen3_reasoning_tools": ("qwen3 template, reasoning (one inline <think>) and a tool call, think_loss on",
+                              {"chat_template": "qwen3", "input": {"type": "chat", "extract_think_tags": True,
+                                                                   "think_loss": True},
+                               "mask": {"assistant": "train"}}, QWEN3_ROW),
     "chat_multi_turn": ("chat, multi-turn, mask_scope content (assistant content + <|im_end|> trained)",
                         _with_scope("content"), MULTI_TURN),
     "chat_multi_turn_turn_scope": ("chat, multi-turn, mask_scope turn (whole assistant turn trained)",

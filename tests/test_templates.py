@@ -97,3 +97,20 @@ def test_qwen3_shows_reasoning_only_after_the_last_user_turn(tmp_path: Path, qwe
     [(ids, mask)] = samples(run_rows(tmp_path, config, [{"messages": turns}]))
     assert "saying goodbye" in qwen.decode(ids)
     assert qwen.decode(ids[mask == 1]) == "Hello.<|im_end|>Goodbye.<|im_end|>"
+
+
+def test_qwen3_lists_tools_and_writes_calls_and_results_as_its_family_does() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    turns = [{"role": "system", "content": "S."}, {"role": "user", "content": "Q"},
+             {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"x": 1}}},
+                                                                 {"function": {"name": "f", "arguments": '{"x": 2}'}}]},
+             {"role": "tool", "content": "one"}, {"role": "tool", "content": "two"},
+             {"role": "assistant", "content": "Done."}]
+    want = ('<|im_start|>system\nS.\n\n# Tools\n\n<tools>\n'
+            '{"type": "function", "function": {"name": "f", "parameters": {}}}\n</tools><|im_end|>\n'
+            '<|im_start|>user\nQ<|im_end|>\n'
+            '<|im_start|>assistant\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "f", "arguments": {"x": 2}}\n</tool_call><|im_end|>\n'
+            '<|im_start|>user\n<tool_response>\none\n</tool_response>\n<tool_response>\ntwo\n</tool_response>'
+            '<|im_end|>\n<|im_start|>assistant\nDone.<|im_end|>\n')
+    assert ChatTemplate(NAMED["qwen3"], SPECIALS).render(turns, tools) == want
