@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
+import gpu_prep
 from gpu_prep.config import ALPACA_FORMAT, ALPACA_NO_INPUT_FORMAT, parse_config
 from gpu_prep.format import dedup_text, get_builder
 from helpers import REPO, run_rows, samples
@@ -112,7 +113,7 @@ def test_alpaca_rows_dedup_on_their_own_text() -> None:
 
 @pytest.mark.parametrize(("config", "data", "rows"), [
     ("sharegpt.yaml", "sharegpt.jsonl", 3), ("alpaca.yaml", "alpaca.jsonl", 3), ("segments.yaml", "segments.jsonl", 2),
-    ("auto.yaml", "mixed.jsonl", 7),
+    ("auto.yaml", "mixed.jsonl", 7), ("reasoning_tools.yaml", "reasoning_tools.jsonl", 3),
 ])
 def test_example_configs_run(tmp_path: Path, config: str, data: str, rows: int) -> None:
     from gpu_prep.pipeline import run
@@ -121,6 +122,24 @@ def test_example_configs_run(tmp_path: Path, config: str, data: str, rows: int) 
                    [str(REPO / "examples" / data)], tmp_path / "out")
     assert manifest["totals"]["rows_written"] == rows, json.dumps(manifest["totals"])
     assert 0 < manifest["totals"]["trained_tokens"] < manifest["totals"]["tokens"]
+
+
+def test_the_reasoning_example_uses_what_its_config_turns_on(tmp_path: Path) -> None:
+    from gpu_prep.pipeline import run
+    from gpu_prep.tokenize import load_tokenizer
+
+    config = parse_config(yaml.safe_load((REPO / "configs" / "reasoning_tools.yaml").read_text()))
+    manifest = run(config, [str(REPO / "examples" / "reasoning_tools.jsonl")], tmp_path / "out")
+    report = manifest["totals"]["parse_report"]
+    assert report["rows_with_tools"] == 1 and report["tools_parsed_from_string"] == 1
+    assert report["moved_reasoning_keys"] == 2 and report["extracted_think_from_content"] == 1
+    qwen3 = load_tokenizer("qwen3")
+    (ids, mask), second, _ = list(gpu_prep.open_dataset(tmp_path / "out")["__default__"])
+    trained = qwen3.decode(ids[mask == 1])
+    assert "<think>\nThe user wants Paris; call the tool.\n</think>" in trained  # think_loss
+    assert "get_weather" in trained and "18 and clear." in trained and "clear in Paris." in trained
+    assert "Fifty-one" in qwen3.decode(second[0][second[1] == 1]) and "that is 51" not in qwen3.decode(
+        second[0][second[1] == 1])  # train_detail masks characters 11 to 21
 
 
 def test_compressed_inputs_read_like_plain_ones(tmp_path: Path) -> None:
