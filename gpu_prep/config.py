@@ -71,6 +71,10 @@ class InputConfig(_Frozen):
     # Which end-of-turn tokens are trained (content scope): those closing trained turns, every turn's, the
     # last trained turn's, or none (train_end_of_turn false means none too).
     train_on_eos: Literal["turn", "all", "last", "none"] = "turn"
+    # The texts that close a turn (null: found for you: the tokenizer's end-of-turn tokens such as
+    # <|im_end|>, <|eot_id|> or Gemma's <end_of_turn>, its eos token, and a named template's own).
+    # train_on_eot is accepted as another name for train_on_eos: both rule these tokens.
+    end_of_turn_tokens: list[str] | None = None
     # A message key whose true / false trains or masks that message whatever its role's rule (null: none).
     message_training_key: str | None = "training"
     # A message key holding character ranges of its content trained or masked whatever the message's own
@@ -119,6 +123,16 @@ class InputConfig(_Frozen):
     def role_of(self, role: str) -> str:
         """The template role a row's role stands for (input.roles)."""
         return self._role_of.get(role, role)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _eot_alias(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "train_on_eot" in data:
+            data = dict(data)
+            eot = data.pop("train_on_eot")
+            if data.setdefault("train_on_eos", eot) != eot:
+                raise ValueError("input.train_on_eot and input.train_on_eos disagree (they name one setting)")
+        return data
 
     @model_validator(mode="before")
     @classmethod

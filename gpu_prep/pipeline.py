@@ -344,7 +344,7 @@ def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
         config=config,
         template=template,
         affix=affix,
-        end_of_turn=tuple(dict.fromkeys([*tok.end_of_turn_tokens(), *template_eot])),
+        end_of_turn=tuple(config.input.end_of_turn_tokens or dict.fromkeys([*tok.end_of_turn_tokens(), *template_eot])),
         normalization=tok.normalization,
         span_problem=tok.span_problem(),
         prefix_text=tok.prefix_text,

@@ -164,3 +164,27 @@ def test_a_malformed_detail_drops_the_row_naming_the_rule(tmp_path: Path) -> Non
     manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
     assert manifest["totals"]["rows_dropped"] == {"wrong_type": 1}
     assert "train_detail" in manifest["dropped_examples"]["wrong_type"][0]["detail"]
+
+
+def test_end_of_turn_tokens_can_be_named_and_train_on_eot_is_train_on_eos(tmp_path: Path, qwen: Any) -> None:
+    template = ("{% for m in messages %}{{ m.role }}: {{ m.content }} [END]\n{% endfor %}")
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+
+    def trained(**options: Any) -> str:
+        config = {"chat_template": template, "input": {"type": "chat", **options}, "mask": {"assistant": "train"}}
+        name = f"eot{len(list(tmp_path.glob('eot*-out')))}"
+        [(ids, mask)] = samples(run_rows(tmp_path, config, [{"messages": messages}], name=name))
+        return qwen.decode(ids[mask == 1])
+
+    assert trained().strip() == "Hello"  # " [END]" is plain text to this tokenizer: not an end of turn
+    assert trained(end_of_turn_tokens=["[END]"]).strip() == "Hello [END]"
+    assert trained(end_of_turn_tokens=["[END]"], train_on_eot="none").strip() == "Hello"
+
+
+def test_train_on_eot_and_train_on_eos_must_agree() -> None:
+    from gpu_prep.config import parse_config
+    from gpu_prep.errors import ConfigError
+
+    assert parse_config({"input": {"train_on_eot": "all"}}).input.train_on_eos == "all"
+    with pytest.raises(ConfigError, match="train_on_eot"):
+        parse_config({"input": {"train_on_eot": "all", "train_on_eos": "none"}})
