@@ -21,6 +21,7 @@ from gpu_prep.write import finish_file, temporary_path
 
 EXAMPLES_PER_REASON = 3
 # The parse report's counts (besides unknown roles): rows with tools, and what building chat rows did.
+PIECES = "(whole pieces)"  # trained_tokens_by_role's key for rows trained piece by piece, not by message
 PARSE_COUNTS = ("rows_with_tools", "tools_parsed_from_string", "moved_reasoning_keys", "extracted_think_from_content",
                 "dropped_think_messages", "structured_dropped_turns", "structured_dropped_reasoning")
 
@@ -48,6 +49,8 @@ class Accounting:
         self.left_out: Counter = Counter()  # messages the chat template did not render, by role
         self.schemas: Counter = Counter()  # rows formatted, by input type (several with input.type "auto")
         self.notes: Counter = Counter()  # the parse report: rows with tools, unknown roles
+        self.trained_by_role: Counter = Counter()  # trained tokens by the role of their message (PIECES: rows
+        # trained as whole pieces)
         self.strict = strict
         self.rejects_path = rejects
         self.rejects = None
@@ -70,6 +73,7 @@ class Accounting:
             self.left_out.update(state["left_out"])
             self.schemas.update(state["schemas"])
             self.notes.update(state["notes"])
+            self.trained_by_role.update(state["trained_by_role"])
 
     def state(self) -> dict[str, Any]:
         """Everything counted so far, and how much of the rejects file is written (flushed to the OS)."""
@@ -77,7 +81,9 @@ class Accounting:
             self.rejects.flush()
         return {"counts": [[c.rows_read, c.rows_written, c.rows_truncated, dict(c.dropped)] for c in self.counts],
                 "examples": self.examples, "tokens": self.tokens, "trained_tokens": self.trained_tokens,
-                "left_out": dict(self.left_out), "schemas": dict(self.schemas), "notes": dict(self.notes), "rejects_bytes": None if self.rejects is None else self.rejects.tell()}
+                "left_out": dict(self.left_out), "schemas": dict(self.schemas), "notes": dict(self.notes),
+                "trained_by_role": dict(self.trained_by_role),
+                "rejects_bytes": None if self.rejects is None else self.rejects.tell()}
 
     def abort(self, keep: bool = False) -> None:
         """The run failed: no rejects file appears (keep: its temporary file stays, for --resume)."""
@@ -127,6 +133,7 @@ class Accounting:
             "rows_dropped": dict(sorted(dropped.items())),
             "tokens": self.tokens,
             "trained_tokens": self.trained_tokens,
+            "trained_tokens_by_role": dict(sorted(self.trained_by_role.items())),
             "messages_left_out_by_template": dict(sorted(self.left_out.items())),
             "rows_by_schema": dict(sorted(self.schemas.items())),
             "parse_report": {

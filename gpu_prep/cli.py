@@ -159,8 +159,8 @@ def stats(
     output: Annotated[Path, typer.Argument(help="A run's output directory.")],
     html_file: Annotated[Optional[Path], typer.Option("--html", help="Also write the table and a length histogram to this HTML file.")] = None,
 ) -> None:
-    """Sample lengths (percentiles), trained-token share and truncation, per domain."""
-    from gpu_prep.stats import cell, summarize, write_html
+    """Sample lengths (percentiles), trained-token share and truncation, per domain; trained tokens by role."""
+    from gpu_prep.stats import cell, role_line, summarize, write_html
 
     try:
         summary = summarize(output)
@@ -175,6 +175,7 @@ def stats(
     out.print(table)
     out.print(f"rows truncated: {summary['rows_truncated']:,} of {summary['rows_written']:,} "
               f"({summary['truncation_rate']:.1%})", highlight=False)
+    out.print(role_line(summary), highlight=False)
     if html_file is not None:
         write_html(summary, html_file, f"gpu-prep stats: {output}")
         out.print(f"histogram: {html_file}", highlight=False)

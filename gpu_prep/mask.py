@@ -32,17 +32,19 @@ def segment_sums(xp: Any, values: Any, offsets: Any) -> Any:
     return running[offsets[1:]] - running[offsets[:-1]]
 
 
-def project(xp: Any, positions: Any, token_offsets: Any, span_start: Any, span_end: Any, span_offsets: Any) -> Any:
-    """loss_mask (int8) for every token.
+def span_tokens(xp: Any, positions: Any, token_offsets: Any, span_start: Any, span_end: Any,
+                span_offsets: Any) -> tuple[Any, Any]:
+    """The tokens [a, b) each span trains (any of a token's bytes in the span), made disjoint: a token on
+    the edge of two spans counts for the first. b - a may be 0 or less (the span trains no token).
 
     positions: where each token starts in the running bytes of all rows, and where the last one ends
     (offsets_from_lengths of the tokens' byte lengths); token_offsets: tokens of each row.
     span_start/span_end: trained byte ranges relative to their row, sorted and disjoint within a row;
     span_offsets: spans of each row.
     """
-    n = len(positions) - 1
     if len(span_start) == 0:
-        return xp.zeros(n, dtype=xp.int8)
+        none = xp.zeros(0, dtype=xp.int64)
+        return none, none
     # Each row's byte 0 in the running positions: where its first token starts.
     row_base, row_limit = positions[token_offsets[:-1]], positions[token_offsets[1:]]
     span_row = row_of(xp, span_offsets, len(span_start))
@@ -53,10 +55,24 @@ def project(xp: Any, positions: Any, token_offsets: Any, span_start: Any, span_e
     # only grow, so two searches per span (not one per token) find them, and both a and b grow with s.
     a = xp.searchsorted(positions[1:], start, side="right")
     b = xp.searchsorted(positions[:-1], end, side="left")
-    # Made disjoint (a token on the edge of two spans is in both), then empty ones and the edges where one
-    # ends as the next begins are left out: what remains are distinct positions where the mask turns on
-    # (+1) and off (-1), so one int8 running sum over the tokens is the mask.
     a = xp.maximum(a, xp.concatenate([xp.zeros(1, dtype=b.dtype), b[:-1]]))
+    return a, b
+
+
+def project(xp: Any, positions: Any, token_offsets: Any, span_start: Any, span_end: Any, span_offsets: Any) -> Any:
+    """loss_mask (int8) for every token: 1 where a token holds a byte of a trained span (see span_tokens
+    for the arguments)."""
+    return mask_from_ranges(xp, positions, *span_tokens(xp, positions, token_offsets, span_start, span_end,
+                                                        span_offsets))
+
+
+def mask_from_ranges(xp: Any, positions: Any, a: Any, b: Any) -> Any:
+    """loss_mask (int8) from span_tokens' ranges."""
+    n = len(positions) - 1
+    if len(a) == 0:
+        return xp.zeros(n, dtype=xp.int8)
+    # Empty ranges and the edges where one ends as the next begins are left out: what remains are distinct
+    # positions where the mask turns on (+1) and off (-1), so one int8 running sum over the tokens is the mask.
     keep = b > a
     a, b = a[keep], b[keep]
     turns_on = a != xp.concatenate([xp.full(1, -1, dtype=b.dtype), b[:-1]])
@@ -67,6 +83,20 @@ def project(xp: Any, positions: Any, token_offsets: Any, span_start: Any, span_e
     mask = xp.cumsum(change[:n], dtype=xp.int8)
     mask *= positions[1:] > positions[:-1]  # a token of no bytes holds none of a span's
     return mask
+
+
+def kept_span_tokens(xp: Any, a: Any, b: Any, span_offsets: Any, offsets: Any, max_seq_len: int, side: str,
+                     kept: Any) -> Any:
+    """How many of each span's tokens [a, b) a sample keeps after truncation to max_seq_len (its first
+    tokens, or with side "left" its last; rows not kept keep none). Closing pieces kept past the limit
+    (keep_tail) hold no span, so they do not enter here."""
+    lengths = offsets[1:] - offsets[:-1]
+    cut = xp.maximum(lengths - max_seq_len, 0)
+    lo = offsets[:-1] + (cut if side == "left" else 0)
+    hi = offsets[1:] - (0 if side == "left" else cut)
+    row = row_of(xp, span_offsets, len(a))
+    inside = xp.minimum(b, hi[row]) - xp.maximum(a, lo[row])
+    return xp.maximum(inside, 0) * kept[row]
 
 
 @dataclass

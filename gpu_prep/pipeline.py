@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from gpu_prep import __version__
-from gpu_prep.accounting import Accounting
+from gpu_prep.accounting import PIECES, Accounting
 from gpu_prep.affix import detect_affix
 from gpu_prep.backend import Backend, select_backend
 from gpu_prep.chat_template import ChatTemplate
@@ -41,10 +41,12 @@ from gpu_prep.format import (
     string_fields,
 )
 from gpu_prep.mask import (
+    kept_span_tokens,
+    mask_from_ranges,
     offsets_from_lengths,
-    project,
     row_of,
     segment_sums,
+    span_tokens,
     truncate_and_filter,
 )
 from gpu_prep.overlap import Sink, Stopwatch, in_background, overlapped, quick_handoffs
@@ -206,8 +208,10 @@ def _mask(backend: Backend, tok: Tokenizer, rendered: list[RenderedRow], ids: np
     # Rows masked by byte spans must be covered byte for byte by their tokens; rows masked by pieces need not.
     covered = positions[offsets_d[1:]] - positions[offsets_d[:-1]]
     valid = (covered == backend.asarray(row_bytes)) | ~backend.asarray(has_spans)
-    by_span = project(xp, positions, offsets_d, backend.asarray(spans[:, 0].copy()),
-                      backend.asarray(spans[:, 1].copy()), backend.asarray(span_offsets))
+    span_offsets_d = backend.asarray(span_offsets)
+    first, stop = span_tokens(xp, positions, offsets_d, backend.asarray(spans[:, 0].copy()),
+                              backend.asarray(spans[:, 1].copy()), span_offsets_d)
+    by_span = mask_from_ranges(xp, positions, first, stop)
     if piece_trained.all():  # pretraining text: every token counts
         loss_mask = xp.ones(len(ids), dtype=xp.int8)
     elif piece_trained.any():
@@ -227,13 +231,17 @@ def _mask(backend: Backend, tok: Tokenizer, rendered: list[RenderedRow], ids: np
     lengths = np.diff(token_offsets)
     over = lengths > max_seq_len if truncation in ("drop", "raise") else np.zeros(len(rendered), dtype=bool)
     limit = max(int(lengths.max(initial=1)), 1) if truncation == "split" else max_seq_len  # split: the writer cuts
+    side = "left" if truncation in ("left", "structured") else "right"
     masked = truncate_and_filter(xp, ids_d, loss_mask, offsets_d, limit, valid & ~backend.asarray(over),
-                                 backend.asarray(keep_tail), side="left" if truncation in ("left", "structured") else "right")
-    return masked, backend.to_host(valid), over
+                                 backend.asarray(keep_tail), side=side)
+    kept = xp.zeros(len(rendered), dtype=xp.int64)
+    kept[masked.kept_rows] = 1
+    by_role = kept_span_tokens(xp, first, stop, span_offsets_d, offsets_d, limit, side, kept)
+    return masked, backend.to_host(valid), over, backend.to_host(by_role)
 
 
-def _write(backend: Backend, masked: Any, valid: np.ndarray, over: np.ndarray, rows: Rows, chunk: RawChunk,
-           writer: DatasetWriter, acct: Accounting, rules: Any) -> None:
+def _write(backend: Backend, masked: Any, valid: np.ndarray, over: np.ndarray, span_trained: np.ndarray,
+           rows: Rows, chunk: RawChunk, writer: DatasetWriter, acct: Accounting, rules: Any) -> None:
     ids, loss_mask = backend.to_host(masked.ids), backend.to_host(masked.loss_mask)
     offsets, kept = backend.to_host(masked.offsets), backend.to_host(masked.kept_rows)
     truncated = set(backend.to_host(masked.truncated_rows).tolist())
@@ -257,7 +265,16 @@ def _write(backend: Backend, masked: Any, valid: np.ndarray, over: np.ndarray, r
         acct.written(chunk.file_index[rows.index[r]], int(r) in truncated)
     _append_by_domain(writer, [rows.domain[r] for r in kept], ids, loss_mask, offsets)
     acct.tokens += len(ids)
-    acct.trained_tokens += int(loss_mask.sum())
+    trained = int(loss_mask.sum())
+    acct.trained_tokens += trained
+    # Trained tokens by the role of the message they are in; whole trained pieces (instruction responses,
+    # text, segments, pre-tokenized labels) are counted under PIECES.
+    roles = [role for row in rows.payload for role in row.span_roles]
+    for role, count in zip(roles, span_trained.tolist()):
+        if count:
+            acct.trained_by_role[role] += count
+    if trained > int(span_trained.sum()):
+        acct.trained_by_role[PIECES] += trained - int(span_trained.sum())
 
 
 def _append_by_domain(writer: DatasetWriter, domains: list[str], ids: np.ndarray, loss_mask: np.ndarray,
@@ -405,9 +422,9 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
             acct.notes.update(row.notes)
         if tokens is not None:
             rules = config.preprocessing
-            masked, valid, over = clock.time("mask", _mask, backend, tok, rows.payload, *tokens, rules.max_seq_len,
-                                             rules.truncation)
-            clock.time("write", _write, backend, masked, valid, over, rows, chunk, writer, acct, rules)
+            masked, valid, over, by_role = clock.time("mask", _mask, backend, tok, rows.payload, *tokens,
+                                                      rules.max_seq_len, rules.truncation)
+            clock.time("write", _write, backend, masked, valid, over, by_role, rows, chunk, writer, acct, rules)
         if checkpoints.chunk_done(len(chunk), digests, state):
             writer.remove_obsolete()
         if options.progress is not None:

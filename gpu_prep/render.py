@@ -14,6 +14,7 @@ applied piece by piece so that positions and text agree.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import re
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from gpu_prep.config import PipelineConfig
 
 
-Span = tuple[int, int, str | bool]  # start, end, label (a role, or True / False outright)
+Span = tuple[int, int, str | bool, str]  # start, end, label (a role, or True / False outright), message role
 AFFIX_CHECK_ROWS = 256  # rows of the first chunk rendered both ways before the Jinja-free path is trusted
 
 
@@ -83,6 +84,7 @@ class RenderedRow:
     closing_piece: bool = False  # the last piece (a tokenizer's [SEP]) survives truncation
     left_out: tuple[str, ...] = ()  # roles of messages the chat template did not render
     notes: tuple[str, ...] = ()  # what structured truncation did, for the parse report
+    span_roles: list[str] = field(default_factory=list)  # the role each span's trained tokens count under
     given: tuple[np.ndarray, np.ndarray] | None = None  # a pre-tokenized row's ids and loss mask (one empty piece)
 
 
@@ -214,7 +216,7 @@ def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, lis
         return real, [], left_out
     labels = _labels(conv, ctx)
     if ctx.config.input.mask_scope == "turn":
-        return real, _turn_spans(real, regions, labels, ctx), left_out
+        return real, _with_roles(_turn_spans(real, regions, labels, ctx), regions, roles), left_out
     # A trained content runs on to the end-of-turn token that closes it: what the template writes between
     # them (tool calls, a space) is the same turn's output. train_on_eos says which turns' end-of-turn
     # tokens are trained: those of trained turns (turn), of every turn (all), of the last trained turn
@@ -238,7 +240,15 @@ def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, lis
             spans.append((match.start(), match.end(), True))
         elif match is not None:
             spans.append((end, match.end(), labels[i]))
-    return real, spans, left_out
+    return real, _with_roles(spans, regions, roles), left_out
+
+
+def _with_roles(spans: list[tuple[int, int, str | bool]], regions: list[tuple[int, int, int]],
+                roles: list[str]) -> list[Span]:
+    """Each span with the role of the message it belongs to: the last whose content starts before the
+    span's end (a trained reasoning or header before the content belongs to it too)."""
+    starts = [start for _, start, _ in regions]
+    return [(a, b, label, roles[regions[max(bisect.bisect_left(starts, b) - 1, 0)][0]]) for a, b, label in spans]
 
 
 def _split(start: int, end: int, label: str | bool, detail: list[tuple[int, int, bool]]) -> list[Span]:
@@ -311,7 +321,7 @@ def _to_bytes(text: str, spans: list[Span], form: str | None) -> tuple[str, list
     length in bytes."""
     if text.isascii():  # one byte per character, and every normal form leaves ASCII alone
         return text, spans, len(text)
-    cuts = sorted({0, len(text), *(s for s, _, _ in spans), *(e for _, e, _ in spans)})
+    cuts = sorted({0, len(text), *(span[0] for span in spans), *(span[1] for span in spans)})
     byte_at: dict[int, int] = {0: 0}
     out: list[str] = []
     total = 0
@@ -322,18 +332,21 @@ def _to_bytes(text: str, spans: list[Span], form: str | None) -> tuple[str, list
         out.append(segment)
         total += len(segment.encode("utf-8"))
         byte_at[b] = total
-    return "".join(out), [(byte_at[s], byte_at[e], label) for s, e, label in spans], total
+    return "".join(out), [(byte_at[s], byte_at[e], *rest) for s, e, *rest in spans], total
 
 
-def _trained(spans: list[tuple[int, int, str | bool]], ctx: RenderContext) -> list[tuple[int, int]]:
-    keep = sorted((s, e) for s, e, label in spans if e > s and ctx.trains(label))
+def _trained(spans: list[Span], ctx: RenderContext) -> tuple[list[tuple[int, int]], list[str]]:
+    """The trained byte ranges, sorted and merged, and the role each is counted under (its first piece's)."""
+    keep = sorted((s, e, role) for s, e, label, role in spans if e > s and ctx.trains(label))
     merged: list[tuple[int, int]] = []
-    for s, e in keep:
+    roles: list[str] = []
+    for s, e, role in keep:
         if merged and s <= merged[-1][1]:
             merged[-1] = (merged[-1][0], max(e, merged[-1][1]))
         else:
             merged.append((s, e))
-    return merged
+            roles.append(role)
+    return merged, roles
 
 
 def _segments(shape: Segments, ctx: RenderContext) -> RenderedRow:
@@ -377,7 +390,8 @@ def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
         shape, notes = _structured(shape, ctx)
     text, char_spans, left_out = conversation_spans(shape, ctx)
     text, byte_spans, num_bytes = _to_bytes(text, char_spans, ctx.normalization)
-    return RenderedRow([text], [False], _trained(byte_spans, ctx), num_bytes, left_out=left_out, notes=notes)
+    trained, roles = _trained(byte_spans, ctx)
+    return RenderedRow([text], [False], trained, num_bytes, left_out=left_out, notes=notes, span_roles=roles)
 
 
 def _structured(conv: Conversation, ctx: RenderContext) -> tuple[Conversation, tuple[str, ...]]:

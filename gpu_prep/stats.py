@@ -36,10 +36,19 @@ def summarize(out_dir: str | Path) -> dict[str, Any]:
     rows["all"] = _describe(every, sum(t for _, t in parts.values()), max_seq_len)
     totals = manifest["totals"]
     written = totals["rows_written"]
+    by_role = totals.get("trained_tokens_by_role", {})
+    trained = sum(by_role.values())
     return {"max_seq_len": max_seq_len, "domains": rows,
             "rows_written": written, "rows_truncated": totals["rows_truncated"],
             "truncation_rate": totals["rows_truncated"] / written if written else 0.0,
+            "trained_share_by_role": {role: n / trained for role, n in by_role.items()} if trained else {},
             "histogram": _histogram(every)}
+
+
+def role_line(summary: dict[str, Any]) -> str:
+    """Which roles the trained tokens come from, largest share first."""
+    shares = sorted(summary["trained_share_by_role"].items(), key=lambda item: -item[1])
+    return "trained tokens by role: " + (", ".join(f"{role} {share:.1%}" for role, share in shares) or "none")
 
 
 def _describe(lengths: np.ndarray, trained: int, max_seq_len: int) -> dict[str, Any]:
@@ -76,7 +85,8 @@ def write_html(summary: dict[str, Any], path: str | Path, title: str) -> None:
     Path(path).write_text(
         f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<h1>{html.escape(title)}</h1><p>max_seq_len {summary['max_seq_len']}; rows truncated "
-        f"{summary['rows_truncated']} of {summary['rows_written']} ({summary['truncation_rate']:.1%})</p>"
+        f"{summary['rows_truncated']} of {summary['rows_written']} ({summary['truncation_rate']:.1%}); "
+        f"{html.escape(role_line(summary))}</p>"
         f"<table border=1 cellpadding=4><tr>{header}</tr>{table}</table>"
         f"<h2>Sample lengths (tokens), {edges[0]} to {edges[-1]}</h2>"
         f"<svg width='{width}' height='{height}' style='border:1px solid #ccc'>{bars}</svg>\n",

@@ -229,6 +229,7 @@ def test_masks_equal_the_reference_under_real_templates(name: str, tmp_path: Pat
                              f"in {window!r}; gpu-prep {got_mask[at]}, reference {want_mask[at]})")
     assert not differing, f"{len(differing)} of {len(rows)} rows differ; first: {differing[:3]}"
     assert manifest["totals"]["trained_tokens"] == sum(sum(m) for _, m in expected)
+    assert manifest["totals"]["trained_tokens_by_role"] == {"assistant": manifest["totals"]["trained_tokens"]}
 
 
 def test_the_reasoning_rows_exercise_what_they_claim() -> None:

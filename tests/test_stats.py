@@ -38,3 +38,20 @@ def test_stats_match_the_samples(tmp_path: Path) -> None:
     shown = CliRunner().invoke(app, ["stats", str(out), "--html", str(page)])
     assert shown.exit_code == 0 and "p99" in shown.stdout
     assert "<svg" in page.read_text() and f"{len(every):,}" in page.read_text()
+
+
+def test_stats_show_which_roles_the_trained_tokens_come_from(tmp_path: Path) -> None:
+    rows = [{"messages": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."},
+                          {"role": "user", "content": "Another one, please?"},
+                          {"role": "assistant", "content": "Green, as grass is."}]}]
+    config = {"chat_template": "chatml", "input": {"type": "chat"}, "mask": {"user": "train", "assistant": "train"},
+              "preprocessing": {"min_chars": 0}}
+    out = run_rows(tmp_path, config, rows)
+    summary = summarize(out)
+    [(ids, mask)] = samples(out)
+    shares = summary["trained_share_by_role"]
+    assert set(shares) == {"user", "assistant"} and abs(sum(shares.values()) - 1) < 1e-9
+    # user: "Name a colour.<|im_end|>" and "Another one, please?<|im_end|>"; assistant: its two answers.
+    assert 0.4 < shares["user"] < 0.7
+    shown = CliRunner().invoke(app, ["stats", str(out)])
+    assert shown.exit_code == 0 and "trained tokens by role: user" in shown.stdout
