@@ -14,7 +14,6 @@ applied piece by piece so that positions and text agree.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import functools
 import re
@@ -173,7 +172,7 @@ def _after_eot(text: str, eot: re.Pattern[str], last: bool) -> int | None:
     return end + len(text[end:]) - len(text[end:].lstrip("\n"))
 
 
-def _turn_spans(real: str, regions: list[tuple[int, int, int]], roles: list[str], ctx: RenderContext) -> list[Span]:
+def _turn_spans(real: str, regions: list[tuple[int, int, int]], roles: list[str], ctx: RenderContext) -> list[tuple[int, int, str | bool]]:
     """Whole turns: each turn runs from the end of the previous turn's end-of-turn token (or, with none, from
     the end of its content) to the same point of its own, so headers belong to their own turn and text
     before the first header (BOS, an injected default system prompt) to none."""
@@ -215,8 +214,9 @@ def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, lis
     if not regions:
         return real, [], left_out
     labels = _labels(conv, ctx)
-    if ctx.config.input.mask_scope == "turn":
-        return real, _with_roles(_turn_spans(real, regions, labels, ctx), regions, roles), left_out
+    if ctx.config.input.mask_scope == "turn":  # one span per region, in order
+        turns = _turn_spans(real, regions, labels, ctx)
+        return real, [(a, b, label, roles[i]) for (a, b, label), (i, _, _) in zip(turns, regions)], left_out
     # A trained content runs on to the end-of-turn token that closes it: what the template writes between
     # them (tool calls, a space) is the same turn's output. train_on_eos says which turns' end-of-turn
     # tokens are trained: those of trained turns (turn), of every turn (all), of the last trained turn
@@ -235,31 +235,28 @@ def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, lis
         if match is not None and policy == "last" and (not trained or i != trained[-1]):
             match = None
         detail = _detail(conv.messages[i], i, real[start:end], ctx.config.input.message_training_detail_key)
-        spans.extend(_split(start, end, labels[i], detail))
+        role = roles[i]  # the role a span's trained tokens are counted under
         if match is not None and policy == "all" and i not in trained:
-            spans.append((match.start(), match.end(), True))
-        elif match is not None:
-            spans.append((end, match.end(), labels[i]))
-    return real, _with_roles(spans, regions, roles), left_out
+            spans.extend(_split(start, end, labels[i], role, detail))
+            spans.append((match.start(), match.end(), True, role))
+        elif detail:
+            spans.extend(_split(start, end, labels[i], role, detail))
+            if match is not None:
+                spans.append((end, match.end(), labels[i], role))
+        else:  # the content and its end-of-turn token as one span
+            spans.append((start, match.end() if match else end, labels[i], role))
+    return real, spans, left_out
 
 
-def _with_roles(spans: list[tuple[int, int, str | bool]], regions: list[tuple[int, int, int]],
-                roles: list[str]) -> list[Span]:
-    """Each span with the role of the message it belongs to: the last whose content starts before the
-    span's end (a trained reasoning or header before the content belongs to it too)."""
-    starts = [start for _, start, _ in regions]
-    return [(a, b, label, roles[regions[max(bisect.bisect_left(starts, b) - 1, 0)][0]]) for a, b, label in spans]
-
-
-def _split(start: int, end: int, label: str | bool, detail: list[tuple[int, int, bool]]) -> list[Span]:
+def _split(start: int, end: int, label: str | bool, role: str, detail: list[tuple[int, int, bool]]) -> list[Span]:
     """[start, end) labelled: by the last detail range over each part, else by the message's label."""
     if not detail:
-        return [(start, end, label)]
+        return [(start, end, label, role)]
     cuts = sorted({0, end - start, *(a for a, _, _ in detail), *(b for _, b, _ in detail)})
     parts = []
     for a, b in pairwise(cuts):
         own = [train for lo, hi, train in detail if lo <= a and b <= hi]
-        parts.append((start + a, start + b, own[-1] if own else label))
+        parts.append((start + a, start + b, own[-1] if own else label, role))
     return parts
 
 
@@ -316,7 +313,7 @@ def _labels(conv: Conversation, ctx: RenderContext) -> list[str | bool]:
     return labels
 
 
-def _to_bytes(text: str, spans: list[Span], form: str | None) -> tuple[str, list[tuple[int, int, str]], int]:
+def _to_bytes(text: str, spans: list[Span], form: str | None) -> tuple[str, list[Span], int]:
     """Normalize text between span boundaries and turn character spans into byte spans; also the text's
     length in bytes."""
     if text.isascii():  # one byte per character, and every normal form leaves ASCII alone
@@ -332,7 +329,7 @@ def _to_bytes(text: str, spans: list[Span], form: str | None) -> tuple[str, list
         out.append(segment)
         total += len(segment.encode("utf-8"))
         byte_at[b] = total
-    return "".join(out), [(byte_at[s], byte_at[e], *rest) for s, e, *rest in spans], total
+    return "".join(out), [(byte_at[s], byte_at[e], label, role) for s, e, label, role in spans], total
 
 
 def _trained(spans: list[Span], ctx: RenderContext) -> tuple[list[tuple[int, int]], list[str]]:
