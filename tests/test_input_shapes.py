@@ -114,6 +114,7 @@ def test_alpaca_rows_dedup_on_their_own_text() -> None:
 @pytest.mark.parametrize(("config", "data", "rows"), [
     ("sharegpt.yaml", "sharegpt.jsonl", 3), ("alpaca.yaml", "alpaca.jsonl", 3), ("segments.yaml", "segments.jsonl", 2),
     ("auto.yaml", "mixed.jsonl", 7), ("reasoning_tools.yaml", "reasoning_tools.jsonl", 3),
+    ("pretokenized.yaml", "pretokenized.jsonl", 3), ("chat_options.yaml", "chat_options.jsonl", 3),
 ])
 def test_example_configs_run(tmp_path: Path, config: str, data: str, rows: int) -> None:
     from gpu_prep.pipeline import run
@@ -279,3 +280,15 @@ def test_auto_finds_sharegpt_rows_whatever_the_chat_key(tmp_path: Path) -> None:
     manifest = run(parse_config(config), [str(data)], tmp_path / "out")
     assert manifest["totals"]["rows_by_schema"] == {"chat": 1, "sharegpt": 1}
     assert manifest["totals"]["rows_written"] == 2
+
+
+def test_the_chat_options_example_trains_what_its_config_says(tmp_path: Path, qwen: Any) -> None:
+    from gpu_prep.pipeline import run
+
+    config = parse_config(yaml.safe_load((REPO / "configs" / "chat_options.yaml").read_text()))
+    run(config, [str(REPO / "examples" / "chat_options.jsonl")], tmp_path / "out")
+    trained = [qwen.decode(ids[mask == 1]) for ids, mask in samples(tmp_path / "out")]
+    # train_on_eos last: only the last trained turn keeps its end-of-turn token.
+    assert trained[0] == "Blue.Green.<|im_end|>"
+    assert trained[1] == " Keep going!<|im_end|>"  # characters 0-18 masked by train_detail
+    assert trained[2] == "4<|im_end|>"  # the wrong answer is masked by its own training flag
