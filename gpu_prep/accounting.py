@@ -49,6 +49,7 @@ class Accounting:
         self.left_out: Counter = Counter()  # messages the chat template did not render, by role
         self.schemas: Counter = Counter()  # rows formatted, by input type (several with input.type "auto")
         self.notes: Counter = Counter()  # the parse report: rows with tools, unknown roles
+        self.tokens_by_file = [0] * len(files)  # tokens written from each input file
         self.trained_by_role: Counter = Counter()  # trained tokens by the role of their message (PIECES: rows
         # trained as whole pieces)
         self.strict = strict
@@ -74,6 +75,7 @@ class Accounting:
             self.schemas.update(state["schemas"])
             self.notes.update(state["notes"])
             self.trained_by_role.update(state["trained_by_role"])
+            self.tokens_by_file = list(state["tokens_by_file"])
 
     def state(self) -> dict[str, Any]:
         """Everything counted so far, and how much of the rejects file is written (flushed to the OS)."""
@@ -82,7 +84,7 @@ class Accounting:
         return {"counts": [[c.rows_read, c.rows_written, c.rows_truncated, dict(c.dropped)] for c in self.counts],
                 "examples": self.examples, "tokens": self.tokens, "trained_tokens": self.trained_tokens,
                 "left_out": dict(self.left_out), "schemas": dict(self.schemas), "notes": dict(self.notes),
-                "trained_by_role": dict(self.trained_by_role),
+                "trained_by_role": dict(self.trained_by_role), "tokens_by_file": list(self.tokens_by_file),
                 "rejects_bytes": None if self.rejects is None else self.rejects.tell()}
 
     def abort(self, keep: bool = False) -> None:

@@ -66,8 +66,8 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
 
 @app.command()
 def run(
-    inputs: Annotated[list[str], typer.Argument(help="Input files, globs or folders (.jsonl, .json, .parquet).")],
     config: ConfigOpt,
+    inputs: Annotated[Optional[list[str]], typer.Argument(help="Input files, globs or folders (.jsonl, .json, .parquet); none when the config lists datasets.")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output directory (not with --stats-only).")] = None,
     tokenizer: Annotated[Optional[str], typer.Option(help="Tokenizer directory or bundled name; overrides the config.")] = None,
     device: Annotated[Optional[str], typer.Option(help="auto | cpu | gpu; overrides the config.")] = None,
@@ -106,7 +106,7 @@ def run(
                    TimeElapsedColumn())
         with Progress(*columns, console=err, disable=quiet, transient=True) as bar:
             task = bar.add_task("preprocessing", total=None)
-            manifest = run_pipeline(cfg, inputs, output, tokenizer=tokenizer, device=device, chunk_rows=chunk_rows,
+            manifest = run_pipeline(cfg, inputs or [], output, tokenizer=tokenizer, device=device, chunk_rows=chunk_rows,
                                     overwrite=overwrite, resume=resume, workers=workers, rejects=rejects,
                                     strict=strict, progress=lambda n: bar.advance(task, n),
                                     checkpoint_seconds=checkpoint_every)

@@ -199,6 +199,51 @@ class GpuConfig(_Frozen):
     reader: Literal["exact", "cudf"] = "exact"
 
 
+class DataHandlerConfig(_Frozen):
+    """One data handler of a dataset (seed data_config): a registered name and its arguments."""
+
+    name: str
+    arguments: dict[str, Any] = {}
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        from gpu_prep.mix import HANDLERS
+
+        if value not in HANDLERS:
+            raise ValueError(f"unknown data handler {value!r}; known: {', '.join(sorted(HANDLERS))} "
+                             "(more can be registered by a --plugin)")
+        return value
+
+    def fn_kwargs(self) -> dict[str, Any]:
+        """The handler's keyword arguments: arguments.fn_kwargs, and remove_columns (removed after it ran)."""
+        return dict(self.arguments.get("fn_kwargs") or {})
+
+
+class DatasetConfig(_Frozen):
+    """One dataset of a multi-dataset run (seed data_config's `datasets` entries)."""
+
+    name: str
+    data_paths: list[str] = Field(min_length=1)  # files, folders or globs, read in order
+    builder: Literal["json", "jsonl", "parquet"] | None = None  # for files without a known extension
+    sampling: float | None = Field(None, ge=0.0, le=1.0)
+    data_handlers: list[DataHandlerConfig] = []
+    domain: str | None = None  # the domain of its rows when output.domain_key does not give one
+
+
+class DataprocessorConfig(_Frozen):
+    type: Literal["default"] = "default"
+    sampling_stopping_strategy: Literal["all_exhausted", "first_exhausted"] = "all_exhausted"
+    seed: int = 42
+
+    @model_validator(mode="before")
+    @classmethod
+    def _seed_alias(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "sampling_seed" in data:
+            data = {k: v for k, v in data.items() if k != "sampling_seed"} | {"seed": data["sampling_seed"]}
+        return data
+
+
 class PipelineConfig(_Frozen):
     version: Literal[1] = 1
     # gpu-prep's own: a tokenizer directory (tokenizer.json + tokenizer_config.json) or a bundled name.
@@ -214,6 +259,30 @@ class PipelineConfig(_Frozen):
     mask_default: Action = "mask"
     preprocessing: PreprocessingConfig = PreprocessingConfig()
     output: OutputConfig = OutputConfig()
+    # Several datasets in one run (the seed's data_config): read in order and concatenated, or mixed by
+    # their sampling ratios as `dataprocessor` says. Without `datasets`, the inputs given on the command
+    # line are one dataset.
+    datasets: list[DatasetConfig] | None = None
+    dataprocessor: DataprocessorConfig = DataprocessorConfig()
+
+    @model_validator(mode="after")
+    def _ratios(self) -> PipelineConfig:
+        if not self.datasets:
+            return self
+        names = [d.name for d in self.datasets]
+        if len(set(names)) < len(names):
+            raise ValueError(f"datasets: names must be unique, got {names}")
+        ratios = [d.sampling for d in self.datasets]
+        if any(r is not None for r in ratios):
+            if any(r is None for r in ratios):
+                raise ValueError("datasets: give every dataset a sampling ratio, or none (concatenation)")
+            if abs(sum(ratios) - 1.0) > 1e-6:
+                raise ValueError(f"datasets: the sampling ratios must sum to 1, they sum to {sum(ratios):g}")
+        return self
+
+    def sampling_ratios(self) -> list[float] | None:
+        ratios = [d.sampling for d in self.datasets or []]
+        return ratios if ratios and None not in ratios else None
 
     @field_validator("chat_template")
     @classmethod

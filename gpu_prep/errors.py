@@ -36,6 +36,8 @@ class Drop:
     NO_TRAINED_TOKENS = "no_trained_tokens"
     TOO_MANY_TOKENS = "too_many_tokens"  # over max_seq_len, with preprocessing.truncation "drop"
     TOKENIZER_MISMATCH = "tokenizer_mismatch"
+    HANDLER_ERROR = "handler_error"  # a dataset's data handler failed on the row
+    SKIPPED_BY_HANDLER = "skipped_by_handler"  # a data handler asked to skip the row
 
     # Reasons that mean the row itself is bad data (--strict stops at the first), as opposed to rows that are
     # well formed but filtered out by a rule (length, duplicate, nothing left to train).

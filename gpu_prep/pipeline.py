@@ -12,6 +12,7 @@ import functools
 import json
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +51,8 @@ from gpu_prep.mask import (
     truncate_and_filter,
 )
 from gpu_prep.overlap import Sink, Stopwatch, in_background, overlapped, quick_handoffs
-from gpu_prep.read import RawChunk, expand_inputs, read_chunks
+from gpu_prep.mix import HANDLERS, Dataset, mixed_rows
+from gpu_prep.read import COMPRESSIONS, SUFFIXES, InputFile, RawChunk, expand_inputs, read_chunks
 from gpu_prep.render import RenderContext, RenderedRow, affix_disagreement, render_row
 from gpu_prep.templates import resolve_template
 from gpu_prep.tokenize import Tokenizer, load_tokenizer
@@ -74,7 +76,27 @@ class Rows:
 Drops = list[tuple[int, int, str, str, Any]]  # (file index, line, reason, detail, row), in row order
 
 
-def _format(chunk: RawChunk, config: PipelineConfig, drops: Drops) -> Rows:
+def dataset_totals(config: PipelineConfig, datasets: list[Dataset], acct: Accounting) -> list[dict[str, Any]]:
+    """Per dataset: rows read, written and dropped by reason, tokens written, and the share of the output's
+    rows and tokens it makes beside the sampling ratio asked for."""
+    rows_out = sum(c.rows_written for c in acct.counts) or 1
+    tokens_out = sum(acct.tokens_by_file) or 1
+    out = []
+    for spec, dataset in zip(config.datasets or [], datasets):
+        counts = [acct.counts[f.index] for f in dataset.files]
+        dropped: Counter = Counter()
+        for c in counts:
+            dropped.update(c.dropped)
+        written = sum(c.rows_written for c in counts)
+        tokens = sum(acct.tokens_by_file[f.index] for f in dataset.files)
+        out.append({"name": spec.name, "files": [f.path for f in dataset.files], "sampling": spec.sampling,
+                    "rows_read": sum(c.rows_read for c in counts), "rows_written": written,
+                    "rows_dropped": dict(sorted(dropped.items())), "tokens": tokens,
+                    "share_of_rows": written / rows_out, "share_of_tokens": tokens / tokens_out})
+    return out
+
+
+def _format(chunk: RawChunk, config: PipelineConfig, drops: Drops, file_domains: dict[int, str] | None = None) -> Rows:
     auto = config.input.type == "auto"
     build = build_auto if auto else get_builder(config.input.type)
     schema = config.input.type
@@ -92,6 +114,8 @@ def _format(chunk: RawChunk, config: PipelineConfig, drops: Drops) -> Rows:
             record = {config.input.messages_key: record}
         try:
             domain = domain_of(record, config.output.domain_key)
+            if file_domains and config.output.domain_key is None:  # a dataset's own domain
+                domain = file_domains.get(file_index, domain)
             shape = build(record, config)
             if auto:
                 schema, shape = shape
@@ -261,8 +285,11 @@ def _write(backend: Backend, masked: Any, valid: np.ndarray, over: np.ndarray, s
         drop(r, Drop.TOO_MANY_TOKENS, detail)
     for r in backend.to_host(masked.no_trained_rows):
         drop(r, Drop.NO_TRAINED_TOKENS, "no trained token within max_seq_len")
-    for r in kept:
-        acct.written(chunk.file_index[rows.index[r]], int(r) in truncated)
+    lengths = np.diff(offsets)
+    for k, r in enumerate(kept):
+        file_index = chunk.file_index[rows.index[r]]
+        acct.written(file_index, int(r) in truncated)
+        acct.tokens_by_file[file_index] += int(lengths[k])
     _append_by_domain(writer, [rows.domain[r] for r in kept], ids, loss_mask, offsets)
     acct.tokens += len(ids)
     trained = int(loss_mask.sum())
@@ -300,8 +327,8 @@ def _append_by_domain(writer: DatasetWriter, domains: list[str], ids: np.ndarray
 
 
 def _prepare(chunks: Iterator[RawChunk], config: PipelineConfig, ctx: RenderContext, backend: Backend,
-             dedup: Deduplicator | None, clock: Stopwatch,
-             decided: dict[str, Any]) -> Iterator[tuple[RawChunk, Rows, Drops, list[bytes]]]:
+             dedup: Deduplicator | None, clock: Stopwatch, decided: dict[str, Any],
+             file_domains: dict[int, str] | None = None) -> Iterator[tuple[RawChunk, Rows, Drops, list[bytes]]]:
     """The host stages, chunk by chunk: read -> format -> filter -> render. Each chunk comes with the dedup
     digests it added; decided["affix"] records whether Jinja-free rendering was trusted (None: not yet)."""
     if decided.get("affix") is False:
@@ -310,7 +337,7 @@ def _prepare(chunks: Iterator[RawChunk], config: PipelineConfig, ctx: RenderCont
     while (chunk := clock.time("read", next, chunks, None)) is not None:
         failpoint("read")
         drops: Drops = []
-        rows = clock.time("format", _format, chunk, config, drops)
+        rows = clock.time("format", _format, chunk, config, drops, file_domains)
         if affix_pending and rows.index:
             # Trust the Jinja-free rendering only once it matched Jinja on the first chunk's rows.
             if clock.time("render", affix_disagreement, rows.payload, ctx) is not None:
@@ -384,9 +411,34 @@ class Options:
     progress: Callable[[int], None] | None = None
 
 
+def run_inputs(config: PipelineConfig, inputs: list[str]) -> tuple[list[InputFile], list[Dataset] | None]:
+    """The run's input files, and its datasets when the config names them (their files, in order)."""
+    if not config.datasets:
+        if not inputs:
+            raise ConfigError("no input: give files, folders or globs, or a config with datasets")
+        return expand_inputs(inputs), None
+    if inputs:
+        raise ConfigError("the config's datasets name the inputs: give none on the command line")
+    files: list[InputFile] = []
+    datasets = []
+    for spec in config.datasets:
+        own = []
+        for found in expand_inputs(spec.data_paths):
+            if spec.builder is None and not found.path.endswith(SUFFIXES + tuple(s + c for s in SUFFIXES[:2]
+                                                                                for c in COMPRESSIONS)):
+                raise ConfigError(f"dataset {spec.name!r}: {found.path} has no known extension; "
+                                  "name its format with the dataset's builder (json, jsonl or parquet)")
+            own.append(InputFile(len(files) + len(own), found.path, found.size_bytes, spec.builder))
+        files.extend(own)
+        handlers = [(HANDLERS[h.name], h.fn_kwargs(), h.name, h.arguments.get("remove_columns"))
+                    for h in spec.data_handlers]
+        datasets.append(Dataset(spec.name, own, handlers))
+    return files, datasets
+
+
 def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backend, out_dir: Path,
              clock: Stopwatch, options: Options, checkpoints: Checkpointer,
-             resumed: dict[str, Any] | None) -> tuple[Accounting, dict[str, Any]]:
+             resumed: dict[str, Any] | None, datasets: list[Dataset] | None = None) -> tuple[Accounting, dict[str, Any]]:
     """Every chunk through every stage; returns the accounting and the domains written. resumed: the
     checkpoint a resumed run carries on from."""
     ctx = render_context(config, tok)
@@ -403,8 +455,15 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
     dedup = Deduplicator(checkpoints.seen()) if config.preprocessing.deduplicate else None
     fields = string_fields(config)
     columnar = backend.columnar_reader(fields) if config.gpu.reader == "cudf" and fields else None
+    mixed, file_domains = None, {}
+    if datasets is not None:
+        file_domains = {f.index: spec.domain for spec, d in zip(config.datasets or [], datasets) for f in d.files
+                        if spec.domain}
+        process = config.dataprocessor
+        mixed = mixed_rows(datasets, config.sampling_ratios(), process.seed, process.sampling_stopping_strategy,
+                           columnar, config.input.max_row_bytes)
     chunks = read_chunks(files, options.chunk_rows, config.preprocessing.max_items, columnar=columnar,
-                         skip=checkpoints.rows_done, max_row_bytes=config.input.max_row_bytes)
+                         skip=checkpoints.rows_done, max_row_bytes=config.input.max_row_bytes, rows=mixed)
 
     def state() -> dict[str, Any]:
         return {"accounting": acct.state(), "writer": writer.state(), **decided}
@@ -436,7 +495,7 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
     try:
         with quick_handoffs(), Sink(finish_chunk) as finish:
             for chunk, rows, drops, digests in overlapped(_prepare(chunks, config, ctx, backend, dedup, clock,
-                                                                   decided)):
+                                                                   decided, file_domains)):
                 tokens = None
                 if rows.index:
                     failpoint("tokenize")
@@ -468,7 +527,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
     it is); the result is byte for byte the one an uninterrupted run writes."""
     started = time.perf_counter()
     clock = Stopwatch()
-    files = expand_inputs(inputs)
+    files, datasets = run_inputs(config, inputs)
     out_dir = Path(out_dir)
     if resume and (out_dir / MANIFEST).exists():  # finished already: nothing to do
         return json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
@@ -485,7 +544,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
     # The inputs' checksums are taken beside the run (hashing releases the GIL), not after it.
     checksums = in_background(lambda: [sha256_file(Path(f.path)) for f in files])
     try:
-        acct, domains = _process(config, files, tok, backend, out_dir, clock, options, checkpoints, resumed)
+        acct, domains = _process(config, files, tok, backend, out_dir, clock, options, checkpoints, resumed, datasets)
     except BaseException as exc:
         checkpoints.close()
         if not isinstance(exc, KeyboardInterrupt):  # an interrupted run keeps what --resume needs
@@ -502,6 +561,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
         "device": backend.name,
         "inputs": acct.per_file(checksums),
         "totals": acct.totals(),
+        **({"datasets": dataset_totals(config, datasets, acct)} if datasets is not None else {}),
         "dropped_examples": acct.examples,
         "domains": domains,
         "seconds": {"total": round(elapsed, 3), **{k: round(v, 3) for k, v in clock.seconds.items()}},

@@ -39,6 +39,10 @@ class InputFile:
     index: int
     path: str
     size_bytes: int
+    builder: str | None = None  # json | jsonl | parquet: how to read a file whose name does not say
+
+
+BUILDERS = {"json": ".json", "jsonl": ".jsonl", "parquet": ".parquet"}
 
 
 @dataclass
@@ -303,7 +307,7 @@ class Columnar:
 
 def file_rows(file: InputFile, columnar: Columnar | None = None, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[Row]:
     """(line or row number, record, error, bytes of JSON) for every row of one file."""
-    kind = _kind(file.path)
+    kind = _kind(file.path) or BUILDERS.get(file.builder or "")
     if kind == ".parquet":
         return _parquet_rows(file)
     if kind == ".json" and _is_json_array(file.path):
@@ -315,26 +319,27 @@ def file_rows(file: InputFile, columnar: Columnar | None = None, max_row_bytes: 
 
 def read_chunks(files: list[InputFile], chunk_rows: int, max_items: int | None = None,
                 chunk_bytes: int = CHUNK_BYTES, columnar: Columnar | None = None, skip: int = 0,
-                max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[RawChunk]:
+                max_row_bytes: int = MAX_ROW_BYTES,
+                rows: Iterator[tuple[int, int, Any, Any, int]] | None = None) -> Iterator[RawChunk]:
     """Every row of every file, in order, in chunks of at most chunk_rows rows (or about chunk_bytes of
     JSON); stops after max_items rows. With `columnar`, JSON Lines files are read as columns. The first
-    `skip` rows are read past (a resumed run has done them)."""
+    `skip` rows are read past (a resumed run has done them). `rows`: (file index, line, record, error,
+    bytes) to chunk instead of the files' rows in order (several datasets mixed)."""
+    if rows is None:
+        rows = ((file.index, *row) for file in files for row in file_rows(file, columnar, max_row_bytes))
     chunk = RawChunk()
     seen = size = 0
     limit = min(chunk_bytes, FIRST_CHUNK_BYTES)
-    for file in files:
+    for file_index, line, record, error, nbytes in rows:
         if max_items is not None and seen >= max_items:
             break
-        for line, record, error, nbytes in file_rows(file, columnar, max_row_bytes):
-            if max_items is not None and seen >= max_items:
-                break
-            seen += 1
-            if seen <= skip:
-                continue
-            chunk.add(file.index, line, record, error)
-            size += nbytes
-            if len(chunk) >= chunk_rows or size >= limit:
-                yield chunk
-                chunk, size, limit = RawChunk(), 0, min(chunk_bytes, 2 * limit)
+        seen += 1
+        if seen <= skip:
+            continue
+        chunk.add(file_index, line, record, error)
+        size += nbytes
+        if len(chunk) >= chunk_rows or size >= limit:
+            yield chunk
+            chunk, size, limit = RawChunk(), 0, min(chunk_bytes, 2 * limit)
     if len(chunk):
         yield chunk

@@ -1,0 +1,163 @@
+"""Several datasets in one run (the config's `datasets`): each dataset's files read in order and its data
+handlers applied to every row, then the datasets concatenated in order or, with sampling ratios,
+interleaved by weight.
+
+Interleaving follows the seed's data_config (Hugging Face `interleave_datasets` with probabilities):
+numpy's default_rng(seed) picks the dataset of each next row, drawn in blocks of 1000 with the ratios as
+probabilities; a dataset whose rows run out starts again from its first row; the run stops right after
+the draw that takes one dataset (first_exhausted) or the last dataset (all_exhausted) through all of its
+rows. The order is computed as the rows are read, so memory does not grow with the output.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpu_prep.errors import ConfigError, Drop
+from gpu_prep.format import RowError
+from gpu_prep.read import Columnar, InputFile, file_rows
+
+DRAW_BLOCK = 1000  # datasets drawn at a time, as the seed's interleaving does (it fixes the order for a seed)
+
+Handler = Callable[..., Any]  # (record, **fn_kwargs) -> record, or None to skip the row
+HANDLERS: dict[str, Handler] = {}
+
+
+def register_handler(name: str, fn: Handler) -> None:
+    """Make fn usable as a data handler by name (plugins loaded with --plugin call this)."""
+    HANDLERS[name] = fn
+
+
+def dataset_order(lengths: list[int], ratios: list[float] | None, seed: int, strategy: str) -> Iterator[int]:
+    """Which dataset each row of the mixed stream comes from, in order (lengths: rows per dataset)."""
+    if ratios is None:
+        for k, n in enumerate(lengths):
+            yield from [k] * n
+        return
+    p = np.asarray(ratios, dtype=np.float64)
+    drawable = p > 0
+    empty = [k for k, n in enumerate(lengths) if n == 0 and drawable[k]]
+    if empty:
+        raise ConfigError(f"datasets {empty} have a sampling ratio above 0 but no rows")
+    if strategy == "all_exhausted" and not drawable.all():
+        raise ConfigError("sampling_stopping_strategy all_exhausted cannot exhaust a dataset with ratio 0")
+    counts = np.zeros(len(lengths), dtype=np.int64)
+    left = int(drawable.sum())  # drawable datasets not yet taken through all their rows
+    rng = np.random.default_rng(seed)
+    while True:
+        for k in rng.choice(len(lengths), size=DRAW_BLOCK, p=p).tolist():
+            yield k
+            counts[k] += 1
+            if counts[k] == lengths[k]:
+                left -= 1
+                if strategy == "first_exhausted" or left == 0:
+                    return
+
+
+Row = tuple[int, int, Any, "tuple[str, str, Any] | None", int]  # file index, line, record, error, bytes
+
+
+@dataclass
+class Dataset:
+    """One dataset of the run: its files (indices into the run's file list) and its handlers."""
+
+    name: str
+    files: list[InputFile]
+    handlers: list[tuple[Handler, dict[str, Any], str, Any]]  # function, fn_kwargs, name, remove_columns
+
+    def rows(self, columnar: Columnar | None, max_row_bytes: int) -> Iterator[Row]:
+        for file in self.files:
+            for line, record, error, nbytes in file_rows(file, columnar, max_row_bytes):
+                if error is None and record is not None:
+                    record, error = self._handle(record)
+                yield file.index, line, record, error, nbytes
+
+    def _handle(self, record: Any) -> tuple[Any, tuple[str, str, Any] | None]:
+        original = record
+        for fn, kwargs, name, remove in self.handlers:
+            before = set(record) if isinstance(record, dict) else set()
+            try:
+                record = fn(record, **kwargs)
+            except RowError as err:
+                return None, (err.reason, f"data handler {name}: {err.detail}", original)
+            except Exception as exc:  # a handler's own failure drops the row, naming the handler
+                return None, (Drop.HANDLER_ERROR, f"data handler {name} failed: {type(exc).__name__}: {exc}", original)
+            if record is None:
+                return None, (Drop.SKIPPED_BY_HANDLER, f"data handler {name} skipped the row", original)
+            if remove and isinstance(record, dict):  # the handler's remove_columns ("all": the row's own)
+                gone = before if remove == "all" else set(_columns(remove))
+                record = {k: v for k, v in record.items() if k not in gone}
+        return record, None
+
+
+def mixed_rows(datasets: list[Dataset], ratios: list[float] | None, seed: int, strategy: str,
+               columnar: Columnar | None, max_row_bytes: int) -> Iterator[Row]:
+    """Every row of the run, datasets mixed as the config says."""
+    if ratios is None:
+        for dataset in datasets:
+            yield from dataset.rows(columnar, max_row_bytes)
+        return
+    lengths = [sum(1 for _ in d.rows(None, max_row_bytes)) for d in datasets]  # rows before handlers' drops
+    streams = [d.rows(columnar, max_row_bytes) for d in datasets]
+    for k in dataset_order(lengths, ratios, seed, strategy):
+        row = next(streams[k], None)
+        if row is None:  # this dataset ran out: it starts again from its first row
+            streams[k] = datasets[k].rows(columnar, max_row_bytes)
+            row = next(streams[k])
+        yield row
+
+
+# ---------------------------------------------------------------- the built-in data handlers
+
+
+def _columns(value: Any) -> list[str]:
+    return [value] if isinstance(value, str) else list(value)
+
+
+def rename_columns(record: dict, column_mapping: dict[str, str]) -> dict:
+    return {column_mapping.get(k, k): v for k, v in record.items()}
+
+
+def select_columns(record: dict, column_names: Any) -> dict:
+    return {k: record[k] for k in _columns(column_names) if k in record}
+
+
+def remove_columns(record: dict, column_names: Any) -> dict:
+    drop = set(_columns(column_names))
+    return {k: v for k, v in record.items() if k not in drop}
+
+
+def duplicate_column(record: dict, old_column: str, new_column: str) -> dict:
+    if old_column not in record:
+        raise RowError(Drop.MISSING_FIELD, f"field {old_column!r} is missing")
+    return {**record, new_column: record[old_column]}
+
+
+def skip_large_text(record: dict, column_name: str, max_length: int) -> dict | None:
+    """None (skip the row) when the column's text is longer than max_length characters."""
+    value = record.get(column_name)
+    return None if isinstance(value, str) and len(value) > max_length else record
+
+
+_FIELD = re.compile(r"\{\{\s*(\w+)\s*\}\}|\{(\w+)\}")
+
+
+def apply_custom_data_formatting_template(record: dict, template: str, formatted_text_column_name: str = "text") -> dict:
+    """A field written from a template with {{field}} (or {field}) placeholders for the row's fields."""
+    def fill(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in record:
+            raise RowError(Drop.MISSING_FIELD, f"the template needs field {name!r}, which is missing")
+        return str(record[name])
+
+    return {**record, formatted_text_column_name: _FIELD.sub(fill, template)}
+
+
+for _fn in (rename_columns, select_columns, remove_columns, duplicate_column, skip_large_text,
+            apply_custom_data_formatting_template):
+    register_handler(_fn.__name__, _fn)

@@ -1,0 +1,204 @@
+"""Several datasets in one run (the seed's data_config): concatenation, mixing by sampling ratio with both
+stopping strategies, data handlers, and the per-dataset figures in the manifest.
+
+The mixed order is checked against the seed's interleaving written out here as its plain per-row loop
+(numpy's default_rng(seed), 1000 draws at a time, a dataset starting over when its rows run out), which
+shares no code with gpu-prep's streaming version."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+import gpu_prep
+from gpu_prep.config import load_config, parse_config
+from gpu_prep.errors import ConfigError
+from gpu_prep.pipeline import run
+
+pytestmark = pytest.mark.usefixtures("fast_tokenizer")
+
+SIZES = {"chat": 12, "qa": 9, "web": 6}
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    """Three datasets of different shapes; every row names itself as <dataset>-<index>."""
+    root = tmp_path / "data"
+    (root / "qa").mkdir(parents=True)
+    _write(root / "chat.jsonl", [{"messages": [{"role": "user", "content": f"Say chat-{i}."},
+                                               {"role": "assistant", "content": f"chat-{i}"}]}
+                                 for i in range(SIZES["chat"])])
+    # Questions and answers under their own keys: a handler renames them to prompt / response.
+    _write(root / "qa" / "part-0.jsonl", [{"question": f"Name qa-{i}.", "answer": f"qa-{i}", "id": i}
+                                         for i in range(5)])
+    _write(root / "qa" / "part-1.jsonl", [{"question": f"Name qa-{i}.", "answer": f"qa-{i}", "id": i}
+                                         for i in range(5, SIZES["qa"])])
+    _write(root / "web", [{"text": f"A page called web-{i}."} for i in range(SIZES["web"])])  # no extension
+    return root
+
+
+def _config(data: Path, ratios: tuple[float, float, float] | None, strategy: str = "all_exhausted",
+            seed: int | None = None) -> dict[str, Any]:
+    datasets = [
+        {"name": "chat", "data_paths": [str(data / "chat.jsonl")], "domain": "chat"},
+        {"name": "qa", "data_paths": [str(data / "qa")],
+         "data_handlers": [{"name": "rename_columns",
+                            "arguments": {"fn_kwargs": {"column_mapping": {"question": "prompt", "answer": "response"}},
+                                          "remove_columns": ["id"]}}]},
+        {"name": "web", "data_paths": [str(data / "web")], "builder": "jsonl"},
+    ]
+    if ratios is not None:
+        for spec, ratio in zip(datasets, ratios):
+            spec["sampling"] = ratio
+    processor: dict[str, Any] = {"type": "default", "sampling_stopping_strategy": strategy}
+    if seed is not None:
+        processor["seed"] = seed
+    return {"input": {"type": "auto"}, "chat_template": "chatml",
+            "mask": {"assistant": "train", "response": "train"},
+            "preprocessing": {"min_chars": 0, "deduplicate": False},
+            "dataprocessor": processor, "datasets": datasets}
+
+
+def reference_order(lengths: list[int], ratios: list[float], seed: int, strategy: str) -> list[tuple[int, int]]:
+    """(dataset, row) of each output row, by the seed's interleaving loop."""
+    rng = np.random.default_rng(seed)
+    exhausted, current, out = [False] * len(lengths), [0] * len(lengths), []
+    stop = all if strategy == "all_exhausted" else any
+    while True:
+        for k in rng.choice(len(lengths), size=1000, p=ratios):
+            if stop(exhausted):
+                return out
+            out.append((int(k), current[k]))
+            current[k] += 1
+            if current[k] >= lengths[k]:
+                exhausted[k], current[k] = True, 0
+
+
+def _order(out: Path) -> list[tuple[int, int]]:
+    """(dataset, row) of each written sample, in the order the run wrote them (domains interleave, so
+    each sample's place is read from the manifest's per-domain files in input order)."""
+    tok = gpu_prep.tokenize.load_tokenizer("qwen2.5")
+    names = list(SIZES)
+    found = []
+    dataset = gpu_prep.open_dataset(out)
+    for name in dataset:
+        for ids, _ in dataset[name]:
+            source, index = re.search(r"(chat|qa|web)-(\d+)", tok.decode(ids)).groups()
+            found.append((names.index(source), int(index)))
+    return found
+
+
+def _run(data: Path, config: dict[str, Any], out: Path) -> dict[str, Any]:
+    return run(parse_config(config), [], out)
+
+
+@pytest.mark.parametrize("strategy", ["all_exhausted", "first_exhausted"])
+def test_mixing_follows_the_seed_interleaving(tmp_path: Path, data: Path, strategy: str) -> None:
+    ratios = (0.5, 0.3, 0.2)
+    config = _config(data, ratios, strategy)
+    del config["datasets"][0]["domain"]  # one domain, so the samples are stored in the mixed order
+    manifest = _run(data, config, tmp_path / "out")
+    want = reference_order(list(SIZES.values()), list(ratios), 42, strategy)
+    assert manifest["totals"]["rows_written"] == len(want) == manifest["totals"]["rows_read"]
+    assert _order(tmp_path / "out") == want
+    per = {d["name"]: d for d in manifest["datasets"]}
+    for k, name in enumerate(SIZES):
+        drawn = sum(d == k for d, _ in want)
+        assert per[name]["rows_written"] == drawn and per[name]["sampling"] == ratios[k]
+        assert per[name]["share_of_rows"] == pytest.approx(drawn / len(want))
+    if strategy == "first_exhausted":  # stopped as soon as one dataset had given all its rows
+        assert any(per[n]["rows_written"] == SIZES[n] for n in SIZES)
+        assert all(per[n]["rows_written"] <= SIZES[n] for n in SIZES)
+    else:  # every dataset gave every row at least once; some gave rows again
+        assert all(per[n]["rows_written"] >= SIZES[n] for n in SIZES)
+    assert sum(d["share_of_tokens"] for d in manifest["datasets"]) == pytest.approx(1.0)
+
+
+def test_the_mix_is_deterministic_for_a_seed_and_changes_with_it(tmp_path: Path, data: Path) -> None:
+    ratios = (0.5, 0.3, 0.2)
+    first = _run(data, _config(data, ratios), tmp_path / "a")
+    again = _run(data, _config(data, ratios), tmp_path / "b")
+    other = _run(data, _config(data, ratios, seed=7), tmp_path / "c")
+    assert first["domains"] == again["domains"]  # every shard's sha256, so the same bytes
+    assert _order(tmp_path / "a") == _order(tmp_path / "b") != _order(tmp_path / "c")
+    assert first["config"]["dataprocessor"]["seed"] == 42 and other["config"]["dataprocessor"]["seed"] == 7
+
+
+def test_without_ratios_datasets_are_concatenated_in_order(tmp_path: Path, data: Path) -> None:
+    manifest = _run(data, _config(data, None), tmp_path / "out")
+    assert manifest["totals"]["rows_written"] == sum(SIZES.values())
+    got = _order(tmp_path / "out")
+    for k, n in enumerate(SIZES.values()):  # each dataset whole, in its files' order
+        assert [r for d, r in got if d == k] == list(range(n))
+    assert [d["rows_written"] for d in manifest["datasets"]] == list(SIZES.values())
+    assert {d["name"]: len(d["files"]) for d in manifest["datasets"]} == {"chat": 1, "qa": 2, "web": 1}
+    assert set(gpu_prep.open_dataset(tmp_path / "out")) == {"chat", "__default__"}  # the chat dataset's domain
+
+
+def test_a_yaml_data_config_runs_from_the_command_line(tmp_path: Path, data: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gpu_prep.cli import app
+
+    path = tmp_path / "mix.yaml"
+    path.write_text(yaml.safe_dump(_config(data, (0.5, 0.3, 0.2))), encoding="utf-8")
+    assert load_config(path).sampling_ratios() == [0.5, 0.3, 0.2]
+    result = CliRunner().invoke(app, ["run", "-c", str(path), "-o", str(tmp_path / "out"), "-q"])
+    assert result.exit_code == 0, result.output
+    both = CliRunner().invoke(app, ["run", str(data / "chat.jsonl"), "-c", str(path), "-o", str(tmp_path / "x")])
+    assert both.exit_code != 0 and "datasets name the inputs" in both.output
+
+
+@pytest.mark.parametrize(("ratios", "message"), [
+    ((0.5, 0.3, 0.3), "must sum to 1"),
+    ((0.5, None, 0.5), "every dataset a sampling ratio, or none"),
+    ((1.5, -0.25, -0.25), "less than or equal to 1"),
+])
+def test_bad_ratios_are_config_errors(data: Path, ratios: tuple, message: str) -> None:
+    config = _config(data, None)
+    for spec, ratio in zip(config["datasets"], ratios):
+        spec["sampling"] = ratio
+    with pytest.raises(ConfigError, match=message):
+        parse_config(config)
+
+
+def test_handlers_skip_and_fail_rows_for_their_reasons(tmp_path: Path, data: Path) -> None:
+    config = _config(data, None)
+    config["datasets"][0]["data_handlers"] = [
+        {"name": "skip_large_text", "arguments": {"fn_kwargs": {"column_name": "note", "max_length": 3}}},
+        {"name": "duplicate_column", "arguments": {"fn_kwargs": {"old_column": "missing", "new_column": "x"}}},
+    ]
+    manifest = _run(data, config, tmp_path / "out")
+    chat = manifest["datasets"][0]
+    assert chat["rows_written"] == 0 and chat["rows_dropped"] == {"missing_field": SIZES["chat"]}
+    assert "data handler duplicate_column" in manifest["dropped_examples"]["missing_field"][0]["detail"]
+    with pytest.raises(ConfigError, match="unknown data handler 'nope'"):
+        parse_config({**config, "datasets": [{"name": "d", "data_paths": ["x"], "data_handlers": [{"name": "nope"}]}]})
+
+
+def test_a_plugin_registers_its_own_handler(tmp_path: Path, data: Path) -> None:
+    from gpu_prep.plugins import load_plugins
+
+    plugin = tmp_path / "shout.py"
+    plugin.write_text("from gpu_prep.mix import register_handler\n"
+                      "def shout(record, column):\n"
+                      "    return {**record, column: record[column].upper()}\n"
+                      "register_handler('shout', shout)\n", encoding="utf-8")
+    load_plugins([str(plugin)])
+    config = _config(data, None)
+    config["datasets"][2]["data_handlers"] = [{"name": "shout", "arguments": {"fn_kwargs": {"column": "text"}}}]
+    _run(data, config, tmp_path / "out")
+    tok = gpu_prep.tokenize.load_tokenizer("qwen2.5")
+    texts = [tok.decode(ids) for ids, _ in gpu_prep.open_dataset(tmp_path / "out")["__default__"]]
+    assert "A PAGE CALLED WEB-0." in texts
