@@ -55,6 +55,11 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
     table.add_row("device, tokenizer engine", f"{manifest['device']}, {manifest['tokenizer']['engine']}")
     for name, meta in manifest["domains"].items():
         table.add_row(f"domain {name}", f"{meta['num_samples']:,} samples, {len(meta['shards'])} shard(s)")
+    for d in manifest.get("datasets", []):
+        asked = "" if d["sampling"] is None else f" (asked {d['sampling']:.0%})"
+        dropped = sum(d["rows_dropped"].values())
+        table.add_row(f"dataset {d['name']}", f"{d['rows_read']:,} read, {d['rows_written']:,} written, {dropped:,} "
+                      f"dropped; {d['share_of_rows']:.1%} of rows, {d['share_of_tokens']:.1%} of tokens{asked}")
     out.print(table)
     for role, n in totals.get("parse_report", {}).get("unknown_roles", {}).items():
         err.print(f"[yellow]warning:[/] {n:,} message(s) with role {role!r}, which is not one of "

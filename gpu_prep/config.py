@@ -229,6 +229,11 @@ class DatasetConfig(_Frozen):
     sampling: float | None = Field(None, ge=0.0, le=1.0)
     data_handlers: list[DataHandlerConfig] = []
     domain: str | None = None  # the domain of its rows when output.domain_key does not give one
+    # Its own input and mask settings, over the config's (input keys replace those given, mask replaces
+    # the whole rule set).
+    input: dict[str, Any] | None = None
+    mask: dict[str, Action] | None = None
+    mask_default: Action | None = None
 
 
 class DataprocessorConfig(_Frozen):
@@ -278,7 +283,27 @@ class PipelineConfig(_Frozen):
                 raise ValueError("datasets: give every dataset a sampling ratio, or none (concatenation)")
             if abs(sum(ratios) - 1.0) > 1e-6:
                 raise ValueError(f"datasets: the sampling ratios must sum to 1, they sum to {sum(ratios):g}")
+        for k in range(len(self.datasets)):
+            self.dataset_config(k)  # its own settings must make a valid config too
         return self
+
+    def dataset_config(self, k: int) -> PipelineConfig:
+        """The config dataset k's rows are formatted and masked with: this one with its own input and
+        mask settings over it."""
+        spec = (self.datasets or [])[k]
+        if spec.input is None and spec.mask is None and spec.mask_default is None:
+            return self
+        data = self.model_dump(exclude={"datasets"})
+        data["input"] = {**data["input"], **(spec.input or {})}
+        if spec.mask is not None:
+            data["mask"] = spec.mask
+        if spec.mask_default is not None:
+            data["mask_default"] = spec.mask_default
+        try:
+            return PipelineConfig.model_validate(data)
+        except ValidationError as exc:
+            raise ValueError(f"datasets[{k}] ({spec.name}): {exc.errors()[0]['msg']} at "
+                             f"{'.'.join(str(x) for x in exc.errors()[0]['loc'])}") from None
 
     def sampling_ratios(self) -> list[float] | None:
         ratios = [d.sampling for d in self.datasets or []]

@@ -11,6 +11,7 @@ rows. The order is computed as the rows are read, so memory does not grow with t
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -158,6 +159,44 @@ def apply_custom_data_formatting_template(record: dict, template: str, formatted
     return {**record, formatted_text_column_name: _FIELD.sub(fill, template)}
 
 
+def apply_dataset_formatting(record: dict, dataset_text_field: str, tokenizer: Any) -> dict:
+    """The field with the tokenizer's eos token added at its end (handlers that take `tokenizer` get the
+    run's)."""
+    value = record.get(dataset_text_field)
+    if not isinstance(value, str):
+        raise RowError(Drop.MISSING_FIELD if value is None else Drop.WRONG_TYPE,
+                       f"field {dataset_text_field!r} must be a string")
+    return {**record, dataset_text_field: value + (tokenizer.eos_text or "")}
+
+
+def apply_tokenizer_chat_template(record: dict, tokenizer: Any, conversation_column: str = "messages",
+                                  formatted_text_column_name: str = "text") -> dict:
+    """A field holding the conversation rendered by the tokenizer's chat template, as plain text."""
+    from gpu_prep.chat_template import ChatTemplate
+
+    messages = record.get(conversation_column)
+    if not isinstance(messages, list):
+        raise RowError(Drop.MISSING_FIELD if messages is None else Drop.WRONG_TYPE,
+                       f"field {conversation_column!r} must be a list of messages")
+    if tokenizer.chat_template is None:
+        raise RowError(Drop.TEMPLATE_ERROR, "the tokenizer has no chat template")
+    key = (tokenizer.chat_template, tuple(sorted(tokenizer.special_tokens.items())))
+    if key not in _TEMPLATES:
+        _TEMPLATES[key] = ChatTemplate(tokenizer.chat_template, tokenizer.special_tokens)
+    text = _TEMPLATES[key].render(messages, record.get("tools"))
+    return {**record, formatted_text_column_name: text}
+
+
+_TEMPLATES: dict[Any, Any] = {}  # compiled chat templates, by their text and special tokens
+
+
 for _fn in (rename_columns, select_columns, remove_columns, duplicate_column, skip_large_text,
-            apply_custom_data_formatting_template):
+            apply_custom_data_formatting_template, apply_dataset_formatting, apply_tokenizer_chat_template):
     register_handler(_fn.__name__, _fn)
+
+
+def with_tokenizer(datasets: list[Dataset], tokenizer: Any) -> None:
+    """Hand the run's tokenizer to the handlers that take one."""
+    for dataset in datasets:
+        dataset.handlers = [(fn, {**kwargs, "tokenizer": tokenizer} if "tokenizer" in inspect.signature(fn).parameters
+                             else kwargs, name, remove) for fn, kwargs, name, remove in dataset.handlers]

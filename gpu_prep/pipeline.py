@@ -51,7 +51,7 @@ from gpu_prep.mask import (
     truncate_and_filter,
 )
 from gpu_prep.overlap import Sink, Stopwatch, in_background, overlapped, quick_handoffs
-from gpu_prep.mix import HANDLERS, Dataset, mixed_rows
+from gpu_prep.mix import HANDLERS, Dataset, mixed_rows, with_tokenizer
 from gpu_prep.read import COMPRESSIONS, SUFFIXES, InputFile, RawChunk, expand_inputs, read_chunks
 from gpu_prep.render import RenderContext, RenderedRow, affix_disagreement, render_row
 from gpu_prep.templates import resolve_template
@@ -96,16 +96,19 @@ def dataset_totals(config: PipelineConfig, datasets: list[Dataset], acct: Accoun
     return out
 
 
-def _format(chunk: RawChunk, config: PipelineConfig, drops: Drops, file_domains: dict[int, str] | None = None) -> Rows:
-    auto = config.input.type == "auto"
-    build = build_auto if auto else get_builder(config.input.type)
-    schema = config.input.type
+Sources = dict[int, tuple[PipelineConfig, "str | None"]]  # file index -> its dataset's config and domain
+
+
+def _format(chunk: RawChunk, base: PipelineConfig, drops: Drops, sources: Sources | None = None) -> Rows:
     rows = Rows([], [], [])
     for i, record in enumerate(chunk.records):
         file_index, line = chunk.file_index[i], chunk.line[i]
         if record is None:
             drops.append((file_index, line, *chunk.errors[i]))
             continue
+        config, own_domain = sources.get(file_index, (base, None)) if sources else (base, None)
+        auto = config.input.type == "auto"
+        schema = config.input.type
         if isinstance(record, list):  # a conversation written as its messages alone
             if config.input.type not in ("chat", "auto"):
                 drops.append((file_index, line, Drop.NOT_AN_OBJECT, "a row that is a list of messages is read "
@@ -114,9 +117,9 @@ def _format(chunk: RawChunk, config: PipelineConfig, drops: Drops, file_domains:
             record = {config.input.messages_key: record}
         try:
             domain = domain_of(record, config.output.domain_key)
-            if file_domains and config.output.domain_key is None:  # a dataset's own domain
-                domain = file_domains.get(file_index, domain)
-            shape = build(record, config)
+            if own_domain is not None and config.output.domain_key is None:  # a dataset's own domain
+                domain = own_domain
+            shape = (build_auto if auto else get_builder(config.input.type))(record, config)
             if auto:
                 schema, shape = shape
         except RowError as err:
@@ -167,11 +170,14 @@ def _filter(backend: Backend, rows: Rows, config: PipelineConfig, dedup: Dedupli
     return [None if r is None else (r, f"{len(t)} characters; {details[r]}") for r, t in zip(reasons, texts)]
 
 
-def _render(rows: Rows, ctx: RenderContext) -> tuple[Rows, list]:
+def _render(rows: Rows, ctx: RenderContext, contexts: dict[int, RenderContext] | None = None,
+            chunk: RawChunk | None = None) -> tuple[Rows, list]:
+    """Each row rendered with its context: ctx, or its dataset's (contexts, by file index of the chunk)."""
     rendered, reasons = [], []
-    for shape in rows.payload:
+    for i, shape in zip(rows.index, rows.payload):
+        own = contexts.get(chunk.file_index[i], ctx) if contexts and chunk is not None else ctx
         try:
-            rendered.append(render_row(shape, ctx))
+            rendered.append(render_row(shape, own))
             reasons.append(None)
         except RowError as err:
             rendered.append(None)
@@ -328,7 +334,7 @@ def _append_by_domain(writer: DatasetWriter, domains: list[str], ids: np.ndarray
 
 def _prepare(chunks: Iterator[RawChunk], config: PipelineConfig, ctx: RenderContext, backend: Backend,
              dedup: Deduplicator | None, clock: Stopwatch, decided: dict[str, Any],
-             file_domains: dict[int, str] | None = None) -> Iterator[tuple[RawChunk, Rows, Drops, list[bytes]]]:
+             sources: Sources | None = None) -> Iterator[tuple[RawChunk, Rows, Drops, list[bytes]]]:
     """The host stages, chunk by chunk: read -> format -> filter -> render. Each chunk comes with the dedup
     digests it added; decided["affix"] records whether Jinja-free rendering was trusted (None: not yet)."""
     if decided.get("affix") is False:
@@ -337,7 +343,7 @@ def _prepare(chunks: Iterator[RawChunk], config: PipelineConfig, ctx: RenderCont
     while (chunk := clock.time("read", next, chunks, None)) is not None:
         failpoint("read")
         drops: Drops = []
-        rows = clock.time("format", _format, chunk, config, drops, file_domains)
+        rows = clock.time("format", _format, chunk, config, drops, sources)
         if affix_pending and rows.index:
             # Trust the Jinja-free rendering only once it matched Jinja on the first chunk's rows.
             if clock.time("render", affix_disagreement, rows.payload, ctx) is not None:
@@ -345,7 +351,10 @@ def _prepare(chunks: Iterator[RawChunk], config: PipelineConfig, ctx: RenderCont
             affix_pending = False
             decided["affix"] = ctx.affix is not None
         rows = _drop_where(rows, clock.time("filter", _filter, backend, rows, config, dedup), chunk, drops)
-        rows, reasons = clock.time("render", _render, rows, ctx)
+        # A dataset with its own settings renders with them (and its own cache of mask decisions).
+        contexts = {f: dataclasses.replace(ctx, config=cfg, _trains={}) for f, (cfg, _) in (sources or {}).items()
+                    if cfg is not config}
+        rows, reasons = clock.time("render", _render, rows, ctx, contexts, chunk)
         digests = dedup.take_added() if dedup is not None else []
         yield chunk, _drop_where(rows, reasons, chunk, drops), drops, digests
 
@@ -455,10 +464,12 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
     dedup = Deduplicator(checkpoints.seen()) if config.preprocessing.deduplicate else None
     fields = string_fields(config)
     columnar = backend.columnar_reader(fields) if config.gpu.reader == "cudf" and fields else None
-    mixed, file_domains = None, {}
+    mixed, sources = None, {}
     if datasets is not None:
-        file_domains = {f.index: spec.domain for spec, d in zip(config.datasets or [], datasets) for f in d.files
-                        if spec.domain}
+        with_tokenizer(datasets, tok)
+        own = [config.dataset_config(k) for k in range(len(datasets))]
+        sources = {f.index: (own[k], spec.domain) for k, (spec, d) in enumerate(zip(config.datasets or [], datasets))
+                   for f in d.files}
         process = config.dataprocessor
         mixed = mixed_rows(datasets, config.sampling_ratios(), process.seed, process.sampling_stopping_strategy,
                            columnar, config.input.max_row_bytes)
@@ -495,7 +506,7 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
     try:
         with quick_handoffs(), Sink(finish_chunk) as finish:
             for chunk, rows, drops, digests in overlapped(_prepare(chunks, config, ctx, backend, dedup, clock,
-                                                                   decided, file_domains)):
+                                                                   decided, sources)):
                 tokens = None
                 if rows.index:
                     failpoint("tokenize")

@@ -154,8 +154,9 @@ def test_a_yaml_data_config_runs_from_the_command_line(tmp_path: Path, data: Pat
     path = tmp_path / "mix.yaml"
     path.write_text(yaml.safe_dump(_config(data, (0.5, 0.3, 0.2))), encoding="utf-8")
     assert load_config(path).sampling_ratios() == [0.5, 0.3, 0.2]
-    result = CliRunner().invoke(app, ["run", "-c", str(path), "-o", str(tmp_path / "out"), "-q"])
+    result = CliRunner().invoke(app, ["run", "-c", str(path), "-o", str(tmp_path / "out")], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
+    assert re.search(r"dataset qa\s.*written.*of rows.*of tokens \(asked 30%\)", result.output)
     both = CliRunner().invoke(app, ["run", str(data / "chat.jsonl"), "-c", str(path), "-o", str(tmp_path / "x")])
     assert both.exit_code != 0 and "datasets name the inputs" in both.output
 
@@ -202,3 +203,53 @@ def test_a_plugin_registers_its_own_handler(tmp_path: Path, data: Path) -> None:
     tok = gpu_prep.tokenize.load_tokenizer("qwen2.5")
     texts = [tok.decode(ids) for ids, _ in gpu_prep.open_dataset(tmp_path / "out")["__default__"]]
     assert "A PAGE CALLED WEB-0." in texts
+
+
+def test_each_dataset_takes_its_own_input_and_mask_settings(tmp_path: Path, data: Path) -> None:
+    config = _config(data, None)
+    config["datasets"][0]["input"] = {"type": "chat"}
+    config["datasets"][1]["input"] = {"type": "instruction"}
+    config["datasets"][1]["mask"] = {"prompt": "train", "response": "train"}  # this one trains its prompts too
+    config["datasets"][2]["input"] = {"type": "text"}
+    config["input"] = {"type": "chat"}  # what a dataset without its own setting would use
+    _run(data, config, tmp_path / "out")
+    tok = gpu_prep.tokenize.load_tokenizer("qwen2.5")
+    out = gpu_prep.open_dataset(tmp_path / "out")
+    trained = [tok.decode(ids[mask == 1]) for ids, mask in out["__default__"]]
+    assert trained[0].startswith("Name qa-0.") and "qa-0" in trained[0]  # prompt and response
+    assert trained[-1] == "A page called web-5."  # a text row, every token
+    chat = [tok.decode(ids[mask == 1]) for ids, mask in out["chat"]]
+    assert chat[0] == "chat-0<|im_end|>"  # the chat dataset masks its prompts (the config's mask)
+    with pytest.raises(ConfigError, match=r"datasets\[0\] \(chat\)"):
+        parse_config({**config, "datasets": [{**config["datasets"][0], "input": {"type": "nope"}}]})
+
+
+def test_handlers_that_use_the_tokenizer(tmp_path: Path, data: Path) -> None:
+    tok = gpu_prep.tokenize.load_tokenizer("qwen2.5")
+    config = _config(data, None)
+    config["datasets"][0]["input"] = {"type": "text"}
+    config["datasets"][0]["data_handlers"] = [
+        {"name": "apply_tokenizer_chat_template", "arguments": {"fn_kwargs": {}, "remove_columns": "all"}}]
+    config["datasets"][2]["data_handlers"] = [
+        {"name": "apply_dataset_formatting", "arguments": {"fn_kwargs": {"dataset_text_field": "text"}}}]
+    config["datasets"][2]["input"] = {"type": "text"}
+    _run(data, config, tmp_path / "out")
+    out = gpu_prep.open_dataset(tmp_path / "out")
+    chat = [tok.decode(ids) for ids, _ in out["chat"]]
+    assert chat[0] == tok.engine.decode(tok.engine.encode(
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nSay chat-0.<|im_end|>\n<|im_start|>assistant\nchat-0<|im_end|>\n").ids,
+        skip_special_tokens=False)
+    web = [tok.decode(ids) for ids, _ in out["__default__"]][-1]
+    assert web == f"A page called web-5.{tok.eos_text}"
+
+
+def test_the_shipped_mix_config_runs_on_the_examples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from helpers import REPO
+
+    monkeypatch.chdir(REPO)  # its data_paths are relative to where gpu-prep runs
+    manifest = run(load_config(REPO / "configs" / "mix.yaml"), [], tmp_path / "out")
+    per = {d["name"]: d for d in manifest["datasets"]}
+    assert [per[n]["sampling"] for n in ("chat", "alpaca", "web")] == [0.5, 0.3, 0.2]
+    assert all(per[n]["rows_written"] > 0 for n in per)  # all_exhausted: every dataset given whole
+    assert sum(d["rows_read"] for d in per.values()) == manifest["totals"]["rows_read"]
