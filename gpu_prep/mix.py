@@ -71,6 +71,10 @@ class Dataset:
     files: list[InputFile]
     handlers: list[tuple[Handler, dict[str, Any], str, Any]]  # function, fn_kwargs, name, remove_columns
 
+    def count(self, max_row_bytes: int) -> int:
+        """Its rows, handlers not run (a handler drops a row as a whole, so the count is the same)."""
+        return sum(1 for file in self.files for _ in file_rows(file, None, max_row_bytes))
+
     def rows(self, columnar: Columnar | None, max_row_bytes: int) -> Iterator[Row]:
         for file in self.files:
             for line, record, error, nbytes in file_rows(file, columnar, max_row_bytes):
@@ -103,7 +107,7 @@ def mixed_rows(datasets: list[Dataset], ratios: list[float] | None, seed: int, s
         for dataset in datasets:
             yield from dataset.rows(columnar, max_row_bytes)
         return
-    lengths = [sum(1 for _ in d.rows(None, max_row_bytes)) for d in datasets]  # rows before handlers' drops
+    lengths = [d.count(max_row_bytes) for d in datasets]
     streams = [d.rows(columnar, max_row_bytes) for d in datasets]
     for k in dataset_order(lengths, ratios, seed, strategy):
         row = next(streams[k], None)
