@@ -174,7 +174,9 @@ class PreprocessingConfig(_Frozen):
 
 class OutputConfig(_Frozen):
     domain_key: str | None = None
-    storage_format: Literal["bin", "h5"] = "bin"
+    # bin: the seed's raw arrays with meta.json; h5: one HDF5 file per shard; megatron: Megatron's
+    # indexed dataset (.bin/.idx, tokens as uint16 or int32 by vocabulary size) and a .loss_mask.bin sidecar.
+    storage_format: Literal["bin", "h5", "megatron"] = "bin"
     max_tokens_per_shard: int = Field(100_000_000, ge=1)
 
 

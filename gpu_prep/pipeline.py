@@ -56,7 +56,7 @@ from gpu_prep.read import COMPRESSIONS, SUFFIXES, InputFile, RawChunk, expand_in
 from gpu_prep.render import RenderContext, RenderedRow, affix_disagreement, render_row
 from gpu_prep.templates import resolve_template
 from gpu_prep.tokenize import Tokenizer, load_tokenizer
-from gpu_prep.write import DatasetWriter, sha256_file, write_json_atomic
+from gpu_prep.write import DatasetWriter, megatron_dtype, sha256_file, write_json_atomic
 
 DEFAULT_TOKENIZER = "qwen2.5"
 MANIFEST = "manifest.json"
@@ -459,7 +459,9 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
         encode = backend.encoder(tok)
     acct = Accounting(files, rejects=options.rejects, strict=options.strict, state=resumed.get("accounting"))
     split = config.preprocessing.max_seq_len if config.preprocessing.truncation == "split" else None
-    writer = DatasetWriter(out_dir, config.output.storage_format, config.output.max_tokens_per_shard, split)
+    vocab = int(tok.engine.get_vocab_size(with_added_tokens=True))
+    token_dtype = megatron_dtype(vocab) if config.output.storage_format == "megatron" else None
+    writer = DatasetWriter(out_dir, config.output.storage_format, config.output.max_tokens_per_shard, split, token_dtype)
     writer.restore(resumed.get("writer", []))
     dedup = Deduplicator(checkpoints.seen()) if config.preprocessing.deduplicate else None
     fields = string_fields(config)

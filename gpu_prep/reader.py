@@ -14,10 +14,20 @@ from typing import Any
 import numpy as np
 
 
+def _memmap(path: Path, dtype: np.dtype) -> np.ndarray:
+    return np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
+
+
 class _Shard:
     def __init__(self, directory: Path, record: dict[str, Any], storage_format: str, dtype: str, mask_dtype: str):
         files = record["files"]
-        if storage_format == "bin":
+        if storage_format == "megatron":
+            from gpu_prep.write import read_megatron_index
+
+            token_dtype, self.offsets = read_megatron_index(directory / files["idx"])
+            self.sequence = _memmap(directory / files["bin"], token_dtype)
+            self.loss_mask = _memmap(directory / files["loss_mask"], np.dtype("u1"))
+        elif storage_format == "bin":
             self.sequence = np.memmap(directory / files["sequence"], dtype=dtype, mode="r")
             self.loss_mask = np.memmap(directory / files["loss_mask"], dtype=mask_dtype, mode="r")
             self.offsets = np.fromfile(directory / files["sample_offsets"], dtype="<i8")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from struct import error as struct_error
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,28 @@ def _check_bin(directory: Path, shard: dict[str, Any], meta: dict[str, Any], whe
     if len(arrays) == 3:
         faults += _check_arrays(arrays["sequence"], arrays["loss_mask"], arrays["sample_offsets"], shard, where)
     return faults
+
+
+def _check_megatron(directory: Path, shard: dict[str, Any], where: str) -> list[str]:
+    from gpu_prep.write import read_megatron_index
+
+    faults = []
+    for key, name in shard["files"].items():
+        path = directory / name
+        if not path.is_file():
+            return [f"{where}: {name} is missing"]
+        if sha256_file(path) != shard["sha256"][key]:
+            faults.append(f"{where}: {name} does not match its recorded sha256")
+    try:
+        dtype, offsets = read_megatron_index(directory / shard["files"]["idx"])
+    except (ValueError, StopIteration, struct_error) as exc:
+        return faults + [f"{where}: {shard['files']['idx']} is not a Megatron index ({exc})"]
+    sizes = {k: (directory / shard["files"][k]).stat().st_size for k in ("bin", "loss_mask")}
+    if sizes["bin"] != int(offsets[-1]) * dtype.itemsize or sizes["loss_mask"] != int(offsets[-1]):
+        return faults + [f"{where}: the .bin or its loss-mask sidecar does not hold the tokens the .idx counts"]
+    sequence = np.fromfile(directory / shard["files"]["bin"], dtype=dtype)
+    loss_mask = np.fromfile(directory / shard["files"]["loss_mask"], dtype="u1")
+    return faults + _check_arrays(sequence, loss_mask, offsets, shard, where)
 
 
 def _check_h5(directory: Path, shard: dict[str, Any], where: str) -> list[str]:
@@ -107,8 +130,9 @@ def _verify(out_dir: Path, manifest: dict[str, Any]) -> list[str]:
             faults.append(f"{name}: meta.json differs from the manifest's copy")
         for k, shard in enumerate(meta["shards"]):
             where = f"{name} shard {k}"
-            faults += _check_bin(directory, shard, meta, where) if meta["storage_format"] == "bin" \
-                else _check_h5(directory, shard, where)
+            fmt = meta["storage_format"]
+            faults += _check_bin(directory, shard, meta, where) if fmt == "bin" \
+                else _check_megatron(directory, shard, where) if fmt == "megatron" else _check_h5(directory, shard, where)
         tokens += meta["num_tokens"]
     totals = manifest["totals"]
     if tokens != totals["tokens"]:

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import re
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -211,22 +212,88 @@ class _H5Shard(_RawShard):
         return {"files": {"h5": name}, "sha256": {"h5": sha256_file(path)}}
 
 
+# Megatron's indexed dataset (megatron/core/datasets/indexed_dataset.py): a .bin of raw tokens and an .idx.
+MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
+MEGATRON_CODES = {np.dtype(t): code for t, code in (("u1", 1), ("i1", 2), ("<i2", 3), ("<i4", 4), ("<i8", 5),
+                                                    ("<f8", 6), ("<f4", 7), ("<u2", 8))}
+
+
+def megatron_dtype(vocab_size: int) -> np.dtype:
+    """The token type Megatron's preprocessing picks for a vocabulary: uint16 below 65500 ids, else int32."""
+    return np.dtype("<u2") if vocab_size < 65500 else np.dtype("<i4")
+
+
+def megatron_index(lengths: np.ndarray, dtype: np.dtype) -> bytes:
+    """The .idx of one sequence per document: header (magic, version 1, dtype code, sequence count,
+    document count + 1), int32 lengths, int64 byte pointers, int64 document indices 0..S."""
+    count = len(lengths)
+    pointers = np.zeros(count, dtype="<i8")
+    np.cumsum(lengths[:-1] * np.dtype(dtype).itemsize, out=pointers[1:])
+    header = MEGATRON_MAGIC + struct.pack("<QBQQ", 1, MEGATRON_CODES[np.dtype(dtype)], count, count + 1)
+    return (header + np.asarray(lengths, dtype="<i4").tobytes() + pointers.tobytes()
+            + np.arange(count + 1, dtype="<i8").tobytes())
+
+
+def read_megatron_index(path: Path) -> tuple[np.dtype, np.ndarray]:
+    """(token dtype, sample offsets) of a Megatron .idx written with one sequence per document."""
+    data = path.read_bytes()
+    if not data.startswith(MEGATRON_MAGIC):
+        raise ValueError(f"{path} is not a Megatron index")
+    version, code, count, _ = struct.unpack_from("<QBQQ", data, len(MEGATRON_MAGIC))
+    dtype = next(t for t, c in MEGATRON_CODES.items() if c == code)
+    lengths = np.frombuffer(data, dtype="<i4", count=count, offset=34)
+    return dtype, np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+
+
+class _MegatronShard(_RawShard):
+    """The raw temporary files turned, when the shard is complete, into Megatron's .bin/.idx pair (tokens
+    in the vocabulary's type) and a loss-mask sidecar of one uint8 per token in the .bin's order."""
+
+    hashes_arrays = False
+    token_dtype = np.dtype("<i4")
+
+    def close(self, directory: Path) -> dict[str, Any]:
+        self._close_handles()
+        stem = f"data{_suffix(self.index)}"
+        names = {"bin": f"{stem}.bin", "idx": f"{stem}.idx", "loss_mask": f"{stem}.loss_mask.bin"}
+        done = []
+        for key, source, dtype in (("bin", "sequence", self.token_dtype), ("loss_mask", "loss_mask", np.dtype("u1"))):
+            tmp = temporary_path(directory / names[key])
+            with open(self.tmp[source], "rb") as raw, open(tmp, "wb") as out:  # in slices: bounded memory
+                while block := raw.read(H5_COPY_ITEMS * TOKEN_DTYPE.itemsize):
+                    out.write(np.frombuffer(block, TOKEN_DTYPE).astype(dtype).tobytes())
+            done.append((tmp, directory / names[key]))
+        tmp = temporary_path(directory / names["idx"])
+        tmp.write_bytes(megatron_index(np.diff(np.fromfile(self.tmp["sample_offsets"], TOKEN_DTYPE)), self.token_dtype))
+        done.append((tmp, directory / names["idx"]))
+        failpoint("shard_close")  # the shard complete under temporary names
+        for tmp, final in done:
+            finish_file(tmp, final)
+        return {"files": names, "sha256": {k: sha256_file(directory / n) for k, n in names.items()}}
+
+
+SHARDS: dict[str, type[_RawShard]] = {"bin": _BinShard, "h5": _H5Shard, "megatron": _MegatronShard}
+
+
 class DomainWriter:
     """Appends samples of one domain, opening a new shard whenever the current one is full."""
 
-    def __init__(self, directory: Path, name: str, storage_format: str, max_tokens_per_shard: int) -> None:
+    def __init__(self, directory: Path, name: str, storage_format: str, max_tokens_per_shard: int,
+                 token_dtype: np.dtype | None = None) -> None:
         self.directory, self.name = directory, name
         self.storage_format, self.cap = storage_format, max_tokens_per_shard
+        self.token_dtype = token_dtype  # megatron: the .bin's token type
         self.shards: list[dict[str, Any]] = []
-        self.current: _BinShard | _H5Shard | None = None
+        self.current: _RawShard | None = None
         # Temporaries of closed shards (h5's raw arrays): removed once a checkpoint no longer needs them.
         self.obsolete: list[Path] = []
         self.fill_tokens = self.fill_samples = self.fill_trained = 0
 
     def _open(self, lengths: dict[str, int] | None = None) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        kind = _BinShard if self.storage_format == "bin" else _H5Shard
-        self.current = kind(self.directory, len(self.shards), lengths)
+        self.current = SHARDS[self.storage_format](self.directory, len(self.shards), lengths)
+        if self.token_dtype is not None:
+            self.current.token_dtype = self.token_dtype
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps of this domain: its closed shards and the open one's file lengths."""
@@ -235,8 +302,9 @@ class DomainWriter:
                 "open": None if self.current is None else self.current.lengths()}
 
     @classmethod
-    def restore(cls, out_dir: Path, state: dict[str, Any], storage_format: str, cap: int) -> DomainWriter:
-        writer = cls(out_dir / state["directory"], state["name"], storage_format, cap)
+    def restore(cls, out_dir: Path, state: dict[str, Any], storage_format: str, cap: int,
+                token_dtype: np.dtype | None = None) -> DomainWriter:
+        writer = cls(out_dir / state["directory"], state["name"], storage_format, cap, token_dtype)
         writer.shards = state["shards"]
         writer.fill_tokens, writer.fill_samples, writer.fill_trained = state["fill"]
         if state["open"] is not None:
@@ -283,8 +351,9 @@ class DomainWriter:
         meta = {
             "format": "gpu-prep", "format_version": 1, "storage_format": self.storage_format,
             "domain": self.name,
-            "sequence": {"shape": [tokens], "dtype": TOKEN_DTYPE.name},
-            "loss_mask": {"shape": [tokens], "dtype": MASK_DTYPE.name, "meaning": LOSS_MASK_MEANING},
+            "sequence": {"shape": [tokens], "dtype": (self.token_dtype or TOKEN_DTYPE).name},
+            "loss_mask": {"shape": [tokens], "dtype": "uint8" if self.storage_format == "megatron" else MASK_DTYPE.name,
+                          "meaning": LOSS_MASK_MEANING},
             "sample_offsets": {"dtype": TOKEN_DTYPE.name, "meaning": "sample i is tokens [off[i], off[i+1]) of its shard"},
             "num_samples": sum(s["num_samples"] for s in self.shards),
             "num_tokens": tokens,
@@ -300,9 +369,10 @@ class DatasetWriter:
     """One DomainWriter per domain; domain values are made safe and kept distinct as directory names."""
 
     def __init__(self, out_dir: Path, storage_format: str, max_tokens_per_shard: int,
-                 window: int | None = None) -> None:
-        """window: samples longer than this many tokens are cut into samples of that many (and a last one)."""
-        self.out_dir, self.window = out_dir, window
+                 window: int | None = None, token_dtype: np.dtype | None = None) -> None:
+        """window: samples longer than this many tokens are cut into samples of that many (and a last one);
+        token_dtype: the token type of megatron shards."""
+        self.out_dir, self.window, self.token_dtype = out_dir, window, token_dtype
         self.storage_format, self.cap = storage_format, max_tokens_per_shard
         self.domains: dict[str, DomainWriter] = {}
         self.taken: dict[str, str] = {}
@@ -321,7 +391,7 @@ class DatasetWriter:
             offsets = split_offsets(np, offsets, self.window)
         if domain not in self.domains:
             self.domains[domain] = DomainWriter(self.out_dir / self._dir_for(domain), domain,
-                                                self.storage_format, self.cap)
+                                                self.storage_format, self.cap, self.token_dtype)
         self.domains[domain].append(ids, loss_mask, offsets)
 
     def state(self) -> list[dict[str, Any]]:
@@ -329,7 +399,8 @@ class DatasetWriter:
 
     def restore(self, state: list[dict[str, Any]]) -> None:
         for domain in state:
-            self.domains[domain["name"]] = DomainWriter.restore(self.out_dir, domain, self.storage_format, self.cap)
+            self.domains[domain["name"]] = DomainWriter.restore(self.out_dir, domain, self.storage_format, self.cap,
+                                                                self.token_dtype)
             self.taken[domain["directory"]] = domain["name"]
 
     def remove_obsolete(self) -> None:

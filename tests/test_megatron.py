@@ -1,0 +1,71 @@
+"""storage_format megatron: Megatron's indexed dataset (.bin/.idx) plus a loss-mask sidecar, byte for byte
+as ../shared/formats.md lays it out, and the same samples as the default bin output."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gpu_prep
+from gpu_prep.verify import verify
+from gpu_prep.write import megatron_dtype, megatron_index
+from helpers import run_rows
+
+pytestmark = pytest.mark.usefixtures("fast_tokenizer")
+
+
+def test_the_index_of_a_hand_worked_example() -> None:
+    # Two documents of 3 and 2 uint16 tokens: lengths [3, 2], pointers [0, 6], document indices [0, 1, 2].
+    want = (b"MMIDIDX\x00\x00" + (1).to_bytes(8, "little") + bytes([8]) + (2).to_bytes(8, "little")
+            + (3).to_bytes(8, "little") + (3).to_bytes(4, "little") + (2).to_bytes(4, "little")
+            + (0).to_bytes(8, "little") + (6).to_bytes(8, "little")
+            + b"".join(k.to_bytes(8, "little") for k in (0, 1, 2)))
+    got = megatron_index(np.array([3, 2]), np.dtype("<u2"))
+    assert got == want and len(got) == 34 + 12 * 2 + 8 * 3 == 82
+
+
+def test_the_token_type_follows_the_vocabulary() -> None:
+    assert megatron_dtype(32_000) == np.dtype("<u2") and megatron_dtype(65_499) == np.dtype("<u2")
+    assert megatron_dtype(151_665) == np.dtype("<i4")
+
+
+def _read_by_the_spec(idx_path: Path) -> list[np.ndarray]:
+    """The documents of a .bin/.idx pair, read from the layout alone (not gpu-prep's reader)."""
+    idx = idx_path.read_bytes()
+    assert idx[:9] == b"MMIDIDX\x00\x00"
+    version, code, count, docs = struct.unpack_from("<QBQQ", idx, 9)
+    assert version == 1 and docs == count + 1
+    dtype = {8: np.uint16, 4: np.int32}[code]
+    lengths = np.frombuffer(idx, np.int32, count, 34)
+    pointers = np.frombuffer(idx, np.int64, count, 34 + 4 * count)
+    assert np.array_equal(np.frombuffer(idx, np.int64, docs, 34 + 12 * count), np.arange(docs))
+    data = idx_path.with_name(idx_path.name[:-len(".idx")] + ".bin").read_bytes()
+    return [np.frombuffer(data, dtype, n, p) for n, p in zip(lengths, pointers)]
+
+
+def test_megatron_output_holds_the_same_samples_as_bin(tmp_path: Path) -> None:
+    rows = [{"messages": [{"role": "user", "content": f"Question {k}?"}, {"role": "assistant", "content": f"Answer {k}."}]}
+            for k in range(40)]
+    base = {"chat_template": "chatml", "input": {"type": "chat"}, "mask": {"assistant": "train"},
+            "preprocessing": {"min_chars": 0}}
+    as_bin = run_rows(tmp_path, base, rows, name="bin")
+    small = {**base, "output": {"storage_format": "megatron", "max_tokens_per_shard": 300}}  # several shards
+    as_megatron = run_rows(tmp_path, small, rows, name="megatron")
+    want = list(gpu_prep.open_dataset(as_bin)["__default__"])
+    got = list(gpu_prep.open_dataset(as_megatron)["__default__"])
+    assert len(got) == len(want) == 40
+    for (a_ids, a_mask), (b_ids, b_mask) in zip(want, got):
+        assert a_ids.tolist() == b_ids.tolist() and a_mask.tolist() == b_mask.tolist()
+    domain = as_megatron / "__default__"
+    shards = [domain / s["files"]["idx"] for s in json.loads((domain / "meta.json").read_text())["shards"]]
+    assert len(shards) > 1
+    documents = [doc for idx in shards for doc in _read_by_the_spec(idx)]
+    assert [d.tolist() for d in documents] == [ids.tolist() for ids, _ in want]
+    assert {d.dtype for d in documents} == {np.dtype(np.int32)}  # Qwen's vocabulary needs int32
+    assert verify(as_megatron) == []
+    (domain / "data.loss_mask.bin").write_bytes(b"\x02" + (domain / "data.loss_mask.bin").read_bytes()[1:])
+    assert verify(as_megatron)  # a damaged sidecar is found
