@@ -1,5 +1,5 @@
-"""storage_format megatron: Megatron's indexed dataset (.bin/.idx) plus a loss-mask sidecar, byte for byte
-as ../shared/formats.md lays it out, and the same samples as the default bin output."""
+"""storage_format megatron: Megatron's indexed dataset (.bin/.idx, the layout of megatron-core's
+indexed_dataset.py) plus a loss-mask sidecar, byte for byte, and the same samples as the default bin output."""
 
 from __future__ import annotations
 
