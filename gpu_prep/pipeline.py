@@ -52,7 +52,7 @@ from gpu_prep.mask import (
 )
 from gpu_prep.overlap import Sink, Stopwatch, in_background, overlapped, quick_handoffs
 from gpu_prep.mix import HANDLERS, Dataset, mixed_rows, with_tokenizer
-from gpu_prep.read import COMPRESSIONS, SUFFIXES, InputFile, RawChunk, expand_inputs, read_chunks
+from gpu_prep.read import InputFile, RawChunk, expand_inputs, file_kind, read_chunks
 from gpu_prep.render import RenderContext, RenderedRow, affix_disagreement, render_row
 from gpu_prep.templates import resolve_template
 from gpu_prep.tokenize import Tokenizer, load_tokenizer
@@ -433,8 +433,7 @@ def run_inputs(config: PipelineConfig, inputs: list[str]) -> tuple[list[InputFil
     for spec in config.datasets:
         own = []
         for found in expand_inputs(spec.data_paths):
-            if spec.builder is None and not found.path.endswith(SUFFIXES + tuple(s + c for s in SUFFIXES[:2]
-                                                                                for c in COMPRESSIONS)):
+            if spec.builder is None and file_kind(found.path) is None:
                 raise ConfigError(f"dataset {spec.name!r}: {found.path} has no known extension; "
                                   "name its format with the dataset's builder (json, jsonl or parquet)")
             own.append(InputFile(len(files) + len(own), found.path, found.size_bytes, spec.builder))

@@ -81,7 +81,7 @@ def expand_inputs(patterns: list[str]) -> list[InputFile]:
     paths: list[str] = []
     for pattern in patterns:
         if os.path.isdir(pattern):
-            found = sorted(str(p) for p in Path(pattern).rglob("*") if _kind(str(p)) and p.is_file())
+            found = sorted(str(p) for p in Path(pattern).rglob("*") if file_kind(str(p)) and p.is_file())
         elif glob.has_magic(pattern):
             found = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
         else:
@@ -148,7 +148,7 @@ def _bounded_lines(handle: Any, cap: int) -> Iterator[tuple[int, bytes | int]]:
         yield line_no, size + len(rest)
 
 
-def _kind(path: str) -> str | None:
+def file_kind(path: str) -> str | None:
     """".jsonl", ".json" or ".parquet" for a file gpu-prep reads (compressed JSON included), else None."""
     for compression in COMPRESSIONS:
         if path.endswith(compression):
@@ -307,7 +307,7 @@ class Columnar:
 
 def file_rows(file: InputFile, columnar: Columnar | None = None, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[Row]:
     """(line or row number, record, error, bytes of JSON) for every row of one file."""
-    kind = _kind(file.path) or BUILDERS.get(file.builder or "")
+    kind = file_kind(file.path) or BUILDERS.get(file.builder or "")
     if kind == ".parquet":
         return _parquet_rows(file)
     if kind == ".json" and _is_json_array(file.path):
