@@ -218,7 +218,7 @@ class DataHandlerConfig(_Frozen):
         return value
 
     def fn_kwargs(self) -> dict[str, Any]:
-        """The handler's keyword arguments: arguments.fn_kwargs, and remove_columns (removed after it ran)."""
+        """The handler's keyword arguments (arguments.fn_kwargs); remove_columns is applied after it runs."""
         return dict(self.arguments.get("fn_kwargs") or {})
 
 

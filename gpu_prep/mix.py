@@ -85,7 +85,7 @@ class Dataset:
     def _handle(self, record: Any) -> tuple[Any, tuple[str, str, Any] | None]:
         original = record
         for fn, kwargs, name, remove in self.handlers:
-            before = set(record) if isinstance(record, dict) else set()
+            before = set(record) if remove == "all" and isinstance(record, dict) else set()
             try:
                 record = fn(record, **kwargs)
             except RowError as err:

@@ -50,8 +50,8 @@ from gpu_prep.mask import (
     span_tokens,
     truncate_and_filter,
 )
-from gpu_prep.overlap import Sink, Stopwatch, in_background, overlapped, quick_handoffs
 from gpu_prep.mix import HANDLERS, Dataset, mixed_rows, with_tokenizer
+from gpu_prep.overlap import Sink, Stopwatch, in_background, overlapped, quick_handoffs
 from gpu_prep.read import InputFile, RawChunk, expand_inputs, file_kind, read_chunks
 from gpu_prep.render import RenderContext, RenderedRow, affix_disagreement, render_row
 from gpu_prep.templates import resolve_template
@@ -302,12 +302,13 @@ def _write(backend: Backend, masked: Any, valid: np.ndarray, over: np.ndarray, s
     acct.trained_tokens += trained
     # Trained tokens by the role of the message they are in; whole trained pieces (instruction responses,
     # text, segments, pre-tokenized labels) are counted under PIECES.
-    roles = [role for row in rows.payload for role in row.span_roles]
-    for role, count in zip(roles, span_trained.tolist()):
-        if count:
-            acct.trained_by_role[role] += count
-    if trained > int(span_trained.sum()):
-        acct.trained_by_role[PIECES] += trained - int(span_trained.sum())
+    codes: dict[str, int] = {}
+    span_codes = np.fromiter((codes.setdefault(role, len(codes)) for row in rows.payload for role in row.span_roles),
+                             np.int64, len(span_trained))
+    per_role = np.bincount(span_codes, weights=span_trained, minlength=len(codes)).astype(np.int64)
+    acct.trained_by_role.update({role: int(per_role[c]) for role, c in codes.items() if per_role[c]})
+    if trained > int(per_role.sum()):
+        acct.trained_by_role[PIECES] += trained - int(per_role.sum())
 
 
 def _append_by_domain(writer: DatasetWriter, domains: list[str], ids: np.ndarray, loss_mask: np.ndarray,
@@ -340,6 +341,7 @@ def _prepare(chunks: Iterator[RawChunk], config: PipelineConfig, ctx: RenderCont
     if decided.get("affix") is False:
         ctx = dataclasses.replace(ctx, affix=None)
     affix_pending = ctx.affix is not None and decided.get("affix") is None
+    contexts, contexts_of = None, None  # the datasets' own contexts, and the ctx they were made from
     while (chunk := clock.time("read", next, chunks, None)) is not None:
         failpoint("read")
         drops: Drops = []
@@ -351,12 +353,22 @@ def _prepare(chunks: Iterator[RawChunk], config: PipelineConfig, ctx: RenderCont
             affix_pending = False
             decided["affix"] = ctx.affix is not None
         rows = _drop_where(rows, clock.time("filter", _filter, backend, rows, config, dedup), chunk, drops)
-        # A dataset with its own settings renders with them (and its own cache of mask decisions).
-        contexts = {f: dataclasses.replace(ctx, config=cfg, _trains={}) for f, (cfg, _) in (sources or {}).items()
-                    if cfg is not config}
+        if contexts is None or contexts_of is not ctx:
+            contexts, contexts_of = _dataset_contexts(ctx, config, sources), ctx
         rows, reasons = clock.time("render", _render, rows, ctx, contexts, chunk)
         digests = dedup.take_added() if dedup is not None else []
         yield chunk, _drop_where(rows, reasons, chunk, drops), drops, digests
+
+
+def _dataset_contexts(ctx: RenderContext, config: PipelineConfig, sources: Sources | None) -> dict[int, RenderContext]:
+    """By file index: the context of each dataset that has its own settings (with its own cache of mask
+    decisions), one per dataset."""
+    own: dict[int, RenderContext] = {}
+    by_config = {}
+    for file_index, (cfg, _) in (sources or {}).items():
+        if cfg is not config:
+            own[file_index] = by_config.setdefault(id(cfg), dataclasses.replace(ctx, config=cfg, _trains={}))
+    return own
 
 
 def check_output(out_dir: Path, overwrite: bool, resume: bool) -> None:
@@ -458,8 +470,7 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
         encode = backend.encoder(tok)
     acct = Accounting(files, rejects=options.rejects, strict=options.strict, state=resumed.get("accounting"))
     split = config.preprocessing.max_seq_len if config.preprocessing.truncation == "split" else None
-    vocab = int(tok.engine.get_vocab_size(with_added_tokens=True))
-    token_dtype = megatron_dtype(vocab) if config.output.storage_format == "megatron" else None
+    token_dtype = megatron_dtype(ctx.vocab_size) if config.output.storage_format == "megatron" else None
     writer = DatasetWriter(out_dir, config.output.storage_format, config.output.max_tokens_per_shard, split, token_dtype)
     writer.restore(resumed.get("writer", []))
     dedup = Deduplicator(checkpoints.seen()) if config.preprocessing.deduplicate else None

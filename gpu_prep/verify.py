@@ -56,8 +56,8 @@ def _check_megatron(directory: Path, shard: dict[str, Any], where: str) -> list[
     sizes = {k: (directory / shard["files"][k]).stat().st_size for k in ("bin", "loss_mask")}
     if sizes["bin"] != int(offsets[-1]) * dtype.itemsize or sizes["loss_mask"] != int(offsets[-1]):
         return faults + [f"{where}: the .bin or its loss-mask sidecar does not hold the tokens the .idx counts"]
-    sequence = np.fromfile(directory / shard["files"]["bin"], dtype=dtype)
-    loss_mask = np.fromfile(directory / shard["files"]["loss_mask"], dtype="u1")
+    sequence, loss_mask = (np.memmap(directory / shard["files"][k], dtype=t, mode="r") if sizes[k] else np.zeros(0, t)
+                           for k, t in (("bin", dtype), ("loss_mask", np.dtype("u1"))))
     return faults + _check_arrays(sequence, loss_mask, offsets, shard, where)
 
 

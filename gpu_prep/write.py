@@ -20,6 +20,7 @@ import json
 import os
 import re
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +120,14 @@ def raw_file_name(array: str, index: int, temporary: bool) -> str:
 
 
 ARRAYS = ("sequence", "loss_mask", "sample_offsets")
-H5_COPY_ITEMS = 1 << 22
+H5_COPY_ITEMS = 1 << 22  # values copied at a time when a shard is built from its raw temporaries
+
+
+def _raw_blocks(path: Path) -> Iterator[np.ndarray]:
+    """A raw temporary's values in slices, so memory stays bounded whatever the shard."""
+    with open(path, "rb") as raw:
+        while block := raw.read(H5_COPY_ITEMS * TOKEN_DTYPE.itemsize):
+            yield np.frombuffer(block, TOKEN_DTYPE)
 
 
 class _RawShard:
@@ -203,10 +211,10 @@ class _H5Shard(_RawShard):
                 count = self.tmp[k].stat().st_size // TOKEN_DTYPE.itemsize
                 dataset = h5.create_dataset(k, shape=(count,), maxshape=(None,), dtype=TOKEN_DTYPE,
                                             chunks=(min(1 << 16, max(count, 1)),))
-                with open(self.tmp[k], "rb") as raw:  # in slices, so memory stays bounded whatever the shard
-                    for start in range(0, count, H5_COPY_ITEMS):
-                        block = np.frombuffer(raw.read(H5_COPY_ITEMS * TOKEN_DTYPE.itemsize), TOKEN_DTYPE)
-                        dataset[start:start + len(block)] = block
+                start = 0
+                for block in _raw_blocks(self.tmp[k]):
+                    dataset[start:start + len(block)] = block
+                    start += len(block)
         failpoint("shard_close")  # the HDF5 file complete under its temporary name
         finish_file(tmp, path)
         return {"files": {"h5": name}, "sha256": {"h5": sha256_file(path)}}
@@ -259,9 +267,9 @@ class _MegatronShard(_RawShard):
         done = []
         for key, source, dtype in (("bin", "sequence", self.token_dtype), ("loss_mask", "loss_mask", np.dtype("u1"))):
             tmp = temporary_path(directory / names[key])
-            with open(self.tmp[source], "rb") as raw, open(tmp, "wb") as out:  # in slices: bounded memory
-                while block := raw.read(H5_COPY_ITEMS * TOKEN_DTYPE.itemsize):
-                    out.write(np.frombuffer(block, TOKEN_DTYPE).astype(dtype).tobytes())
+            with open(tmp, "wb") as out:
+                for block in _raw_blocks(self.tmp[source]):
+                    out.write(block.astype(dtype).tobytes())
             done.append((tmp, directory / names[key]))
         tmp = temporary_path(directory / names["idx"])
         tmp.write_bytes(megatron_index(np.diff(np.fromfile(self.tmp["sample_offsets"], TOKEN_DTYPE)), self.token_dtype))
