@@ -4,4 +4,6 @@ __version__ = "0.1.0"
 
 from gpu_prep.reader import Dataset, Domain, open_dataset  # noqa: E402
 
-__all__ = ["Dataset", "Domain", "open_dataset", "__version__"]
+open = open_dataset  # gpu_prep.open("out/"): a run's output, whatever its storage format  # noqa: A001
+
+__all__ = ["Dataset", "Domain", "open", "open_dataset", "__version__"]

@@ -54,7 +54,11 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
     table.add_row("seconds", f"{seconds:.2f}")
     table.add_row("device, tokenizer engine", f"{manifest['device']}, {manifest['tokenizer']['engine']}")
     for name, meta in manifest["domains"].items():
-        table.add_row(f"domain {name}", f"{meta['num_samples']:,} samples, {len(meta['shards'])} shard(s)")
+        packed = meta.get("packing")
+        what = f"{meta['num_samples']:,} samples" if packed is None else \
+            (f"{packed['num_segments']:,} samples in {meta['num_samples']:,} sequences ({packed['strategy']}, "
+             f"{packed['padding_share']:.1%} padding)")
+        table.add_row(f"domain {name}", f"{what}, {len(meta['shards'])} shard(s)")
     for d in manifest.get("datasets", []):
         asked = "" if d["sampling"] is None else f" (asked {d['sampling']:.0%})"
         dropped = sum(d["rows_dropped"].values())
@@ -221,8 +225,10 @@ def _show_samples(output: Path, domain: str | None, samples: int, start: int, id
     chosen = dataset[domain or names[0]]
     for k in range(start, min(start + samples, len(chosen))):
         sample_ids, mask = chosen[k]
+        packed = f", {len(chosen.segments(k)) - 1} samples packed at {chosen.segments(k)[1:-1].tolist()}" \
+            if chosen.packed else ""
         out.print(f"[bold]# {domain or names[0]} sample {k}[/]: {len(sample_ids)} tokens, "
-                  f"{int(mask.sum())} trained", highlight=False)
+                  f"{int(mask.sum())} trained{packed}", highlight=False)
         if plain:
             out.print(marked_text(tok, sample_ids, mask), markup=False, highlight=False, soft_wrap=True)
         else:

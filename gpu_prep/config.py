@@ -170,14 +170,44 @@ class PreprocessingConfig(_Frozen):
     max_chars: int = Field(2_000_000, ge=1)
     deduplicate: bool = True
     max_items: int | None = Field(None, ge=1)
+    # gpu-prep's own: how samples are put together into sequences of at most max_seq_len tokens, within a
+    # shard. none: one sample per sequence. wrapped: the samples concatenated in order and cut every
+    # max_seq_len tokens (pretraining; a sample may go on in the next sequence). bfd: whole samples packed
+    # best-fit-decreasing (never split). Packed output records each sample's boundaries.
+    packing: Literal["none", "wrapped", "bfd"] = "none"
+
+
+TOKEN_DTYPES = ("int64", "int32", "uint32", "uint16")
 
 
 class OutputConfig(_Frozen):
     domain_key: str | None = None
     # bin: the seed's raw arrays with meta.json; h5: one HDF5 file per shard; megatron: Megatron's
-    # indexed dataset (.bin/.idx, tokens as uint16 or int32 by vocabulary size) and a .loss_mask.bin sidecar.
-    storage_format: Literal["bin", "h5", "megatron"] = "bin"
+    # indexed dataset (.bin/.idx) and a .loss_mask.bin sidecar; parquet: rows of input_ids, attention_mask
+    # and labels (-100 where the loss mask is 0), as Hugging Face trainers take pre-tokenized data.
+    storage_format: Literal["bin", "h5", "megatron", "parquet"] = "bin"
     max_tokens_per_shard: int = Field(100_000_000, ge=1)
+    # gpu-prep's own: the type token ids are stored as; auto: uint16 for a vocabulary of fewer than 65500
+    # ids, else int32 (Megatron's rule). Unset: int64 (the seed's), or auto for megatron.
+    token_dtype: Literal["int64", "int32", "uint32", "uint16", "auto"] | None = None
+    # gpu-prep's own: the type of bin and h5 loss masks (megatron's sidecar is uint8; parquet has labels).
+    loss_mask_dtype: Literal["int64", "uint8"] = "int64"
+
+    @model_validator(mode="after")
+    def _fits_format(self) -> OutputConfig:
+        if self.storage_format == "megatron" and self.token_dtype == "uint32":
+            raise ValueError("storage_format megatron: Megatron's index has no uint32 token type; use uint16, "
+                             "int32, int64 or auto")
+        if self.storage_format in ("megatron", "parquet") and self.loss_mask_dtype != "int64":
+            raise ValueError(f"loss_mask_dtype applies to bin and h5; {self.storage_format} stores the mask its own way")
+        return self
+
+    def token_type(self, vocab_size: int) -> str:
+        """The token type this output stores ids of a vocabulary of vocab_size as."""
+        chosen = self.token_dtype or ("auto" if self.storage_format == "megatron" else "int64")
+        if chosen == "auto":
+            return "uint16" if vocab_size < 65500 else "int32"
+        return chosen
 
 
 class TokenizerConfig(_Frozen):
@@ -287,6 +317,13 @@ class PipelineConfig(_Frozen):
                 raise ValueError(f"datasets: the sampling ratios must sum to 1, they sum to {sum(ratios):g}")
         for k in range(len(self.datasets)):
             self.dataset_config(k)  # its own settings must make a valid config too
+        return self
+
+    @model_validator(mode="after")
+    def _packing_format(self) -> PipelineConfig:
+        if self.preprocessing.packing != "none" and self.output.storage_format == "megatron":
+            raise ValueError("preprocessing.packing: Megatron builds its own sequences from the documents of an "
+                             "indexed dataset; pack for bin, h5 or parquet")
         return self
 
     def dataset_config(self, k: int) -> PipelineConfig:

@@ -56,7 +56,7 @@ from gpu_prep.read import InputFile, RawChunk, expand_inputs, file_kind, read_ch
 from gpu_prep.render import RenderContext, RenderedRow, affix_disagreement, render_row
 from gpu_prep.templates import resolve_template
 from gpu_prep.tokenize import Tokenizer, load_tokenizer
-from gpu_prep.write import DatasetWriter, megatron_dtype, sha256_file, write_json_atomic
+from gpu_prep.write import DatasetWriter, Storage, sha256_file, write_json_atomic
 
 DEFAULT_TOKENIZER = "qwen2.5"
 MANIFEST = "manifest.json"
@@ -470,8 +470,8 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
         encode = backend.encoder(tok)
     acct = Accounting(files, rejects=options.rejects, strict=options.strict, state=resumed.get("accounting"))
     split = config.preprocessing.max_seq_len if config.preprocessing.truncation == "split" else None
-    token_dtype = megatron_dtype(ctx.vocab_size) if config.output.storage_format == "megatron" else None
-    writer = DatasetWriter(out_dir, config.output.storage_format, config.output.max_tokens_per_shard, split, token_dtype)
+    storage = Storage.from_config(config, ctx.vocab_size)
+    writer = DatasetWriter(out_dir, storage, config.output.max_tokens_per_shard, split)
     writer.restore(resumed.get("writer", []))
     dedup = Deduplicator(checkpoints.seen()) if config.preprocessing.deduplicate else None
     fields = string_fields(config)
@@ -540,6 +540,15 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
     return acct, domains
 
 
+def packing_totals(domains: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Packed sequences, the samples in them and the padding to seq_len, over every domain."""
+    sequences = sum(m["num_samples"] for m in domains.values())
+    padding = sum(m["packing"]["padding_tokens"] for m in domains.values())
+    seq_len = next(iter(domains.values()))["packing"]["seq_len"] if domains else 0
+    return {"sequences": sequences, "samples": sum(m["packing"]["num_segments"] for m in domains.values()),
+            "padding_tokens": padding, "padding_share": round(padding / (sequences * seq_len), 6) if sequences else 0.0}
+
+
 def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, tokenizer: str | None = None,
         device: str | None = None, chunk_rows: int = 2048, overwrite: bool = False, resume: bool = False,
         workers: int | None = None, rejects: str | Path | None = None, strict: bool = False,
@@ -586,6 +595,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
         "totals": acct.totals(),
         **({"datasets": dataset_totals(config, datasets, acct)} if datasets is not None else {}),
         "dropped_examples": acct.examples,
+        **({"packing": packing_totals(domains)} if config.preprocessing.packing != "none" else {}),
         "domains": domains,
         "seconds": {"total": round(elapsed, 3), **{k: round(v, 3) for k, v in clock.seconds.items()}},
     }

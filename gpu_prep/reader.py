@@ -1,77 +1,149 @@
-"""Read a run's output back: sample i of a domain as (ids, loss_mask), memory-mapped (bin) or from HDF5.
+"""Read a run's output back, whatever its storage format (bin, h5, megatron, parquet).
 
-    ds = gpu_prep.open_dataset("out/")
-    ids, loss_mask = ds["__default__"][0]
+    ds = gpu_prep.open("out/")
+    ids, loss_mask = ds["__default__"][0]       # sequence 0 of a domain
+    ds["__default__"].position_ids(0)           # restarting at every sample packed into it
+    for ids, loss_mask in ds["__default__"].samples(): ...   # the samples themselves, packed or not
+    ds.totals()                                 # samples, tokens, trained tokens (and packing)
+
+bin and megatron arrays are memory-mapped; h5 datasets are read as sliced; a parquet shard is read whole.
+`gpu-prep verify`, `inspect` and `stats` all read through load_shard, so every format is checked the same.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+TOTALS = ("num_samples", "num_tokens", "num_trained_tokens")
+
 
 def _memmap(path: Path, dtype: np.dtype) -> np.ndarray:
+    """A raw array file, memory-mapped (numpy says so when its size is not a whole number of values)."""
     return np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
 
 
-class _Shard:
-    def __init__(self, directory: Path, record: dict[str, Any], storage_format: str, dtype: str, mask_dtype: str):
-        files = record["files"]
-        if storage_format == "megatron":
-            from gpu_prep.write import read_megatron_index
+@dataclass
+class ShardArrays:
+    sequence: Any  # token ids (a memmap, an h5py dataset or an array)
+    loss_mask: Any  # 1 = the token counts in the loss
+    offsets: np.ndarray  # sequence i is tokens [offsets[i], offsets[i + 1])
+    segments: np.ndarray | None  # packed: every sample's boundaries inside the sequences; None: unpacked
 
-            token_dtype, self.offsets = read_megatron_index(directory / files["idx"])
-            self.sequence = _memmap(directory / files["bin"], token_dtype)
-            self.loss_mask = _memmap(directory / files["loss_mask"], np.dtype("u1"))
-        elif storage_format == "bin":
-            self.sequence = np.memmap(directory / files["sequence"], dtype=dtype, mode="r")
-            self.loss_mask = np.memmap(directory / files["loss_mask"], dtype=mask_dtype, mode="r")
-            self.offsets = np.fromfile(directory / files["sample_offsets"], dtype="<i8")
-        else:
-            import h5py
 
-            handle = h5py.File(directory / files["h5"], "r")
-            self.sequence, self.loss_mask = handle["sequence"], handle["loss_mask"]
-            self.offsets = handle["sample_offsets"][:]
-        self.num_samples = len(self.offsets) - 1
+def _parquet(path: Path) -> ShardArrays:
+    import pyarrow.parquet as pq
 
-    def sample(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
-        return np.asarray(self.sequence[lo:hi]), np.asarray(self.loss_mask[lo:hi])
+    table = pq.read_table(path, memory_map=True)
+    parts: dict[str, list[np.ndarray]] = {}
+    lengths = []
+    for name in table.column_names:  # chunk by chunk: a whole column may pass int32 list offsets
+        for chunk in table.column(name).chunks:
+            parts.setdefault(name, []).append(chunk.flatten().to_numpy())
+            if name == "input_ids":
+                lengths.append(chunk.value_lengths().to_numpy())
+    values = {k: np.concatenate(v) if v else np.zeros(0, np.int64) for k, v in parts.items()}
+    ids, labels = values["input_ids"], values["labels"]
+    offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths) if lengths else [], dtype=np.int64)])
+    segments = None
+    if "position_ids" in values:
+        segments = np.concatenate([np.flatnonzero(values["position_ids"] == 0), [len(ids)]]).astype(np.int64)
+    return ShardArrays(ids, (labels != -100).astype(np.uint8), offsets, segments)
+
+
+def load_shard(directory: Path, record: dict[str, Any], meta: dict[str, Any]) -> ShardArrays:
+    """One shard's arrays, as its domain's meta.json describes them. Raises OSError, ValueError or KeyError
+    on files that are not what they claim to be."""
+    files, fmt = record["files"], meta["storage_format"]
+    if fmt == "bin":
+        segments = files.get("segment_offsets")
+        return ShardArrays(_memmap(directory / files["sequence"], np.dtype(meta["sequence"]["dtype"]).newbyteorder("<")),
+                           _memmap(directory / files["loss_mask"], np.dtype(meta["loss_mask"]["dtype"]).newbyteorder("<")),
+                           np.array(_memmap(directory / files["sample_offsets"], np.dtype("<i8"))),
+                           None if segments is None else np.array(_memmap(directory / segments, np.dtype("<i8"))))
+    if fmt == "megatron":
+        from gpu_prep.write import read_megatron_index
+
+        token_dtype, offsets = read_megatron_index(directory / files["idx"])
+        return ShardArrays(_memmap(directory / files["bin"], token_dtype),
+                           _memmap(directory / files["loss_mask"], np.dtype("u1")), offsets, None)
+    if fmt == "h5":
+        import h5py
+
+        handle = h5py.File(directory / files["h5"], "r")
+        segments = handle["segment_offsets"][:] if "segment_offsets" in handle else None
+        return ShardArrays(handle["sequence"], handle["loss_mask"], handle["sample_offsets"][:], segments)
+    if fmt == "parquet":
+        return _parquet(directory / files["parquet"])
+    raise ValueError(f"storage_format {fmt!r} is not one gpu-prep writes")
 
 
 class Domain:
-    """The samples of one domain directory, across its shards."""
+    """The sequences of one domain directory, across its shards."""
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
         self.meta = json.loads((self.directory / "meta.json").read_text(encoding="utf-8"))
-        fmt = self.meta["storage_format"]
-        dtype, mask_dtype = self.meta["sequence"]["dtype"], self.meta["loss_mask"]["dtype"]
-        self.shards = [_Shard(self.directory, rec, fmt, dtype, mask_dtype) for rec in self.meta["shards"]]
-        self._starts = np.cumsum([0] + [s.num_samples for s in self.shards])
+        self.shards = [load_shard(self.directory, rec, self.meta) for rec in self.meta["shards"]]
+        self._starts = np.cumsum([0] + [len(s.offsets) - 1 for s in self.shards])
 
     @property
     def name(self) -> str:
         return self.meta["domain"]
 
+    @property
+    def packed(self) -> bool:
+        return "packing" in self.meta
+
+    def totals(self) -> dict[str, Any]:
+        return {k: self.meta[k] for k in TOTALS} | ({"packing": self.meta["packing"]} if self.packed else {})
+
     def __len__(self) -> int:
         return int(self._starts[-1])
 
-    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+    def _locate(self, i: int) -> tuple[ShardArrays, int, int]:
         if not -len(self) <= i < len(self):
             raise IndexError(f"sample {i} out of range for {len(self)} samples")
         i %= len(self)
         shard = int(np.searchsorted(self._starts, i, side="right")) - 1
-        return self.shards[shard].sample(i - int(self._starts[shard]))
+        arrays = self.shards[shard]
+        local = i - int(self._starts[shard])
+        return arrays, int(arrays.offsets[local]), int(arrays.offsets[local + 1])
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        arrays, lo, hi = self._locate(i)
+        return np.asarray(arrays.sequence[lo:hi]), np.asarray(arrays.loss_mask[lo:hi])
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         for i in range(len(self)):
             yield self[i]
+
+    def segments(self, i: int) -> np.ndarray:
+        """Where the samples packed into sequence i begin and end, from 0 to its length."""
+        arrays, lo, hi = self._locate(i)
+        if arrays.segments is None:
+            return np.array([0, hi - lo], dtype=np.int64)
+        inside = arrays.segments[np.searchsorted(arrays.segments, lo):np.searchsorted(arrays.segments, hi, "right")]
+        return inside - lo
+
+    def position_ids(self, i: int) -> np.ndarray:
+        """Each token's position within its own sample: 0 at every sample packed into sequence i."""
+        bounds = self.segments(i)
+        return np.arange(bounds[-1], dtype=np.int64) - np.repeat(bounds[:-1], np.diff(bounds))
+
+    def samples(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The samples as written before packing (a wrapped sample cut at a sequence's end comes as its
+        pieces); for unpacked output, the same as iterating the domain."""
+        for i in range(len(self)):
+            ids, mask = self[i]
+            bounds = self.segments(i)
+            for lo, hi in zip(bounds[:-1], bounds[1:]):
+                yield ids[lo:hi], mask[lo:hi]
 
 
 class Dataset:
@@ -89,6 +161,10 @@ class Dataset:
 
     def __len__(self) -> int:
         return len(self.domains)
+
+    def totals(self) -> dict[str, int]:
+        """Samples, tokens and trained tokens over every domain."""
+        return {k: sum(d.meta[k] for d in self.domains.values()) for k in TOTALS}
 
 
 def open_dataset(out_dir: str | Path) -> Dataset:

@@ -34,6 +34,10 @@ def summarize(out_dir: str | Path) -> dict[str, Any]:
     every = np.concatenate([lengths for lengths, _ in parts.values()]) if parts else np.zeros(0, dtype=np.int64)
     rows = {name: _describe(lengths, trained, max_seq_len) for name, (lengths, trained) in parts.items()}
     rows["all"] = _describe(every, sum(t for _, t in parts.values()), max_seq_len)
+    if any(dataset[name].packed for name in dataset):  # the share of padding when padded to max_seq_len
+        for row in rows.values():
+            room = row["samples"] * max_seq_len
+            row["padding"] = (room - row["tokens"]) / room if room else 0.0
     totals = manifest["totals"]
     written = totals["rows_written"]
     by_role = totals.get("trained_tokens_by_role", {})

@@ -1,8 +1,10 @@
 """verify: re-read a run's output and check it against what its meta.json files and manifest promise.
 
-For every shard: the files exist with their recorded sha256, sizes match dtypes and counts, sample offsets
-start at 0, never decrease and end at the token count, every loss_mask value is 0 or 1 and the mask is as
-long as the sequence, and no sample is empty. For every domain and the whole run: the counts add up.
+For every shard, in any storage format (read with the reader's load_shard): the files exist with their
+recorded sha256, sizes match dtypes and counts, sample offsets start at 0, never decrease and end at the
+token count, every loss_mask value is 0 or 1 and the mask is as long as the sequence, and no sample is
+empty; packed shards keep every sequence within seq_len and every sequence start on a sample boundary.
+For every domain and the whole run: the counts add up.
 """
 
 from __future__ import annotations
@@ -14,34 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from gpu_prep.reader import ShardArrays, load_shard
 from gpu_prep.write import sha256_file
 
 
-def _check_bin(directory: Path, shard: dict[str, Any], meta: dict[str, Any], where: str) -> list[str]:
-    faults: list[str] = []
-    arrays = {}
-    dtypes = {"sequence": meta["sequence"]["dtype"], "loss_mask": meta["loss_mask"]["dtype"], "sample_offsets": "int64"}
-    for key, name in shard["files"].items():
-        path = directory / name
-        if not path.is_file():
-            faults.append(f"{where}: {name} is missing")
-            continue
-        if sha256_file(path) != shard["sha256"][key]:
-            faults.append(f"{where}: {name} does not match its recorded sha256")
-        itemsize = np.dtype(dtypes[key]).itemsize
-        if path.stat().st_size % itemsize:
-            faults.append(f"{where}: {name} is not a whole number of {dtypes[key]} values")
-            continue
-        dtype = np.dtype(dtypes[key]).newbyteorder("<")
-        arrays[key] = np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
-    if len(arrays) == 3:
-        faults += _check_arrays(arrays["sequence"], arrays["loss_mask"], arrays["sample_offsets"], shard, where)
-    return faults
-
-
-def _check_megatron(directory: Path, shard: dict[str, Any], where: str) -> list[str]:
-    from gpu_prep.write import read_megatron_index
-
+def _check_shard(directory: Path, shard: dict[str, Any], meta: dict[str, Any], where: str) -> list[str]:
+    """A shard's files against their recorded sha256, then its arrays, read as the reader reads them."""
     faults = []
     for key, name in shard["files"].items():
         path = directory / name
@@ -50,30 +30,29 @@ def _check_megatron(directory: Path, shard: dict[str, Any], where: str) -> list[
         if sha256_file(path) != shard["sha256"][key]:
             faults.append(f"{where}: {name} does not match its recorded sha256")
     try:
-        dtype, offsets = read_megatron_index(directory / shard["files"]["idx"])
-    except (ValueError, StopIteration, struct_error) as exc:
-        return faults + [f"{where}: {shard['files']['idx']} is not a Megatron index ({exc})"]
-    sizes = {k: (directory / shard["files"][k]).stat().st_size for k in ("bin", "loss_mask")}
-    if sizes["bin"] != int(offsets[-1]) * dtype.itemsize or sizes["loss_mask"] != int(offsets[-1]):
-        return faults + [f"{where}: the .bin or its loss-mask sidecar does not hold the tokens the .idx counts"]
-    sequence, loss_mask = (np.memmap(directory / shard["files"][k], dtype=t, mode="r") if sizes[k] else np.zeros(0, t)
-                           for k, t in (("bin", dtype), ("loss_mask", np.dtype("u1"))))
-    return faults + _check_arrays(sequence, loss_mask, offsets, shard, where)
+        arrays = load_shard(directory, shard, meta)
+    except (OSError, ValueError, KeyError, StopIteration, struct_error) as exc:
+        return faults + [f"{where}: its files cannot be read as {meta['storage_format']} ({exc})"]
+    faults += _check_arrays(arrays.sequence, arrays.loss_mask, arrays.offsets, shard, where)
+    if "packing" in meta:
+        faults += _check_packing(arrays, shard, meta["packing"], where)
+    return faults
 
 
-def _check_h5(directory: Path, shard: dict[str, Any], where: str) -> list[str]:
-    import h5py
-
-    path = directory / shard["files"]["h5"]
-    if not path.is_file():
-        return [f"{where}: {path.name} is missing"]
-    faults = [] if sha256_file(path) == shard["sha256"]["h5"] else [f"{where}: {path.name} does not match its sha256"]
-    try:
-        with h5py.File(path, "r") as handle:
-            arrays = [handle[key][:] for key in ("sequence", "loss_mask", "sample_offsets")]
-    except (OSError, KeyError) as exc:
-        return faults + [f"{where}: {path.name} cannot be read as HDF5 ({exc})"]
-    return faults + _check_arrays(*arrays, shard, where)
+def _check_packing(arrays: ShardArrays, shard: dict[str, Any], packing: dict[str, Any], where: str) -> list[str]:
+    segments, offsets = arrays.segments, np.asarray(arrays.offsets)
+    if segments is None:
+        return [f"{where}: a packed shard without its samples' boundaries"]
+    faults = []
+    if len(segments) != shard["num_segments"] + 1 or segments[0] != 0 or segments[-1] != offsets[-1] \
+            or np.any(np.diff(segments) <= 0):
+        faults.append(f"{where}: segment offsets do not run strictly from 0 to the token count over "
+                      f"{shard['num_segments']} segments")
+    elif not np.isin(offsets, segments).all():
+        faults.append(f"{where}: a sequence begins inside a segment")
+    if len(offsets) > 1 and int(np.diff(offsets).max()) > packing["seq_len"]:
+        faults.append(f"{where}: a packed sequence is longer than {packing['seq_len']} tokens")
+    return faults
 
 
 def _check_arrays(ids: Any, loss_mask: Any, offsets: Any, shard: dict[str, Any], where: str) -> list[str]:
@@ -130,9 +109,7 @@ def _verify(out_dir: Path, manifest: dict[str, Any]) -> list[str]:
             faults.append(f"{name}: meta.json differs from the manifest's copy")
         for k, shard in enumerate(meta["shards"]):
             where = f"{name} shard {k}"
-            fmt = meta["storage_format"]
-            faults += _check_bin(directory, shard, meta, where) if fmt == "bin" \
-                else _check_megatron(directory, shard, where) if fmt == "megatron" else _check_h5(directory, shard, where)
+            faults += _check_shard(directory, shard, meta, where)
         tokens += meta["num_tokens"]
     totals = manifest["totals"]
     if tokens != totals["tokens"]:

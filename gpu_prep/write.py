@@ -9,28 +9,39 @@ Layout of one domain (storage_format "bin"; the v1 seed layout plus sample offse
 
 When a domain passes max_tokens_per_shard, further shards are sequence.00001.bin, loss_mask.00001.bin,
 sample_offsets.00001.bin, and so on; meta.json lists every shard. A sample is never split across shards.
-storage_format "h5" writes data.h5 (data.00001.h5, ...) holding the same three arrays as datasets.
+output.token_dtype and output.loss_mask_dtype narrow the two arrays (meta.json names their types).
+Packed shards (preprocessing.packing) add segment_offsets.bin: the samples' own boundaries inside the
+packed sequences that sample_offsets delimits.
+
+storage_format "h5" writes data.h5 (data.00001.h5, ...) holding the same arrays as datasets; "megatron"
+Megatron's data.bin/data.idx with a data.loss_mask.bin sidecar; "parquet" data.parquet, a row per sample.
 Every file is written under a temporary name, flushed to disk and renamed when complete.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
 import struct
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from gpu_prep import pack
+from gpu_prep.errors import ConfigError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.mask import split_offsets
+from gpu_prep.pack import Layout
 
 TOKEN_DTYPE = np.dtype("<i8")
 MASK_DTYPE = np.dtype("<i8")
+OFFSET_DTYPE = np.dtype("<i8")
 LOSS_MASK_MEANING = "1 = the token counts in the loss, 0 = it does not"
 _MAX_NAME = 64
 RESERVED_NAMES = {"manifest.json"}  # what a run writes beside its domain directories
@@ -120,29 +131,48 @@ def raw_file_name(array: str, index: int, temporary: bool) -> str:
 
 
 ARRAYS = ("sequence", "loss_mask", "sample_offsets")
-H5_COPY_ITEMS = 1 << 22  # values copied at a time when a shard is built from its raw temporaries
+COPY_ITEMS = 1 << 22  # tokens handled at a time when a shard's final files are built from its temporaries
+IGNORE_INDEX = -100  # parquet labels of tokens outside the loss
 
 
-def _raw_blocks(path: Path) -> Iterator[np.ndarray]:
-    """A raw temporary's values in slices, so memory stays bounded whatever the shard."""
-    with open(path, "rb") as raw:
-        while block := raw.read(H5_COPY_ITEMS * TOKEN_DTYPE.itemsize):
-            yield np.frombuffer(block, TOKEN_DTYPE)
+@dataclass(frozen=True)
+class Storage:
+    """How a run's shards are stored: the format, the arrays' types and the packing."""
+
+    format: str = "bin"
+    token_dtype: np.dtype = TOKEN_DTYPE
+    mask_dtype: np.dtype = MASK_DTYPE
+    packing: str = "none"
+    seq_len: int | None = None  # the length packed sequences are filled to
+
+    @classmethod
+    def from_config(cls, config: Any, vocab_size: int) -> Storage:
+        out = config.output
+        token = np.dtype(out.token_type(vocab_size)).newbyteorder("<")
+        if vocab_size - 1 > np.iinfo(token).max:
+            raise ConfigError(f"output.token_dtype {token.name} cannot hold the vocabulary's ids (0 to {vocab_size - 1})")
+        # megatron and parquet keep the mask as one byte a token (the sidecar; labels are made from it)
+        mask = np.dtype("u1") if out.storage_format in ("megatron", "parquet") else np.dtype(out.loss_mask_dtype).newbyteorder("<")
+        return cls(out.storage_format, token, mask, config.preprocessing.packing, config.preprocessing.max_seq_len)
+
+    def dtype(self, array: str) -> np.dtype:
+        return {"sequence": self.token_dtype, "loss_mask": self.mask_dtype}.get(array, OFFSET_DTYPE)
 
 
 class _RawShard:
-    """A shard's three arrays appended to temporary raw files. Their lengths are the shard's whole state,
-    so a checkpoint can record them and a resumed run can cut the files back to them (resume)."""
+    """A shard's three arrays appended to temporary raw files, in their stored types. Their lengths are the
+    shard's whole state, so a checkpoint can record them and a resumed run can cut the files back to them
+    (resume). When the shard closes, its format turns them into its final files."""
 
-    hashes_arrays = True  # the arrays' sha256 go in meta.json (bin); an h5 shard hashes its one file instead
+    hashes_arrays = True  # the arrays' sha256 go in meta.json (unpacked bin); other formats hash their files
 
-    def __init__(self, directory: Path, index: int, lengths: dict[str, int] | None = None) -> None:
-        self.index = index
+    def __init__(self, directory: Path, index: int, storage: Storage, lengths: dict[str, int] | None = None) -> None:
+        self.index, self.storage = index, storage
         self.tmp = {k: directory / raw_file_name(k, index, temporary=True) for k in ARRAYS}
-        self.digests = {k: hashlib.sha256() for k in ARRAYS} if self.hashes_arrays else {}
+        self.digests = {k: hashlib.sha256() for k in ARRAYS} if self.hashes_arrays and storage.packing == "none" else {}
         if lengths is None:
             self.handles = {k: open(p, "wb") for k, p in self.tmp.items()}  # noqa: SIM115  closed in close()
-            self._put("sample_offsets", np.zeros(1, TOKEN_DTYPE))
+            self._put("sample_offsets", np.zeros(1, OFFSET_DTYPE))
             return
         self.handles = {}
         for k, path in self.tmp.items():
@@ -158,16 +188,16 @@ class _RawShard:
             self.handles[k] = handle
 
     def _put(self, key: str, array: np.ndarray) -> None:
-        data = memoryview(np.ascontiguousarray(array)).cast("B")
+        data = memoryview(np.ascontiguousarray(array.astype(self.storage.dtype(key), copy=False))).cast("B")
         self.handles[key].write(data)
         if self.digests:
             self.digests[key].update(data)
 
     def append(self, ids: np.ndarray, loss_mask: np.ndarray, ends: np.ndarray) -> None:
-        self._put("sequence", ids.astype(TOKEN_DTYPE, copy=False))
+        self._put("sequence", ids)
         failpoint("shard_append")  # one array of the shard written, the others not yet
-        self._put("loss_mask", loss_mask.astype(MASK_DTYPE, copy=False))
-        self._put("sample_offsets", ends.astype(TOKEN_DTYPE, copy=False))
+        self._put("loss_mask", loss_mask)
+        self._put("sample_offsets", ends)
         for handle in self.handles.values():
             handle.flush()
             start_writeback(handle.fileno())
@@ -182,19 +212,92 @@ class _RawShard:
         for handle in self.handles.values():
             handle.close()
 
+    def _raw(self, key: str) -> np.ndarray:
+        path, dtype = self.tmp[key], self.storage.dtype(key)
+        return np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
+
+    def _layout(self) -> Layout:
+        return pack.layout(self.storage.packing, np.fromfile(self.tmp["sample_offsets"], OFFSET_DTYPE),
+                           self.storage.seq_len)
+
+    def _blocks(self, layout: Layout) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """The shard's final tokens and mask in blocks of whole sequences (about COPY_ITEMS tokens each),
+        with the block's sequence offsets and segment offsets, both from 0."""
+        ids, mask = self._raw("sequence"), self._raw("loss_mask")
+        segments = layout.segment_offsets
+        sequences = segments[layout.groups]
+        first = 0
+        for count in shard_cuts(np, np.diff(sequences), 0, COPY_ITEMS):
+            last = first + count
+            s0, s1 = int(layout.groups[first]), int(layout.groups[last])
+            lo, hi = int(segments[s0]), int(segments[s1])
+            if layout.packed:  # gather the segments' tokens from wherever they are in the raw stream
+                lengths = layout.lengths[s0:s1]
+                gather = np.repeat(layout.starts[s0:s1] - segments[s0:s1], lengths) + np.arange(lo, hi)
+                block_ids, block_mask = ids[gather], mask[gather]
+            else:
+                block_ids, block_mask = np.asarray(ids[lo:hi]), np.asarray(mask[lo:hi])
+            yield block_ids, block_mask, sequences[first:last + 1] - lo, segments[s0:s1 + 1] - lo
+            first = last
+
+    def _packing_record(self, layout: Layout) -> dict[str, Any]:
+        """What a shard's meta says of its packing: sequences, segments and the padding to seq_len."""
+        if not layout.packed:
+            return {}
+        tokens, seq_len = int(layout.lengths.sum()), int(self.storage.seq_len or 0)
+        padding = pack.padding_tokens(layout.num_sequences, tokens, seq_len)
+        return {"num_samples": layout.num_sequences, "num_segments": len(layout.lengths),
+                "padding_tokens": padding}
+
+
+def _write_arrays(directory: Path, names: dict[str, str], parts: Iterator[dict[str, np.ndarray]]) -> list[tuple[Path, Path]]:
+    """Raw arrays built block by block under temporary names; (temporary, final) pairs to rename."""
+    paths = {k: directory / n for k, n in names.items()}
+    tmps = {k: p.with_name(f".{p.name}.build.tmp") for k, p in paths.items()}
+    handles = {k: open(t, "wb") for k, t in tmps.items()}  # noqa: SIM115  closed below
+    try:
+        for part in parts:
+            for key, values in part.items():
+                handles[key].write(np.ascontiguousarray(values).tobytes())
+    finally:
+        for handle in handles.values():
+            handle.close()
+    return [(tmps[k], paths[k]) for k in names]
+
+
+def _chained_offsets(blocks: Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
+    """Blocks as the raw arrays of a packed bin shard: offsets carried on from block to block."""
+    base = 0
+    yield {"sample_offsets": np.zeros(1, OFFSET_DTYPE), "segment_offsets": np.zeros(1, OFFSET_DTYPE)}
+    for ids, mask, sequences, segments in blocks:
+        yield {"sequence": ids, "loss_mask": mask,
+               "sample_offsets": (sequences[1:] + base).astype(OFFSET_DTYPE),
+               "segment_offsets": (segments[1:] + base).astype(OFFSET_DTYPE)}
+        base += len(ids)
+
 
 class _BinShard(_RawShard):
     def close(self, directory: Path) -> dict[str, Any]:
         self._close_handles()
-        names = {k: raw_file_name(k, self.index, temporary=False) for k in ARRAYS}
-        for k in ARRAYS:
-            finish_file(self.tmp[k], directory / names[k])
-            failpoint("shard_close")  # some of the shard's files renamed, the others not yet
-        return {"files": names, "sha256": {k: d.hexdigest() for k, d in self.digests.items()}}
+        if self.storage.packing == "none":  # the temporaries are the final files
+            names = {k: raw_file_name(k, self.index, temporary=False) for k in ARRAYS}
+            for k in ARRAYS:
+                finish_file(self.tmp[k], directory / names[k])
+                failpoint("shard_close")  # some of the shard's files renamed, the others not yet
+            return {"files": names, "sha256": {k: d.hexdigest() for k, d in self.digests.items()}}
+        layout = self._layout()
+        names = {k: raw_file_name(k, self.index, temporary=False) for k in (*ARRAYS, "segment_offsets")}
+        parts = _chained_offsets(self._blocks(layout))
+        done = _write_arrays(directory, names, parts)
+        failpoint("shard_close")  # the packed shard complete under temporary names
+        for tmp, final in done:
+            finish_file(tmp, final)
+        return {"files": names, "sha256": {k: sha256_file(directory / n) for k, n in names.items()},
+                **self._packing_record(layout)}
 
 
 class _H5Shard(_RawShard):
-    """The same raw temporary files, turned into one HDF5 file when the shard is complete."""
+    """The shard's final arrays written as datasets of one HDF5 file when the shard is complete."""
 
     hashes_arrays = False
 
@@ -202,33 +305,34 @@ class _H5Shard(_RawShard):
         import h5py
 
         self._close_handles()
+        layout = self._layout()
         name = f"data{_suffix(self.index)}.h5"
         path = directory / name
         tmp = temporary_path(path)
+        total = int(layout.lengths.sum())
+        arrays = {"sequence": (total, self.storage.token_dtype), "loss_mask": (total, self.storage.mask_dtype),
+                  "sample_offsets": (layout.num_sequences + 1, OFFSET_DTYPE)}
+        if layout.packed:
+            arrays["segment_offsets"] = (len(layout.lengths) + 1, OFFSET_DTYPE)
         with h5py.File(tmp, "w") as h5:
             h5.attrs["loss_mask_meaning"] = LOSS_MASK_MEANING
-            for k in ARRAYS:
-                count = self.tmp[k].stat().st_size // TOKEN_DTYPE.itemsize
-                dataset = h5.create_dataset(k, shape=(count,), maxshape=(None,), dtype=TOKEN_DTYPE,
-                                            chunks=(min(1 << 16, max(count, 1)),))
-                start = 0
-                for block in _raw_blocks(self.tmp[k]):
-                    dataset[start:start + len(block)] = block
-                    start += len(block)
+            sets = {k: h5.create_dataset(k, shape=(n,), maxshape=(None,), dtype=t, chunks=(min(1 << 16, max(n, 1)),))
+                    for k, (n, t) in arrays.items()}
+            filled = dict.fromkeys(sets, 0)
+            for part in _chained_offsets(self._blocks(layout)):
+                for key, values in part.items():
+                    if key in sets:
+                        sets[key][filled[key]:filled[key] + len(values)] = values
+                        filled[key] += len(values)
         failpoint("shard_close")  # the HDF5 file complete under its temporary name
         finish_file(tmp, path)
-        return {"files": {"h5": name}, "sha256": {"h5": sha256_file(path)}}
+        return {"files": {"h5": name}, "sha256": {"h5": sha256_file(path)}, **self._packing_record(layout)}
 
 
 # Megatron's indexed dataset (megatron/core/datasets/indexed_dataset.py): a .bin of raw tokens and an .idx.
 MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
 MEGATRON_CODES = {np.dtype(t): code for t, code in (("u1", 1), ("i1", 2), ("<i2", 3), ("<i4", 4), ("<i8", 5),
                                                     ("<f8", 6), ("<f4", 7), ("<u2", 8))}
-
-
-def megatron_dtype(vocab_size: int) -> np.dtype:
-    """The token type Megatron's preprocessing picks for a vocabulary: uint16 below 65500 ids, else int32."""
-    return np.dtype("<u2") if vocab_size < 65500 else np.dtype("<i4")
 
 
 def megatron_index(lengths: np.ndarray, dtype: np.dtype) -> bytes:
@@ -254,54 +358,79 @@ def read_megatron_index(path: Path) -> tuple[np.dtype, np.ndarray]:
 
 
 class _MegatronShard(_RawShard):
-    """The raw temporary files turned, when the shard is complete, into Megatron's .bin/.idx pair (tokens
-    in the vocabulary's type) and a loss-mask sidecar of one uint8 per token in the .bin's order."""
+    """The temporaries (tokens already in the .bin's type, the mask as uint8) copied, when the shard is
+    complete, into Megatron's .bin and a loss-mask sidecar of one uint8 per token in the .bin's order, and
+    the .idx made from the sample offsets."""
 
     hashes_arrays = False
-    token_dtype = np.dtype("<i4")
 
     def close(self, directory: Path) -> dict[str, Any]:
         self._close_handles()
         stem = f"data{_suffix(self.index)}"
         names = {"bin": f"{stem}.bin", "idx": f"{stem}.idx", "loss_mask": f"{stem}.loss_mask.bin"}
-        done = []
-        for key, source, dtype in (("bin", "sequence", self.token_dtype), ("loss_mask", "loss_mask", np.dtype("u1"))):
-            tmp = temporary_path(directory / names[key])
-            with open(tmp, "wb") as out:
-                for block in _raw_blocks(self.tmp[source]):
-                    out.write(block.astype(dtype).tobytes())
-            done.append((tmp, directory / names[key]))
-        tmp = temporary_path(directory / names["idx"])
-        tmp.write_bytes(megatron_index(np.diff(np.fromfile(self.tmp["sample_offsets"], TOKEN_DTYPE)), self.token_dtype))
-        done.append((tmp, directory / names["idx"]))
+        lengths = np.diff(np.fromfile(self.tmp["sample_offsets"], OFFSET_DTYPE))
+        idx = {"idx": np.frombuffer(megatron_index(lengths, self.storage.token_dtype), np.uint8)}
+        parts = ({"bin": ids, "loss_mask": mask} for ids, mask, _, _ in self._blocks(self._layout()))
+        done = _write_arrays(directory, names, itertools.chain([idx], parts))
         failpoint("shard_close")  # the shard complete under temporary names
         for tmp, final in done:
             finish_file(tmp, final)
         return {"files": names, "sha256": {k: sha256_file(directory / n) for k, n in names.items()}}
+class _ParquetShard(_RawShard):
+    """One Parquet file per shard, a row per sequence: input_ids, attention_mask (all 1: no padding is
+    stored) and labels (the token where the loss mask is 1, else -100), as Hugging Face trainers take
+    pre-tokenized data; packed shards add position_ids, starting from 0 at every segment, from which
+    flash-attention kernels and padding-free collators find the boundaries. A row group per block."""
+
+    hashes_arrays = False
+
+    def close(self, directory: Path) -> dict[str, Any]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self._close_handles()
+        layout = self._layout()
+        name = f"data{_suffix(self.index)}.parquet"
+        path = directory / name
+        tmp = temporary_path(path)
+        fields = [("input_ids", pa.list_(pa.from_numpy_dtype(self.storage.token_dtype))),
+                  ("attention_mask", pa.list_(pa.int8())), ("labels", pa.list_(pa.int64()))]
+        if layout.packed:
+            fields.append(("position_ids", pa.list_(pa.int64())))
+        schema = pa.schema(fields, metadata={"gpu-prep": json.dumps({"loss_mask_meaning": LOSS_MASK_MEANING,
+                                                                     "ignore_index": IGNORE_INDEX})})
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as out:
+            for ids, mask, sequences, segments in self._blocks(layout):
+                offsets = pa.array(sequences.astype(np.int32))
+                columns = [ids, np.ones(len(ids), np.int8), np.where(mask.astype(bool), ids.astype(np.int64), IGNORE_INDEX)]
+                if layout.packed:
+                    columns.append(np.arange(len(ids), dtype=np.int64) - np.repeat(segments[:-1], np.diff(segments)))
+                out.write_table(pa.Table.from_arrays([pa.ListArray.from_arrays(offsets, pa.array(c)) for c in columns],
+                                                     schema=schema))
+        failpoint("shard_close")  # the Parquet file complete under its temporary name
+        finish_file(tmp, path)
+        return {"files": {"parquet": name}, "sha256": {"parquet": sha256_file(path)}, **self._packing_record(layout)}
 
 
-SHARDS: dict[str, type[_RawShard]] = {"bin": _BinShard, "h5": _H5Shard, "megatron": _MegatronShard}
+SHARDS: dict[str, type[_RawShard]] = {"bin": _BinShard, "h5": _H5Shard, "megatron": _MegatronShard,
+                                      "parquet": _ParquetShard}
 
 
 class DomainWriter:
     """Appends samples of one domain, opening a new shard whenever the current one is full."""
 
-    def __init__(self, directory: Path, name: str, storage_format: str, max_tokens_per_shard: int,
-                 token_dtype: np.dtype | None = None) -> None:
+    def __init__(self, directory: Path, name: str, storage: Storage, max_tokens_per_shard: int) -> None:
         self.directory, self.name = directory, name
-        self.storage_format, self.cap = storage_format, max_tokens_per_shard
-        self.token_dtype = token_dtype  # megatron: the .bin's token type
+        self.storage, self.cap = storage, max_tokens_per_shard
         self.shards: list[dict[str, Any]] = []
         self.current: _RawShard | None = None
-        # Temporaries of closed shards (h5's raw arrays): removed once a checkpoint no longer needs them.
+        # Temporaries of closed shards (built into other files): removed once a checkpoint no longer needs them.
         self.obsolete: list[Path] = []
         self.fill_tokens = self.fill_samples = self.fill_trained = 0
 
     def _open(self, lengths: dict[str, int] | None = None) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.current = SHARDS[self.storage_format](self.directory, len(self.shards), lengths)
-        if self.token_dtype is not None:
-            self.current.token_dtype = self.token_dtype
+        self.current = SHARDS[self.storage.format](self.directory, len(self.shards), self.storage, lengths)
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps of this domain: its closed shards and the open one's file lengths."""
@@ -310,9 +439,8 @@ class DomainWriter:
                 "open": None if self.current is None else self.current.lengths()}
 
     @classmethod
-    def restore(cls, out_dir: Path, state: dict[str, Any], storage_format: str, cap: int,
-                token_dtype: np.dtype | None = None) -> DomainWriter:
-        writer = cls(out_dir / state["directory"], state["name"], storage_format, cap, token_dtype)
+    def restore(cls, out_dir: Path, state: dict[str, Any], storage: Storage, cap: int) -> DomainWriter:
+        writer = cls(out_dir / state["directory"], state["name"], storage, cap)
         writer.shards = state["shards"]
         writer.fill_tokens, writer.fill_samples, writer.fill_trained = state["fill"]
         if state["open"] is not None:
@@ -321,10 +449,9 @@ class DomainWriter:
 
     def _close_current(self) -> None:
         if self.current is not None:
-            record = self.current.close(self.directory)
+            record = {"num_samples": self.fill_samples, **self.current.close(self.directory)}
             self.obsolete.extend(p for p in self.current.tmp.values() if p.exists())
-            record.update(num_samples=self.fill_samples, num_tokens=self.fill_tokens,
-                          num_trained_tokens=self.fill_trained)
+            record.update(num_tokens=self.fill_tokens, num_trained_tokens=self.fill_trained)
             self.shards.append(record)
             self.current = None
             self.fill_tokens = self.fill_samples = self.fill_trained = 0
@@ -356,32 +483,45 @@ class DomainWriter:
         self._close_current()
         self.remove_obsolete()
         tokens = sum(s["num_tokens"] for s in self.shards)
+        storage = self.storage
         meta = {
-            "format": "gpu-prep", "format_version": 1, "storage_format": self.storage_format,
+            "format": "gpu-prep", "format_version": 1, "storage_format": storage.format,
             "domain": self.name,
-            "sequence": {"shape": [tokens], "dtype": (self.token_dtype or TOKEN_DTYPE).name},
-            "loss_mask": {"shape": [tokens], "dtype": "uint8" if self.storage_format == "megatron" else MASK_DTYPE.name,
-                          "meaning": LOSS_MASK_MEANING},
-            "sample_offsets": {"dtype": TOKEN_DTYPE.name, "meaning": "sample i is tokens [off[i], off[i+1]) of its shard"},
+            "sequence": {"shape": [tokens], "dtype": storage.token_dtype.name},
+            "loss_mask": {"shape": [tokens], "dtype": storage.mask_dtype.name, "meaning": LOSS_MASK_MEANING},
+            "sample_offsets": {"dtype": OFFSET_DTYPE.name, "meaning": "sample i is tokens [off[i], off[i+1]) of its shard"},
             "num_samples": sum(s["num_samples"] for s in self.shards),
             "num_tokens": tokens,
             "num_trained_tokens": sum(s["num_trained_tokens"] for s in self.shards),
+            **self._packing_meta(),
             "shards": self.shards,
         }
         failpoint("meta")
         write_json_atomic(self.directory / "meta.json", meta)
         return meta
 
+    def _packing_meta(self) -> dict[str, Any]:
+        if self.storage.packing == "none":
+            return {}
+        sequences = sum(s["num_samples"] for s in self.shards)
+        padding = sum(s["padding_tokens"] for s in self.shards)
+        return {"packing": {
+            "strategy": self.storage.packing, "seq_len": self.storage.seq_len,
+            "num_segments": sum(s["num_segments"] for s in self.shards), "padding_tokens": padding,
+            "padding_share": round(padding / (sequences * self.storage.seq_len), 6) if sequences else 0.0,
+            "meaning": "a sample holds the segments [seg[j], seg[j+1]) between its offsets; "
+                       "position ids start from 0 at every segment"}}
+
 
 class DatasetWriter:
     """One DomainWriter per domain; domain values are made safe and kept distinct as directory names."""
 
-    def __init__(self, out_dir: Path, storage_format: str, max_tokens_per_shard: int,
-                 window: int | None = None, token_dtype: np.dtype | None = None) -> None:
-        """window: samples longer than this many tokens are cut into samples of that many (and a last one);
-        token_dtype: the token type of megatron shards."""
-        self.out_dir, self.window, self.token_dtype = out_dir, window, token_dtype
-        self.storage_format, self.cap = storage_format, max_tokens_per_shard
+    def __init__(self, out_dir: Path, storage: Storage | str, max_tokens_per_shard: int,
+                 window: int | None = None) -> None:
+        """window: samples longer than this many tokens are cut into samples of that many (and a last one)."""
+        self.out_dir, self.window = out_dir, window
+        self.storage = Storage(storage) if isinstance(storage, str) else storage
+        self.cap = max_tokens_per_shard
         self.domains: dict[str, DomainWriter] = {}
         self.taken: dict[str, str] = {}
 
@@ -398,8 +538,7 @@ class DatasetWriter:
         if self.window is not None:
             offsets = split_offsets(np, offsets, self.window)
         if domain not in self.domains:
-            self.domains[domain] = DomainWriter(self.out_dir / self._dir_for(domain), domain,
-                                                self.storage_format, self.cap, self.token_dtype)
+            self.domains[domain] = DomainWriter(self.out_dir / self._dir_for(domain), domain, self.storage, self.cap)
         self.domains[domain].append(ids, loss_mask, offsets)
 
     def state(self) -> list[dict[str, Any]]:
@@ -407,8 +546,7 @@ class DatasetWriter:
 
     def restore(self, state: list[dict[str, Any]]) -> None:
         for domain in state:
-            self.domains[domain["name"]] = DomainWriter.restore(self.out_dir, domain, self.storage_format, self.cap,
-                                                                self.token_dtype)
+            self.domains[domain["name"]] = DomainWriter.restore(self.out_dir, domain, self.storage, self.cap)
             self.taken[domain["directory"]] = domain["name"]
 
     def remove_obsolete(self) -> None:

@@ -203,7 +203,7 @@ def test_installed_script_reports_errors_and_runs(tmp_path: Path) -> None:
     bad, _ = _config_file(tmp_path, "storage_format")
     failed = _subprocess("validate", "-c", bad)
     assert failed.returncode == 2
-    assert "output.storage_format" in failed.stderr and "'bin', 'h5' or 'megatron'" in failed.stderr
+    assert "output.storage_format" in failed.stderr and "'bin', 'h5', 'megatron' or 'parquet'" in failed.stderr
     assert "Traceback" not in failed.stderr + failed.stdout
     done = _subprocess("run", "examples/chat.jsonl", "-c", "configs/sft.json", "-o", tmp_path / "out", "-q")
     assert done.returncode == 0, done.stderr

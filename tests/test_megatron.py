@@ -12,7 +12,8 @@ import pytest
 
 import gpu_prep
 from gpu_prep.verify import verify
-from gpu_prep.write import megatron_dtype, megatron_index
+from gpu_prep.config import OutputConfig
+from gpu_prep.write import megatron_index
 from helpers import run_rows
 
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")
@@ -29,8 +30,10 @@ def test_the_index_of_a_hand_worked_example() -> None:
 
 
 def test_the_token_type_follows_the_vocabulary() -> None:
-    assert megatron_dtype(32_000) == np.dtype("<u2") and megatron_dtype(65_499) == np.dtype("<u2")
-    assert megatron_dtype(151_665) == np.dtype("<i4")
+    megatron = OutputConfig(storage_format="megatron")
+    assert megatron.token_type(32_000) == "uint16" and megatron.token_type(65_499) == "uint16"
+    assert megatron.token_type(65_500) == megatron.token_type(151_665) == "int32"
+    assert OutputConfig().token_type(32_000) == "int64"  # bin keeps the seed's int64 unless asked
 
 
 def _read_by_the_spec(idx_path: Path) -> list[np.ndarray]:
