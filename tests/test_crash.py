@@ -46,7 +46,16 @@ CASES = [
     ("checkpoint_written", 6, "h5", 0),
     ("meta", 2, "bin", 0),  # the run's end: some domains' meta.json written
     ("manifest", 1, "bin", 0),
+    ("shard_close", 3, "bin-bfd", 0),  # a packed shard built under temporary names, its raw arrays still there
+    ("shard_append", 12, "parquet-bfd", 0),
+    ("shard_close", 2, "parquet-wrapped", 0),
+    ("shard_close", 4, "megatron", 0),
 ]
+# The storage of each case: the output and preprocessing settings over CONFIG's.
+STORAGES = {"bin": {}, "h5": {"output": {"storage_format": "h5"}}, "megatron": {"output": {"storage_format": "megatron"}},
+            "bin-bfd": {"preprocessing": {"packing": "bfd"}},
+            "parquet-bfd": {"output": {"storage_format": "parquet"}, "preprocessing": {"packing": "bfd"}},
+            "parquet-wrapped": {"output": {"storage_format": "parquet"}, "preprocessing": {"packing": "wrapped"}}}
 
 
 def _corpus(path: Path) -> Path:
@@ -88,9 +97,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("reference")
     data = _corpus(root / "chat.jsonl")
     trees = {}
-    for storage in ("bin", "h5"):
+    for storage, over in STORAGES.items():
         config = root / f"{storage}.json"
-        config.write_text(json.dumps({**CONFIG, "output": {**CONFIG["output"], "storage_format": storage}}))
+        config.write_text(json.dumps({**CONFIG, **{k: {**CONFIG[k], **v} for k, v in over.items()}}))
         out, rejects = root / storage, root / f"{storage}.rejects.jsonl"
         done = _cli("run", data, "-c", config, "-o", out, "-q", "--chunk-rows", CHUNK_ROWS, "--rejects", rejects)
         assert done.returncode == 0, done.stderr

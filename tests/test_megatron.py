@@ -72,3 +72,24 @@ def test_megatron_output_holds_the_same_samples_as_bin(tmp_path: Path) -> None:
     assert verify(as_megatron) == []
     (domain / "data.loss_mask.bin").write_bytes(b"\x02" + (domain / "data.loss_mask.bin").read_bytes()[1:])
     assert verify(as_megatron)  # a damaged sidecar is found
+
+
+def test_megatron_cores_own_reader_reads_the_shards(tmp_path: Path) -> None:
+    """megatron-core's IndexedDataset (it installs and imports without a GPU, with a CPU torch) reads every
+    shard as the documents gpu-prep wrote; CI installs it for this test (.ci/run)."""
+    indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset", reason="megatron-core is not installed")
+    rows = [{"text": f"document {k}: " + " ".join(f"word{j}" for j in range(k % 17 + 3))} for k in range(60)]
+    config = {"input": {"type": "text"}, "preprocessing": {"min_chars": 0},
+              "output": {"storage_format": "megatron", "max_tokens_per_shard": 400}}
+    out = run_rows(tmp_path, config, rows, name="megatron")
+    domain = gpu_prep.open(out)["__default__"]
+    want = [ids.tolist() for ids in (s[0] for s in domain)]
+    got = []
+    for shard in domain.meta["shards"]:
+        prefix = str(domain.directory / shard["files"]["idx"])[:-len(".idx")]
+        dataset = indexed.IndexedDataset(prefix)
+        assert dataset.index.dtype == np.int32  # Qwen's vocabulary
+        assert np.array_equal(dataset.document_indices, np.arange(len(dataset) + 1))
+        assert dataset.sequence_lengths.tolist() == [len(dataset[i]) for i in range(len(dataset))]
+        got += [dataset[i].tolist() for i in range(len(dataset))]
+    assert len(domain.meta["shards"]) > 1 and got == want and len(got) == 60
