@@ -296,19 +296,36 @@ class _BinShard(_RawShard):
                 **self._packing_record(layout)}
 
 
-class _H5Shard(_RawShard):
-    """The shard's final arrays written as datasets of one HDF5 file when the shard is complete."""
+class _OneFileShard(_RawShard):
+    """A shard whose final form is one file (data.h5, data.parquet, ...), built from the temporaries when
+    the shard is complete; the file's sha256 goes in meta.json."""
 
     hashes_arrays = False
+    extension = ""
+
+    def _build(self, tmp: Path, layout: Layout) -> None:
+        raise NotImplementedError
 
     def close(self, directory: Path) -> dict[str, Any]:
-        import h5py
-
         self._close_handles()
         layout = self._layout()
-        name = f"data{_suffix(self.index)}.h5"
+        name = f"data{_suffix(self.index)}.{self.extension}"
         path = directory / name
-        tmp = temporary_path(path)
+        self._build(temporary_path(path), layout)
+        failpoint("shard_close")  # the file complete under its temporary name
+        finish_file(temporary_path(path), path)
+        return {"files": {self.extension: name}, "sha256": {self.extension: sha256_file(path)},
+                **self._packing_record(layout)}
+
+
+class _H5Shard(_OneFileShard):
+    """The shard's final arrays as datasets of one HDF5 file."""
+
+    extension = "h5"
+
+    def _build(self, tmp: Path, layout: Layout) -> None:
+        import h5py
+
         total = int(layout.lengths.sum())
         arrays = {"sequence": (total, self.storage.token_dtype), "loss_mask": (total, self.storage.mask_dtype),
                   "sample_offsets": (layout.num_sequences + 1, OFFSET_DTYPE)}
@@ -324,9 +341,6 @@ class _H5Shard(_RawShard):
                     if key in sets:
                         sets[key][filled[key]:filled[key] + len(values)] = values
                         filled[key] += len(values)
-        failpoint("shard_close")  # the HDF5 file complete under its temporary name
-        finish_file(tmp, path)
-        return {"files": {"h5": name}, "sha256": {"h5": sha256_file(path)}, **self._packing_record(layout)}
 
 
 # Megatron's indexed dataset (megatron/core/datasets/indexed_dataset.py): a .bin of raw tokens and an .idx.
@@ -376,23 +390,20 @@ class _MegatronShard(_RawShard):
         for tmp, final in done:
             finish_file(tmp, final)
         return {"files": names, "sha256": {k: sha256_file(directory / n) for k, n in names.items()}}
-class _ParquetShard(_RawShard):
+
+
+class _ParquetShard(_OneFileShard):
     """One Parquet file per shard, a row per sequence: input_ids, attention_mask (all 1: no padding is
     stored) and labels (the token where the loss mask is 1, else -100), as Hugging Face trainers take
     pre-tokenized data; packed shards add position_ids, starting from 0 at every segment, from which
     flash-attention kernels and padding-free collators find the boundaries. A row group per block."""
 
-    hashes_arrays = False
+    extension = "parquet"
 
-    def close(self, directory: Path) -> dict[str, Any]:
+    def _build(self, tmp: Path, layout: Layout) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        self._close_handles()
-        layout = self._layout()
-        name = f"data{_suffix(self.index)}.parquet"
-        path = directory / name
-        tmp = temporary_path(path)
         fields = [("input_ids", pa.list_(pa.from_numpy_dtype(self.storage.token_dtype))),
                   ("attention_mask", pa.list_(pa.int8())), ("labels", pa.list_(pa.int64()))]
         if layout.packed:
@@ -407,9 +418,6 @@ class _ParquetShard(_RawShard):
                     columns.append(np.arange(len(ids), dtype=np.int64) - np.repeat(segments[:-1], np.diff(segments)))
                 out.write_table(pa.Table.from_arrays([pa.ListArray.from_arrays(offsets, pa.array(c)) for c in columns],
                                                      schema=schema))
-        failpoint("shard_close")  # the Parquet file complete under its temporary name
-        finish_file(tmp, path)
-        return {"files": {"parquet": name}, "sha256": {"parquet": sha256_file(path)}, **self._packing_record(layout)}
 
 
 SHARDS: dict[str, type[_RawShard]] = {"bin": _BinShard, "h5": _H5Shard, "megatron": _MegatronShard,

@@ -20,12 +20,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gpu_prep
-from gpu_prep.config import parse_config
+from gpu_prep.config import load_config, parse_config
 from gpu_prep.errors import ConfigError
 from gpu_prep.pack import best_fit_decreasing
 from gpu_prep.pipeline import run
+from gpu_prep.stats import summarize
 from gpu_prep.verify import verify
-from helpers import write_jsonl
+from helpers import REPO, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")
 
@@ -134,6 +135,7 @@ def test_bfd_keeps_every_sample_whole_within_max_seq_len(outputs: dict[str, Path
             assert positions.tolist() == [p for a, b in zip(bounds[:-1], bounds[1:]) for p in range(b - a)]
         meta = packed.meta["packing"]
         assert meta["padding_tokens"] == len(packed) * SEQ_LEN - packed.meta["num_tokens"]
+        assert summarize(outputs[name])["domains"][domain]["padding"] == pytest.approx(meta["padding_share"], abs=1e-6)
     assert verify(outputs[name]) == []
 
 
@@ -215,3 +217,11 @@ def test_best_fit_decreasing_matches_the_plain_algorithm(case: tuple[int, list[i
 def test_a_sample_longer_than_a_bin_is_refused() -> None:
     with pytest.raises(ValueError, match="does not fit"):
         best_fit_decreasing(np.array([3, 9]), 8)
+
+
+@pytest.mark.parametrize(("config", "example"), [("sft_packed.yaml", "chat.jsonl"), ("pretrain_megatron.yaml", "pretrain.jsonl"),
+                                                 ("pretrain_wrapped.yaml", "pretrain.jsonl")])
+def test_the_shipped_output_configs_run_on_their_examples(tmp_path: Path, config: str, example: str) -> None:
+    manifest = run(load_config(REPO / "configs" / config), [str(REPO / "examples" / example)], tmp_path / "out")
+    assert manifest["totals"]["rows_written"] > 0 and verify(tmp_path / "out") == []
+    assert ("packing" in manifest) == (config != "pretrain_megatron.yaml")

@@ -22,6 +22,8 @@ CASES = {
     "sft": ("configs/sft.json", "examples/chat.jsonl"),
     "instruction": ("configs/instruction.json", "examples/instruction.jsonl"),
     "pretrain": ("configs/pretrain.json", "examples/pretrain.jsonl"),
+    "sft_packed": ("configs/sft_packed.yaml", "examples/chat.jsonl"),
+    "pretrain_wrapped": ("configs/pretrain_wrapped.yaml", "examples/pretrain.jsonl"),
 }
 
 
