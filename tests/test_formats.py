@@ -225,3 +225,32 @@ def test_the_shipped_output_configs_run_on_their_examples(tmp_path: Path, config
     manifest = run(load_config(REPO / "configs" / config), [str(REPO / "examples" / example)], tmp_path / "out")
     assert manifest["totals"]["rows_written"] > 0 and verify(tmp_path / "out") == []
     assert ("packing" in manifest) == (config != "pretrain_megatron.yaml")
+
+
+def test_a_packed_parquet_row_is_what_transformers_flattening_collator_makes(outputs: dict[str, Path]) -> None:
+    """transformers' DataCollatorWithFlattening, given the unpacked parquet rows of the samples in one
+    packed row, builds that row: the same input_ids and position_ids, and the same labels but for the
+    first of each sample, which the collator sets to -100 so that no sample is predicted from another."""
+    datasets = pytest.importorskip("datasets")
+    from transformers import DataCollatorWithFlattening
+
+    def rows(name: str, domain: str) -> list[dict[str, list[int]]]:
+        directory = outputs[name] / domain
+        meta = json.loads((directory / "meta.json").read_text())
+        files = [str(directory / s["files"]["parquet"]) for s in meta["shards"]]
+        return list(datasets.load_dataset("parquet", data_files=files, split="train"))
+
+    unpacked = {tuple(r["input_ids"]): r for r in rows("parquet", "a")}
+    collate = DataCollatorWithFlattening(return_tensors="np", return_position_ids=True)
+    packed_rows = rows("parquet-bfd", "a")
+    checked = 0
+    for packed in packed_rows:
+        starts = [k for k, p in enumerate(packed["position_ids"]) if p == 0] + [len(packed["input_ids"])]
+        members = [unpacked[tuple(packed["input_ids"][a:b])] for a, b in zip(starts[:-1], starts[1:])]
+        made = collate([{"input_ids": m["input_ids"], "labels": m["labels"]} for m in members])
+        assert made["input_ids"][0].tolist() == packed["input_ids"]
+        assert made["position_ids"][0].tolist() == packed["position_ids"]
+        want = [-100 if k in starts else label for k, label in enumerate(packed["labels"])]
+        assert made["labels"][0].tolist() == want
+        checked += len(members) > 1
+    assert checked  # rows that really hold several samples were compared
