@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
+import gpu_prep
 from gpu_prep.cli import app
 from helpers import REPO
 
@@ -337,3 +338,15 @@ def test_stats_only_writes_nothing_and_debug_samples_shows_them(tmp_path: Path) 
     debug = _invoke("run", REPO / "examples" / "chat.jsonl", "-c", REPO / "configs" / "sft.json", "-o",
                     tmp_path / "out", "-q", "--debug-samples", "2")
     assert debug.exit_code == 0 and "sample 0:" in debug.stdout and "⟦" in debug.stdout
+
+
+def test_inspect_and_the_summary_show_packed_output(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = _invoke("run", REPO / "examples" / "chat.jsonl", "-c", REPO / "configs" / "sft_packed.yaml", "-o", out)
+    assert done.exit_code == 0, done.stdout + done.stderr
+    assert "sequences(bfd," in _squash(done.stdout) and "padding)" in _squash(done.stdout)
+    meta = json.loads((out / "math" / "meta.json").read_text())
+    shown = _invoke("inspect", out, "--domain", "math", "-n", "1", "--plain")
+    assert shown.exit_code == 0, shown.stdout
+    assert f"samples packed at {gpu_prep.open(out)['math'].segments(0)[1:-1].tolist()}" in shown.stdout
+    assert meta["packing"]["num_segments"] == 3 and meta["num_samples"] == 1
