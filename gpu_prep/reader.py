@@ -89,8 +89,18 @@ class Domain:
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
         self.meta = json.loads((self.directory / "meta.json").read_text(encoding="utf-8"))
-        self.shards = [load_shard(self.directory, rec, self.meta) for rec in self.meta["shards"]]
-        self._starts = np.cumsum([0] + [len(s.offsets) - 1 for s in self.shards])
+        self._starts = np.cumsum([0] + [rec["num_samples"] for rec in self.meta["shards"]])
+        self._open: tuple[int, ShardArrays] | None = None  # the shard last read (a parquet shard is read whole)
+
+    def shard(self, k: int) -> ShardArrays:
+        """Shard k's arrays, read when first asked for; one shard is kept open at a time."""
+        if self._open is None or self._open[0] != k:
+            self._open = (k, load_shard(self.directory, self.meta["shards"][k], self.meta))
+        return self._open[1]
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.meta["shards"])
 
     @property
     def name(self) -> str:
@@ -111,7 +121,7 @@ class Domain:
             raise IndexError(f"sample {i} out of range for {len(self)} samples")
         i %= len(self)
         shard = int(np.searchsorted(self._starts, i, side="right")) - 1
-        arrays = self.shards[shard]
+        arrays = self.shard(shard)
         local = i - int(self._starts[shard])
         return arrays, int(arrays.offsets[local]), int(arrays.offsets[local + 1])
 

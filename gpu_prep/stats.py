@@ -19,7 +19,7 @@ BINS = 30
 def _lengths(domain: Any) -> tuple[np.ndarray, int]:
     """Sample lengths of one domain, from its shards' offsets, and its trained tokens, from meta.json
     (which `gpu-prep verify` checks against the masks)."""
-    lengths = [np.diff(shard.offsets) for shard in domain.shards]
+    lengths = [np.diff(domain.shard(k).offsets) for k in range(domain.num_shards)]
     every = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
     return every, int(domain.meta["num_trained_tokens"])
 
