@@ -250,19 +250,26 @@ class _RawShard:
                 "padding_tokens": padding}
 
 
-def _write_arrays(directory: Path, names: dict[str, str], parts: Iterator[dict[str, np.ndarray]]) -> list[tuple[Path, Path]]:
-    """Raw arrays built block by block under temporary names; (temporary, final) pairs to rename."""
+def _build_files(directory: Path, names: dict[str, str], parts: Iterator[dict[str, np.ndarray]]) -> dict[str, Any]:
+    """Raw files built block by block under temporary names and hashed as they are written, then made
+    durable and renamed; the shard record's files and sha256."""
     paths = {k: directory / n for k, n in names.items()}
     tmps = {k: p.with_name(f".{p.name}.build.tmp") for k, p in paths.items()}
+    digests = {k: hashlib.sha256() for k in names}
     handles = {k: open(t, "wb") for k, t in tmps.items()}  # noqa: SIM115  closed below
     try:
         for part in parts:
             for key, values in part.items():
-                handles[key].write(np.ascontiguousarray(values).tobytes())
+                data = memoryview(np.ascontiguousarray(values)).cast("B")
+                handles[key].write(data)
+                digests[key].update(data)
     finally:
         for handle in handles.values():
             handle.close()
-    return [(tmps[k], paths[k]) for k in names]
+    failpoint("shard_close")  # the shard complete under temporary names
+    for key in names:
+        finish_file(tmps[key], paths[key])
+    return {"files": names, "sha256": {k: d.hexdigest() for k, d in digests.items()}}
 
 
 def _chained_offsets(blocks: Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
@@ -287,13 +294,7 @@ class _BinShard(_RawShard):
             return {"files": names, "sha256": {k: d.hexdigest() for k, d in self.digests.items()}}
         layout = self._layout()
         names = {k: raw_file_name(k, self.index, temporary=False) for k in (*ARRAYS, "segment_offsets")}
-        parts = _chained_offsets(self._blocks(layout))
-        done = _write_arrays(directory, names, parts)
-        failpoint("shard_close")  # the packed shard complete under temporary names
-        for tmp, final in done:
-            finish_file(tmp, final)
-        return {"files": names, "sha256": {k: sha256_file(directory / n) for k, n in names.items()},
-                **self._packing_record(layout)}
+        return {**_build_files(directory, names, _chained_offsets(self._blocks(layout))), **self._packing_record(layout)}
 
 
 class _OneFileShard(_RawShard):
@@ -385,11 +386,7 @@ class _MegatronShard(_RawShard):
         lengths = np.diff(np.fromfile(self.tmp["sample_offsets"], OFFSET_DTYPE))
         idx = {"idx": np.frombuffer(megatron_index(lengths, self.storage.token_dtype), np.uint8)}
         parts = ({"bin": ids, "loss_mask": mask} for ids, mask, _, _ in self._blocks(self._layout()))
-        done = _write_arrays(directory, names, itertools.chain([idx], parts))
-        failpoint("shard_close")  # the shard complete under temporary names
-        for tmp, final in done:
-            finish_file(tmp, final)
-        return {"files": names, "sha256": {k: sha256_file(directory / n) for k, n in names.items()}}
+        return _build_files(directory, names, itertools.chain([idx], parts))
 
 
 class _ParquetShard(_OneFileShard):
