@@ -225,8 +225,8 @@ def _show_samples(output: Path, domain: str | None, samples: int, start: int, id
     chosen = dataset[domain or names[0]]
     for k in range(start, min(start + samples, len(chosen))):
         sample_ids, mask = chosen[k]
-        packed = f", {len(chosen.segments(k)) - 1} samples packed at {chosen.segments(k)[1:-1].tolist()}" \
-            if chosen.packed else ""
+        bounds = chosen.segments(k)
+        packed = f", {len(bounds) - 1} samples packed at {bounds[1:-1].tolist()}" if chosen.packed else ""
         out.print(f"[bold]# {domain or names[0]} sample {k}[/]: {len(sample_ids)} tokens, "
                   f"{int(mask.sum())} trained{packed}", highlight=False)
         if plain:

@@ -177,9 +177,6 @@ class PreprocessingConfig(_Frozen):
     packing: Literal["none", "wrapped", "bfd"] = "none"
 
 
-TOKEN_DTYPES = ("int64", "int32", "uint32", "uint16")
-
-
 class OutputConfig(_Frozen):
     domain_key: str | None = None
     # bin: the seed's raw arrays with meta.json; h5: one HDF5 file per shard; megatron: Megatron's

@@ -16,6 +16,7 @@ input order and max_tokens_per_shard, never on chunk sizes or workers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 import numpy as np
 
 from gpu_prep.mask import offsets_from_lengths
@@ -111,3 +112,12 @@ def layout(strategy: str, offsets: np.ndarray, seq_len: int | None) -> Layout:
 def padding_tokens(num_sequences: int, num_tokens: int, seq_len: int) -> int:
     """The padding a trainer adds when it pads every sequence to seq_len."""
     return num_sequences * seq_len - num_tokens
+
+
+def summary(parts: list[dict[str, Any]], seq_len: int) -> dict[str, Any]:
+    """Sequences (num_samples), the samples in them (num_segments) and the padding to seq_len, summed over
+    parts (shard records, or domains), with the padding's share of the padded length."""
+    sequences = sum(p["num_samples"] for p in parts)
+    padding = sum(p["padding_tokens"] for p in parts)
+    return {"num_samples": sequences, "num_segments": sum(p["num_segments"] for p in parts),
+            "padding_tokens": padding, "padding_share": round(padding / (sequences * seq_len), 6) if sequences else 0.0}

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu_prep import __version__
+from gpu_prep import __version__, pack
 from gpu_prep.accounting import PIECES, Accounting
 from gpu_prep.affix import detect_affix
 from gpu_prep.backend import Backend, select_backend
@@ -540,15 +540,6 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
     return acct, domains
 
 
-def packing_totals(domains: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Packed sequences, the samples in them and the padding to seq_len, over every domain."""
-    sequences = sum(m["num_samples"] for m in domains.values())
-    padding = sum(m["packing"]["padding_tokens"] for m in domains.values())
-    seq_len = next(iter(domains.values()))["packing"]["seq_len"] if domains else 0
-    return {"sequences": sequences, "samples": sum(m["packing"]["num_segments"] for m in domains.values()),
-            "padding_tokens": padding, "padding_share": round(padding / (sequences * seq_len), 6) if sequences else 0.0}
-
-
 def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, tokenizer: str | None = None,
         device: str | None = None, chunk_rows: int = 2048, overwrite: bool = False, resume: bool = False,
         workers: int | None = None, rejects: str | Path | None = None, strict: bool = False,
@@ -595,7 +586,8 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
         "totals": acct.totals(),
         **({"datasets": dataset_totals(config, datasets, acct)} if datasets is not None else {}),
         "dropped_examples": acct.examples,
-        **({"packing": packing_totals(domains)} if config.preprocessing.packing != "none" else {}),
+        **({"packing": pack.summary([{"num_samples": m["num_samples"], **m["packing"]} for m in domains.values()],
+                                    config.preprocessing.max_seq_len)} if config.preprocessing.packing != "none" else {}),
         "domains": domains,
         "seconds": {"total": round(elapsed, 3), **{k: round(v, 3) for k, v in clock.seconds.items()}},
     }

@@ -57,16 +57,18 @@ def _check_packing(arrays: ShardArrays, shard: dict[str, Any], packing: dict[str
 
 def _check_arrays(ids: Any, loss_mask: Any, offsets: Any, shard: dict[str, Any], where: str) -> list[str]:
     faults = []
+    loss_mask = np.asarray(loss_mask)  # read once (an h5 dataset reads from its file on every access)
     if len(ids) != shard["num_tokens"] or len(loss_mask) != len(ids):
         faults.append(f"{where}: {len(ids)} tokens and {len(loss_mask)} mask values, meta says {shard['num_tokens']}")
     if len(offsets) != shard["num_samples"] + 1 or offsets[0] != 0 or offsets[-1] != len(ids):
         faults.append(f"{where}: sample offsets do not run from 0 to the token count over {shard['num_samples']} samples")
     elif np.any(np.diff(offsets) <= 0):
         faults.append(f"{where}: sample offsets are not strictly increasing (an empty or reversed sample)")
-    if len(loss_mask) and not np.isin(np.unique(np.asarray(loss_mask)), (0, 1)).all():
+    if len(loss_mask) and not np.isin(np.unique(loss_mask), (0, 1)).all():
         faults.append(f"{where}: loss_mask holds values other than 0 and 1")
-    if int(np.asarray(loss_mask).sum()) != shard["num_trained_tokens"]:
-        faults.append(f"{where}: {int(np.asarray(loss_mask).sum())} trained tokens, meta says {shard['num_trained_tokens']}")
+    trained = int(loss_mask.sum())
+    if trained != shard["num_trained_tokens"]:
+        faults.append(f"{where}: {trained} trained tokens, meta says {shard['num_trained_tokens']}")
     return faults
 
 

@@ -164,12 +164,11 @@ class _RawShard:
     shard's whole state, so a checkpoint can record them and a resumed run can cut the files back to them
     (resume). When the shard closes, its format turns them into its final files."""
 
-    hashes_arrays = True  # the arrays' sha256 go in meta.json (unpacked bin); other formats hash their files
-
     def __init__(self, directory: Path, index: int, storage: Storage, lengths: dict[str, int] | None = None) -> None:
         self.index, self.storage = index, storage
         self.tmp = {k: directory / raw_file_name(k, index, temporary=True) for k in ARRAYS}
-        self.digests = {k: hashlib.sha256() for k in ARRAYS} if self.hashes_arrays and storage.packing == "none" else {}
+        # Where the temporaries become the final files (unpacked bin), their sha256 is taken as they are written.
+        self.digests = {k: hashlib.sha256() for k in ARRAYS} if self.final_as_written() else {}
         if lengths is None:
             self.handles = {k: open(p, "wb") for k, p in self.tmp.items()}  # noqa: SIM115  closed in close()
             self._put("sample_offsets", np.zeros(1, OFFSET_DTYPE))
@@ -207,6 +206,9 @@ class _RawShard:
         for handle in self.handles.values():
             handle.flush()
         return {k: h.tell() for k, h in self.handles.items()}
+
+    def final_as_written(self) -> bool:
+        return self.storage.format == "bin" and self.storage.packing == "none"
 
     def _close_handles(self) -> None:
         for handle in self.handles.values():
@@ -286,7 +288,7 @@ def _chained_offsets(blocks: Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, 
 class _BinShard(_RawShard):
     def close(self, directory: Path) -> dict[str, Any]:
         self._close_handles()
-        if self.storage.packing == "none":  # the temporaries are the final files
+        if self.final_as_written():
             names = {k: raw_file_name(k, self.index, temporary=False) for k in ARRAYS}
             for k in ARRAYS:
                 finish_file(self.tmp[k], directory / names[k])
@@ -301,7 +303,6 @@ class _OneFileShard(_RawShard):
     """A shard whose final form is one file (data.h5, data.parquet, ...), built from the temporaries when
     the shard is complete; the file's sha256 goes in meta.json."""
 
-    hashes_arrays = False
     extension = ""
 
     def _build(self, tmp: Path, layout: Layout) -> None:
@@ -377,15 +378,14 @@ class _MegatronShard(_RawShard):
     complete, into Megatron's .bin and a loss-mask sidecar of one uint8 per token in the .bin's order, and
     the .idx made from the sample offsets."""
 
-    hashes_arrays = False
 
     def close(self, directory: Path) -> dict[str, Any]:
         self._close_handles()
         stem = f"data{_suffix(self.index)}"
         names = {"bin": f"{stem}.bin", "idx": f"{stem}.idx", "loss_mask": f"{stem}.loss_mask.bin"}
-        lengths = np.diff(np.fromfile(self.tmp["sample_offsets"], OFFSET_DTYPE))
-        idx = {"idx": np.frombuffer(megatron_index(lengths, self.storage.token_dtype), np.uint8)}
-        parts = ({"bin": ids, "loss_mask": mask} for ids, mask, _, _ in self._blocks(self._layout()))
+        layout = self._layout()
+        idx = {"idx": np.frombuffer(megatron_index(layout.lengths, self.storage.token_dtype), np.uint8)}
+        parts = ({"bin": ids, "loss_mask": mask} for ids, mask, _, _ in self._blocks(layout))
         return _build_files(directory, names, itertools.chain([idx], parts))
 
 
@@ -508,12 +508,10 @@ class DomainWriter:
     def _packing_meta(self) -> dict[str, Any]:
         if self.storage.packing == "none":
             return {}
-        sequences = sum(s["num_samples"] for s in self.shards)
-        padding = sum(s["padding_tokens"] for s in self.shards)
+        totals = pack.summary(self.shards, int(self.storage.seq_len or 0))
+        del totals["num_samples"]  # the domain's own num_samples
         return {"packing": {
-            "strategy": self.storage.packing, "seq_len": self.storage.seq_len,
-            "num_segments": sum(s["num_segments"] for s in self.shards), "padding_tokens": padding,
-            "padding_share": round(padding / (sequences * self.storage.seq_len), 6) if sequences else 0.0,
+            "strategy": self.storage.packing, "seq_len": self.storage.seq_len, **totals,
             "meaning": "a sample holds the segments [seg[j], seg[j+1]) between its offsets; "
                        "position ids start from 0 at every segment"}}
 
