@@ -23,7 +23,7 @@ import numpy as np
 from gpu_prep import __version__, pack
 from gpu_prep.accounting import PIECES, Accounting
 from gpu_prep.affix import detect_affix
-from gpu_prep.backend import Backend, select_backend
+from gpu_prep.backend import CPU, Backend, select_backend
 from gpu_prep.chat_template import ChatTemplate
 from gpu_prep.checkpoint import Checkpointer, load_for_resume, run_identity
 from gpu_prep.config import TEMPLATE_ROLES, PipelineConfig
@@ -430,6 +430,12 @@ class Options:
     rejects: Path | None = None
     strict: bool = False
     progress: Callable[[int], None] | None = None
+    cluster: str | None = None  # a Dask cluster to run on: "local:N" or a scheduler's address
+    announce: Callable[[str], None] | None = None  # told the cluster's dashboard address
+    plugins: tuple[str, ...] = ()  # --plugin modules, which a cluster's workers load too
+    part_bytes: int | None = None  # a cluster's parts of JSON Lines files (default cluster.PART_BYTES)
+    device: str = "auto"  # what a cluster's workers run on (the output is the same on either)
+    tokenizer: str = DEFAULT_TOKENIZER  # the tokenizer the run loaded, which a cluster's workers load too
 
 
 def run_inputs(config: PipelineConfig, inputs: list[str]) -> tuple[list[InputFile], list[Dataset] | None]:
@@ -450,88 +456,162 @@ def run_inputs(config: PipelineConfig, inputs: list[str]) -> tuple[list[InputFil
                                   "name its format with the dataset's builder (json, jsonl or parquet)")
             own.append(InputFile(len(files) + len(own), found.path, found.size_bytes, spec.builder))
         files.extend(own)
-        handlers = [(HANDLERS[h.name], h.fn_kwargs(), h.name, h.arguments.get("remove_columns"))
-                    for h in spec.data_handlers]
-        datasets.append(Dataset(spec.name, own, handlers))
+        datasets.append(Dataset(spec.name, own, dataset_handlers(spec)))
     return files, datasets
+
+
+def dataset_handlers(spec: Any) -> list[tuple[Any, dict[str, Any], str, Any]]:
+    """A dataset's data handlers as Dataset takes them (by name, so plugins' handlers are found)."""
+    return [(HANDLERS[h.name], h.fn_kwargs(), h.name, h.arguments.get("remove_columns")) for h in spec.data_handlers]
+
+
+def dataset_sources(config: PipelineConfig, datasets: list[Dataset]) -> Sources:
+    """By file index: the config of the file's dataset and the domain it names."""
+    own = [config.dataset_config(k) for k in range(len(datasets))]
+    return {f.index: (own[k], spec.domain) for k, (spec, d) in enumerate(zip(config.datasets or [], datasets))
+            for f in d.files}
+
+
+@dataclass
+class Done:
+    """A chunk through every stage but accounting and writing, which happen in input order in one place
+    (a cluster's workers send these back to the driver)."""
+
+    chunk: RawChunk
+    rows: Rows
+    drops: Drops
+    digests: list[bytes]  # the dedup digests the chunk added (checkpoints log them)
+    masked: tuple[Any, np.ndarray, np.ndarray, np.ndarray] | None  # _mask's result; None: nothing tokenized
+
+
+class Tokenizing:
+    """Tokenizes chunks with the engine the run's first rows chose (decided["engine"]; a resumed run and a
+    cluster's workers are handed the choice)."""
+
+    def __init__(self, tok: Tokenizer, backend: Backend, requested: str, decided: dict[str, Any],
+                 threads: int | None) -> None:
+        self.tok, self.backend, self.requested, self.decided, self.threads = tok, backend, requested, decided, threads
+        self.encode = None
+        if decided.get("engine") is not None:
+            tok.restore_engine(*decided["engine"], threads)
+            self.encode = backend.encoder(tok)
+
+    def __call__(self, rendered: list[RenderedRow], clock: Stopwatch) -> tuple[np.ndarray, np.ndarray]:
+        failpoint("tokenize")
+        if self.encode is not None:
+            return clock.time("tokenize", _tokenize, self.encode, rendered)
+        # The first rows choose the engine, checking it on a sample of them.
+        first = functools.partial(self.tok.use_engine, self.requested, sample_size=_engine_sample_size(rendered),
+                                  threads=self.threads)
+        tokens = clock.time("tokenize", _tokenize, first, rendered)
+        self.encode = self.backend.encoder(self.tok)
+        self.decided["engine"] = [self.tok.active.name, self.tok.engine_choice]
+        return tokens
+
+
+def mask_chunk(backend: Backend, tok: Tokenizer, config: PipelineConfig, clock: Stopwatch,
+               item: tuple[RawChunk, Rows, Drops, list[bytes], Any]) -> Done:
+    chunk, rows, drops, digests, tokens = item
+    masked = None
+    if tokens is not None:
+        rules = config.preprocessing
+        masked = clock.time("mask", _mask, backend, tok, rows.payload, *tokens, rules.max_seq_len, rules.truncation)
+    return Done(chunk, rows, drops, digests, masked)
+
+
+def account_and_write(done: Done, backend: Backend, config: PipelineConfig, acct: Accounting,
+                      writer: DatasetWriter, clock: Stopwatch) -> None:
+    """Account for a chunk and write it (the only place accounting and writing happen)."""
+    acct.read(done.chunk.file_index)
+    acct.schemas.update(done.chunk.schemas)
+    acct.notes.update(done.chunk.notes)
+    for drop in done.drops:
+        acct.dropped(*drop)
+    for row in done.rows.payload:
+        acct.left_out.update(row.left_out)
+        acct.notes.update(row.notes)
+    if done.masked is not None:
+        clock.time("write", _write, backend, *done.masked, done.rows, done.chunk, writer, acct, config.preprocessing)
+
+
+def prepare_and_tokenize(chunks: Iterator[RawChunk], config: PipelineConfig, ctx: RenderContext, backend: Backend,
+                         tok: Tokenizer, dedup: Deduplicator | None, clock: Stopwatch, decided: dict[str, Any],
+                         sources: Sources | None, threads: int | None) -> Iterator[tuple[RawChunk, Rows, Drops, list[bytes], Any]]:
+    """Chunks read -> formatted, filtered, rendered (a chunk ahead, in a thread of its own) and tokenized."""
+    tokenizing = Tokenizing(tok, backend, config.tokenizer.engine, decided, threads)
+    for chunk, rows, drops, digests in overlapped(_prepare(chunks, config, ctx, backend, dedup, clock, decided, sources)):
+        yield chunk, rows, drops, digests, tokenizing(rows.payload, clock) if rows.index else None
+
+
+def decide(chunks: Iterator[RawChunk], config: PipelineConfig, ctx: RenderContext, backend: Backend, tok: Tokenizer,
+           dedup: Deduplicator | None, decided: dict[str, Any], sources: Sources | None, threads: int | None) -> None:
+    """Make the decisions a run makes on its first rows (is Jinja-free rendering trusted, which tokenizer
+    engine) on those rows, without writing anything: what a cluster's driver hands its workers."""
+    def pending() -> bool:
+        return decided.get("engine") is None or (ctx.affix is not None and decided.get("affix") is None)
+
+    if not pending():
+        return
+    for _ in prepare_and_tokenize(chunks, config, ctx, backend, tok, dedup, Stopwatch(), decided, sources, threads):
+        if not pending():
+            return
 
 
 def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backend, out_dir: Path,
              clock: Stopwatch, options: Options, checkpoints: Checkpointer,
-             resumed: dict[str, Any] | None, datasets: list[Dataset] | None = None) -> tuple[Accounting, dict[str, Any]]:
-    """Every chunk through every stage; returns the accounting and the domains written. resumed: the
-    checkpoint a resumed run carries on from."""
+             resumed: dict[str, Any] | None, datasets: list[Dataset] | None = None,
+             cluster_info: dict[str, Any] | None = None) -> tuple[Accounting, dict[str, Any]]:
+    """Every chunk through every stage, here or on a cluster; returns the accounting and the domains
+    written. resumed: the checkpoint a resumed run carries on from; cluster_info gets what the manifest
+    says of a cluster."""
     ctx = render_context(config, tok)
     resumed = resumed or {}
     decided: dict[str, Any] = {"affix": resumed.get("affix"), "engine": resumed.get("engine")}
-    encode = None
-    if decided["engine"] is not None:
-        tok.restore_engine(*decided["engine"], options.workers)
-        encode = backend.encoder(tok)
     acct = Accounting(files, rejects=options.rejects, strict=options.strict, state=resumed.get("accounting"))
     split = config.preprocessing.max_seq_len if config.preprocessing.truncation == "split" else None
     storage = Storage.from_config(config, ctx.vocab_size)
     writer = DatasetWriter(out_dir, storage, config.output.max_tokens_per_shard, split)
     writer.restore(resumed.get("writer", []))
     dedup = Deduplicator(checkpoints.seen()) if config.preprocessing.deduplicate else None
-    fields = string_fields(config)
-    columnar = backend.columnar_reader(fields) if config.gpu.reader == "cudf" and fields else None
-    mixed, sources = None, {}
+    sources: Sources = {}
     if datasets is not None:
         with_tokenizer(datasets, tok)
-        own = [config.dataset_config(k) for k in range(len(datasets))]
-        sources = {f.index: (own[k], spec.domain) for k, (spec, d) in enumerate(zip(config.datasets or [], datasets))
-                   for f in d.files}
-        process = config.dataprocessor
-        mixed = mixed_rows(datasets, config.sampling_ratios(), process.seed, process.sampling_stopping_strategy,
-                           columnar, config.input.max_row_bytes)
-    chunks = read_chunks(files, options.chunk_rows, config.preprocessing.max_items, columnar=columnar,
-                         skip=checkpoints.rows_done, max_row_bytes=config.input.max_row_bytes, rows=mixed)
+        sources = dataset_sources(config, datasets)
 
     def state() -> dict[str, Any]:
         return {"accounting": acct.state(), "writer": writer.state(), **decided}
 
-    def finish_chunk(item: tuple[RawChunk, Rows, Drops, list[bytes], Any]) -> None:
-        """Account for a chunk, mask it and write it (the only place accounting and writing happen)."""
-        chunk, rows, drops, digests, tokens = item
-        acct.read(chunk.file_index)
-        acct.schemas.update(chunk.schemas)
-        acct.notes.update(chunk.notes)
-        for drop in drops:
-            acct.dropped(*drop)
-        for row in rows.payload:
-            acct.left_out.update(row.left_out)
-            acct.notes.update(row.notes)
-        if tokens is not None:
-            rules = config.preprocessing
-            masked, valid, over, by_role = clock.time("mask", _mask, backend, tok, rows.payload, *tokens,
-                                                      rules.max_seq_len, rules.truncation)
-            clock.time("write", _write, backend, masked, valid, over, by_role, rows, chunk, writer, acct, rules)
-        if checkpoints.chunk_done(len(chunk), digests, state):
+    def finish(done: Done) -> None:
+        account_and_write(done, backend, config, acct, writer, clock)
+        if checkpoints.chunk_done(len(done.chunk), done.digests, state):
             writer.remove_obsolete()
         if options.progress is not None:
-            options.progress(len(chunk))
+            options.progress(len(done.chunk))
 
-    # Three stages overlap, each in its own thread and in order: reading, formatting, filtering and
-    # rendering run a chunk ahead; this thread tokenizes (the engines release the GIL); masking, accounting
-    # and writing run a chunk behind. Output does not depend on the overlap.
     try:
-        with quick_handoffs(), Sink(finish_chunk) as finish:
-            for chunk, rows, drops, digests in overlapped(_prepare(chunks, config, ctx, backend, dedup, clock,
-                                                                   decided, sources)):
-                tokens = None
-                if rows.index:
-                    failpoint("tokenize")
-                    if encode is None:  # the first rows choose the engine, checking it on a sample of them
-                        first = functools.partial(tok.use_engine, config.tokenizer.engine,
-                                                  sample_size=_engine_sample_size(rows.payload),
-                                                  threads=options.workers)
-                        tokens = clock.time("tokenize", _tokenize, first, rows.payload)
-                        encode = backend.encoder(tok)
-                        decided["engine"] = [tok.active.name, tok.engine_choice]
-                    else:
-                        tokens = clock.time("tokenize", _tokenize, encode, rows.payload)
-                finish.put((chunk, rows, drops, digests, tokens))
+        if options.cluster is not None:
+            from gpu_prep.cluster import run_on_cluster
+
+            for done in run_on_cluster(options.cluster, config, files, datasets, tok, ctx, backend, dedup, decided,
+                                       sources, checkpoints.rows_done, options, clock, cluster_info):
+                finish(done)
+        else:
+            fields = string_fields(config)
+            columnar = backend.columnar_reader(fields) if config.gpu.reader == "cudf" and fields else None
+            mixed = None
+            if datasets is not None:
+                process = config.dataprocessor
+                mixed = mixed_rows(datasets, config.sampling_ratios(), process.seed,
+                                   process.sampling_stopping_strategy, columnar, config.input.max_row_bytes)
+            chunks = read_chunks(files, options.chunk_rows, config.preprocessing.max_items, columnar=columnar,
+                                 skip=checkpoints.rows_done, max_row_bytes=config.input.max_row_bytes, rows=mixed)
+            # Three stages overlap, each in its own thread and in order: reading, formatting, filtering and
+            # rendering run a chunk ahead; this thread tokenizes (the engines release the GIL); masking,
+            # accounting and writing run a chunk behind. Output does not depend on the overlap.
+            with quick_handoffs(), Sink(lambda item: finish(mask_chunk(backend, tok, config, clock, item))) as sink:
+                for item in prepare_and_tokenize(chunks, config, ctx, backend, tok, dedup, clock, decided, sources,
+                                                 options.workers):
+                    sink.put(item)
     except BaseException as exc:
         acct.abort(keep=isinstance(exc, KeyboardInterrupt))
         raise
@@ -543,11 +623,15 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
 def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, tokenizer: str | None = None,
         device: str | None = None, chunk_rows: int = 2048, overwrite: bool = False, resume: bool = False,
         workers: int | None = None, rejects: str | Path | None = None, strict: bool = False,
-        progress: Callable[[int], None] | None = None, checkpoint_seconds: float = 30.0) -> dict[str, Any]:
+        progress: Callable[[int], None] | None = None, checkpoint_seconds: float = 30.0,
+        cluster: str | None = None, announce: Callable[[str], None] | None = None, plugins: tuple[str, ...] = (),
+        part_bytes: int | None = None) -> dict[str, Any]:
     """Run the whole pipeline and return the manifest (also written to OUT_DIR/manifest.json).
 
     resume: finish the interrupted run in OUT_DIR from its last checkpoint (a finished run is returned as
-    it is); the result is byte for byte the one an uninterrupted run writes."""
+    it is); the result is byte for byte the one an uninterrupted run writes. cluster: run on Dask ("local:N"
+    or a scheduler's address; see gpu_prep.cluster), with the same result; announce is told its dashboard
+    address, plugins are loaded by its workers, part_bytes is how JSON Lines files are cut for it."""
     started = time.perf_counter()
     clock = Stopwatch()
     files, datasets = run_inputs(config, inputs)
@@ -555,19 +639,25 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
     if resume and (out_dir / MANIFEST).exists():  # finished already: nothing to do
         return json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
     check_output(out_dir, overwrite, resume)
-    tok = clock.time("load tokenizer", load_tokenizer, tokenizer or config.tokenizer.name or DEFAULT_TOKENIZER)
+    tokenizer = tokenizer or config.tokenizer.name or DEFAULT_TOKENIZER
+    tok = clock.time("load tokenizer", load_tokenizer, tokenizer)
     clock.time("load tokenizer", tok.prepare_engines, config.tokenizer.engine)
-    backend = select_backend(device or config.device, config.gpu.rmm_pool_size, config.gpu.spill)
+    device = device or config.device
+    # On a cluster the driver only decides, accounts and writes: the workers take the GPUs.
+    backend = select_backend(device, config.gpu.rmm_pool_size, config.gpu.spill) if cluster is None else CPU
     prepare_output(out_dir, overwrite, resume)
     config_sha256, tokenizer_identity = config.sha256(), tok.identity()  # hashes files: once a run
     identity = run_identity(config_sha256, files, tokenizer_identity)
     resumed = load_for_resume(out_dir, identity, keep={RUN_MARKER}) if resume else None
     checkpoints = Checkpointer(out_dir, identity, checkpoint_seconds, resumed)
-    options = Options(chunk_rows, workers, Path(rejects) if rejects else None, strict, progress)
+    options = Options(chunk_rows, workers, Path(rejects) if rejects else None, strict, progress, cluster, announce,
+                      tuple(plugins), part_bytes, device, tokenizer)
+    cluster_info: dict[str, Any] = {}
     # The inputs' checksums are taken beside the run (hashing releases the GIL), not after it.
     checksums = in_background(lambda: [sha256_file(Path(f.path)) for f in files])
     try:
-        acct, domains = _process(config, files, tok, backend, out_dir, clock, options, checkpoints, resumed, datasets)
+        acct, domains = _process(config, files, tok, backend, out_dir, clock, options, checkpoints, resumed, datasets,
+                                 cluster_info)
     except BaseException as exc:
         checkpoints.close()
         if not isinstance(exc, KeyboardInterrupt):  # an interrupted run keeps what --resume needs
@@ -581,7 +671,8 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
         "config_sha256": config_sha256,
         # The engine is chosen during the run, on its first rows.
         "tokenizer": {**tokenizer_identity, "engine": tok.active.name, "engine_choice": tok.engine_choice},
-        "device": backend.name,
+        "device": cluster_info.get("device", backend.name),
+        **({"cluster": cluster_info} if cluster is not None else {}),
         "inputs": acct.per_file(checksums),
         "totals": acct.totals(),
         **({"datasets": dataset_totals(config, datasets, acct)} if datasets is not None else {}),

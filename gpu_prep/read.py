@@ -133,10 +133,10 @@ def _exact_rows(lines: Iterator[tuple[int, bytes | int]], cap: int) -> Iterator[
         yield line_no, record, error, len(raw)
 
 
-def _bounded_lines(handle: Any, cap: int) -> Iterator[tuple[int, bytes | int]]:
-    """Numbered lines of a binary file, none held longer than cap bytes: a longer line is read past in
-    blocks and given as its size."""
-    line_no = 0
+def _bounded_lines(handle: Any, cap: int, first_line: int = 1) -> Iterator[tuple[int, bytes | int]]:
+    """Numbered lines (from first_line) of a binary file, none held longer than cap bytes: a longer line
+    is read past in blocks and given as its size."""
+    line_no = first_line - 1
     while raw := handle.readline(cap + 1):
         line_no += 1
         if len(raw) <= cap or raw.endswith(b"\n"):
@@ -244,14 +244,15 @@ def columnar_safe(data: bytes, fields: tuple[str, ...], rows: int) -> bool:
     return True
 
 
-def _columnar_rows(file: InputFile, fields: tuple[str, ...], read_range: ReadRange, cap: int) -> Iterator[Row]:
+def _columnar_rows(file: InputFile, fields: tuple[str, ...], read_range: ReadRange, cap: int,
+                   part: Part | None = None, first_line: int = 1) -> Iterator[Row]:
     if file.size_bytes == 0:
         return
     with open(file.path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        offset, first_line = 0, 1
-        while offset < len(data):
-            end = data.find(b"\n", min(offset + RANGE_BYTES, len(data)) - 1)
-            end = len(data) if end < 0 else end + 1
+        offset, stop = (0, len(data)) if part is None or part.end is None else (part.start, part.end)
+        while offset < stop:
+            end = data.find(b"\n", min(offset + RANGE_BYTES, stop) - 1, stop)
+            end = stop if end < 0 else end + 1
             block = data[offset:end]
             parts = block.split(b"\n")
             ends = [p + b"\n" for p in parts[:-1]] + [parts[-1]] * bool(parts[-1])
@@ -315,6 +316,56 @@ def file_rows(file: InputFile, columnar: Columnar | None = None, max_row_bytes: 
     if columnar is not None and not file.path.endswith(COMPRESSIONS):  # byte ranges need the bytes as stored
         return _columnar_rows(file, columnar.fields, columnar.read_range, max_row_bytes)
     return _jsonl_rows(file, max_row_bytes)
+
+
+@dataclass(frozen=True)
+class Part:
+    """A piece of one input file that a worker reads alone: whole lines [start, end) of an uncompressed
+    JSON Lines file, or (end None) the whole file."""
+
+    file: InputFile
+    start: int = 0
+    end: int | None = None
+
+
+def split_file(file: InputFile, part_bytes: int) -> list[Part]:
+    """The file cut into parts of about part_bytes, each ending at a line's end. Only uncompressed JSON
+    Lines can be cut; Parquet, JSON arrays and compressed files are one part each."""
+    kind = file_kind(file.path) or BUILDERS.get(file.builder or "")
+    if (file.size_bytes <= part_bytes or kind == ".parquet" or file.path.endswith(COMPRESSIONS)
+            or (kind == ".json" and _is_json_array(file.path))):
+        return [Part(file)]
+    cuts = [0]
+    with open(file.path, "rb") as handle:
+        while cuts[-1] + part_bytes < file.size_bytes:
+            handle.seek(cuts[-1] + part_bytes - 1)
+            while (rest := handle.readline(1 << 20)) and not rest.endswith(b"\n"):
+                pass  # a line longer than the block: read past it
+            cuts.append(handle.tell())
+    cuts = sorted(set(cuts) | {file.size_bytes})
+    return [Part(file, a, b) for a, b in zip(cuts, cuts[1:])]
+
+
+def part_lines(part: Part) -> int:
+    """How many lines a byte-range part holds (what the next part's line numbers start after)."""
+    with open(part.file.path, "rb") as handle:
+        handle.seek(part.start)
+        data = handle.read(part.end - part.start)
+    return data.count(b"\n") + (bool(data) and not data.endswith(b"\n"))
+
+
+def part_rows(part: Part, columnar: Columnar | None = None, max_row_bytes: int = MAX_ROW_BYTES,
+              first_line: int = 1) -> Iterator[Row]:
+    """The rows of one part, as file_rows gives them; a byte range's lines are numbered from first_line."""
+    if part.end is None:
+        yield from file_rows(part.file, columnar, max_row_bytes)
+    elif columnar is not None:
+        yield from _columnar_rows(part.file, columnar.fields, columnar.read_range, max_row_bytes, part, first_line)
+    else:
+        with open(part.file.path, "rb") as handle:
+            handle.seek(part.start)
+            data = io.BytesIO(handle.read(part.end - part.start))
+        yield from _exact_rows(_bounded_lines(data, max_row_bytes, first_line), max_row_bytes)
 
 
 def read_chunks(files: list[InputFile], chunk_rows: int, max_items: int | None = None,
