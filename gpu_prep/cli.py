@@ -53,6 +53,10 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
     table.add_row("tokens per second", f"{totals['tokens'] / seconds:,.0f}")
     table.add_row("seconds", f"{seconds:.2f}")
     table.add_row("device, tokenizer engine", f"{manifest['device']}, {manifest['tokenizer']['engine']}")
+    if "cluster" in manifest:
+        where = manifest["cluster"]
+        table.add_row("Dask cluster", f"{where['workers']} workers at {where['scheduler']}, {where['parts']} parts, "
+                      f"{where['ranges']} ranges")
     for name, meta in manifest["domains"].items():
         packed = meta.get("packing")
         what = f"{meta['num_samples']:,} samples" if packed is None else \
@@ -91,6 +95,8 @@ def run(
     plugin: PluginOpt = None,
     stats_only: Annotated[bool, typer.Option(help="Write nothing: run into a temporary directory, print the statistics of what would be written, and delete it.")] = False,
     debug_samples: Annotated[int, typer.Option(min=0, help="After the run, show this many samples with their trained text marked.")] = 0,
+    cluster: Annotated[Optional[str], typer.Option(help="Run on Dask: local:N starts N local workers (dask-cuda workers, one per GPU, with the GPU backend); tcp://host:port uses a running scheduler. The output is the same as without.")] = None,
+    part_mb: Annotated[float, typer.Option(min=0.001, help="With --cluster: JSON Lines files are cut into parts of about this many MB; output does not depend on it.")] = 64.0,
 ) -> None:
     """Run the pipeline described by CONFIG over INPUTS into OUTPUT."""
     import shutil
@@ -118,7 +124,9 @@ def run(
             manifest = run_pipeline(cfg, inputs or [], output, tokenizer=tokenizer, device=device, chunk_rows=chunk_rows,
                                     overwrite=overwrite, resume=resume, workers=workers, rejects=rejects,
                                     strict=strict, progress=lambda n: bar.advance(task, n),
-                                    checkpoint_seconds=checkpoint_every)
+                                    checkpoint_seconds=checkpoint_every, cluster=cluster,
+                                    announce=lambda link: err.print(f"Dask dashboard: {link}", highlight=False),
+                                    plugins=tuple(plugin or []), part_bytes=int(part_mb * (1 << 20)))
     except GpuPrepError as exc:
         raise _fail(exc) from None
     except OSError as exc:  # an unwritable output or rejects path, an unreadable input

@@ -2,7 +2,9 @@
 file that looks complete and that --resume finishes it byte for byte.
 
 GPU_PREP_FAILPOINT="name:n" sends SIGKILL to this process the n-th time it passes the point `name`. Unset
-(always, outside tests) a point costs one dictionary lookup.
+(always, outside tests) a point costs one dictionary lookup. With GPU_PREP_FAILPOINT_ONCE=path, only the
+process that creates that file first is killed: one worker of a cluster, and not the one started in its
+place.
 """
 
 from __future__ import annotations
@@ -19,5 +21,16 @@ if spec := os.environ.get("GPU_PREP_FAILPOINT"):
 def failpoint(name: str) -> None:
     if name in _ARMED:
         _ARMED[name] -= 1
-        if _ARMED[name] == 0:
+        if _ARMED[name] == 0 and _first():
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _first() -> bool:
+    marker = os.environ.get("GPU_PREP_FAILPOINT_ONCE")
+    if marker is None:
+        return True
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True

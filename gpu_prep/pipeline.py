@@ -73,7 +73,7 @@ class Rows:
     payload: list[Any]
 
 
-Drops = list[tuple[int, int, str, str, Any]]  # (file index, line, reason, detail, row), in row order
+Drops = list[tuple[int, str, str, Any]]  # (row of the chunk, reason, detail, the row as read)
 
 
 def dataset_totals(config: PipelineConfig, datasets: list[Dataset], acct: Accounting) -> list[dict[str, Any]]:
@@ -102,16 +102,16 @@ Sources = dict[int, tuple[PipelineConfig, "str | None"]]  # file index -> its da
 def _format(chunk: RawChunk, base: PipelineConfig, drops: Drops, sources: Sources | None = None) -> Rows:
     rows = Rows([], [], [])
     for i, record in enumerate(chunk.records):
-        file_index, line = chunk.file_index[i], chunk.line[i]
+        file_index = chunk.file_index[i]
         if record is None:
-            drops.append((file_index, line, *chunk.errors[i]))
+            drops.append((i, *chunk.errors[i]))
             continue
         config, own_domain = sources.get(file_index, (base, None)) if sources else (base, None)
         auto = config.input.type == "auto"
         schema = config.input.type
         if isinstance(record, list):  # a conversation written as its messages alone
             if config.input.type not in ("chat", "auto"):
-                drops.append((file_index, line, Drop.NOT_AN_OBJECT, "a row that is a list of messages is read "
+                drops.append((i, Drop.NOT_AN_OBJECT, "a row that is a list of messages is read "
                               f"by input.type chat or auto, not {config.input.type}", record))
                 continue
             record = {config.input.messages_key: record}
@@ -123,7 +123,7 @@ def _format(chunk: RawChunk, base: PipelineConfig, drops: Drops, sources: Source
             if auto:
                 schema, shape = shape
         except RowError as err:
-            drops.append((file_index, line, err.reason, err.detail, record))
+            drops.append((i, err.reason, err.detail, record))
             continue
         chunk.schemas[schema] = chunk.schemas.get(schema, 0) + 1
         if isinstance(shape, Conversation):
@@ -154,7 +154,7 @@ def _drop_where(rows: Rows, reasons: list[tuple[str, str] | None], chunk: RawChu
             kept.domain.append(domain)
             kept.payload.append(payload)
         else:
-            drops.append((chunk.file_index[i], chunk.line[i], *reason, chunk.records[i]))
+            drops.append((i, *reason, chunk.records[i]))
     return kept
 
 
@@ -271,14 +271,14 @@ def _mask(backend: Backend, tok: Tokenizer, rendered: list[RenderedRow], ids: np
 
 
 def _write(backend: Backend, masked: Any, valid: np.ndarray, over: np.ndarray, span_trained: np.ndarray,
-           rows: Rows, chunk: RawChunk, writer: DatasetWriter, acct: Accounting, rules: Any) -> None:
+           rows: Rows, chunk: RawChunk, writer: DatasetWriter, acct: Accounting, rules: Any, drops: Drops) -> None:
+    """Append the chunk's samples to their domains and count them; the rows dropped here go to drops."""
     ids, loss_mask = backend.to_host(masked.ids), backend.to_host(masked.loss_mask)
     offsets, kept = backend.to_host(masked.offsets), backend.to_host(masked.kept_rows)
     truncated = set(backend.to_host(masked.truncated_rows).tolist())
     truncated.update(r for r, row in enumerate(rows.payload) if row.notes)  # turns dropped to fit (structured)
     def drop(r: int, reason: str, detail: str) -> None:
-        i = rows.index[r]
-        acct.dropped(chunk.file_index[i], chunk.line[i], reason, detail, chunk.records[i])
+        drops.append((rows.index[r], reason, detail, chunk.records[rows.index[r]]))
 
     for r in np.nonzero(~valid)[0]:
         drop(r, Drop.TOKENIZER_MISMATCH, "the tokens do not cover the rendered text byte for byte")
@@ -525,13 +525,16 @@ def account_and_write(done: Done, backend: Backend, config: PipelineConfig, acct
     acct.read(done.chunk.file_index)
     acct.schemas.update(done.chunk.schemas)
     acct.notes.update(done.chunk.notes)
-    for drop in done.drops:
-        acct.dropped(*drop)
     for row in done.rows.payload:
         acct.left_out.update(row.left_out)
         acct.notes.update(row.notes)
+    drops = list(done.drops)
     if done.masked is not None:
-        clock.time("write", _write, backend, *done.masked, done.rows, done.chunk, writer, acct, config.preprocessing)
+        clock.time("write", _write, backend, *done.masked, done.rows, done.chunk, writer, acct, config.preprocessing,
+                   drops)
+    # In row order, whichever stage dropped them: the rejects file and the examples do not depend on chunks.
+    for i, reason, detail, row in sorted(drops, key=lambda drop: drop[0]):
+        acct.dropped(done.chunk.file_index[i], done.chunk.line[i], reason, detail, row)
 
 
 def prepare_and_tokenize(chunks: Iterator[RawChunk], config: PipelineConfig, ctx: RenderContext, backend: Backend,
@@ -550,7 +553,8 @@ def decide(chunks: Iterator[RawChunk], config: PipelineConfig, ctx: RenderContex
     def pending() -> bool:
         return decided.get("engine") is None or (ctx.affix is not None and decided.get("affix") is None)
 
-    if not pending():
+    if not pending():  # decided before the run was stopped: the driver's tokenizer takes the engine again
+        Tokenizing(tok, backend, config.tokenizer.engine, decided, threads)
         return
     for _ in prepare_and_tokenize(chunks, config, ctx, backend, tok, dedup, Stopwatch(), decided, sources, threads):
         if not pending():

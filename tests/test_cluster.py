@@ -1,0 +1,200 @@
+"""A run on a Dask cluster writes what the single-process run writes, byte for byte.
+
+The cluster is a real LocalCluster of two worker processes. Input files are cut into small parts, so that
+duplicates have their first occurrence in another part (and another worker) and the mixed order of two
+datasets takes rows from many parts. A worker killed mid-run, and runs stopped on one side and resumed on
+the other, change nothing either.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("dask.distributed")
+
+from dask.distributed import LocalCluster  # noqa: E402
+
+from gpu_prep.config import parse_config  # noqa: E402
+from gpu_prep.errors import ConfigError  # noqa: E402
+from gpu_prep.pipeline import MANIFEST, run  # noqa: E402
+from gpu_prep.read import InputFile, split_file  # noqa: E402
+from helpers import REPO  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("fast_tokenizer")
+
+PART_BYTES = 5000
+CHUNK_ROWS = 32
+BASE = {"chat_template": "chatml", "input": {"type": "chat"}, "mask": {"assistant": "train"},
+        "preprocessing": {"min_chars": 0, "max_seq_len": 160},
+        "output": {"domain_key": "source", "max_tokens_per_shard": 4000}}
+
+
+def _write_corpus(path: Path, n: int, seed: int) -> Path:
+    """Chat rows of two domains; row i repeats row i - n // 3 now and then (a duplicate parts away), and
+    a few lines are broken."""
+    lines = []
+    for i in range(n):
+        j = i - n // 3 if i % 7 == 3 and i >= n // 3 else i
+        words = " ".join(f"w{(j * 11 + seed + k) % 89}" for k in range(3 + (j * 7) % 45))
+        lines.append(json.dumps({"source": "a" if j % 3 else "b", "tag": "x" * (j % 5),
+                                 "messages": [{"role": "user", "content": f"q{seed}.{j} {words}"},
+                                              {"role": "assistant", "content": f"a{j} {words}"}]}))
+    for k in range(11, n, 97):
+        lines.insert(k, "{broken json" if k % 2 else '{"messages": "not a list"}')
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("cluster-data")
+    return {"one": _write_corpus(root / "one.jsonl", 420, 1), "two": _write_corpus(root / "two.jsonl", 260, 2)}
+
+
+@pytest.fixture(scope="module")
+def scheduler() -> Any:
+    """A two-worker cluster of processes, shared by the tests that pass its address."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+        yield cluster.scheduler_address
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    """Every file of an output; the manifest without what says how the run went (timings, the cluster)."""
+    files = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.name.startswith("."):
+            data = path.read_bytes()
+            if path.name == MANIFEST:
+                manifest = json.loads(data)
+                for key in ("seconds", "cluster"):
+                    manifest.pop(key, None)
+                data = json.dumps(manifest, sort_keys=True).encode()
+            files[path.relative_to(root).as_posix()] = data
+    return files
+
+
+def _both(tmp_path: Path, config: dict[str, Any], inputs: list[str], cluster: str, **kwargs: Any
+          ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The single-process run and the cluster run of one config: their manifests, after checking that
+    they wrote the same files and rejects."""
+    manifests = []
+    for name, where in (("single", None), ("cluster", cluster)):
+        manifests.append(run(parse_config(config), inputs, tmp_path / name, chunk_rows=CHUNK_ROWS, cluster=where,
+                             part_bytes=PART_BYTES, rejects=tmp_path / f"{name}.rejects.jsonl", **kwargs))
+    single, clustered = _tree(tmp_path / "single"), _tree(tmp_path / "cluster")
+    assert sorted(single) == sorted(clustered)
+    for name in single:
+        assert single[name] == clustered[name], f"{name} differs"
+    assert (tmp_path / "single.rejects.jsonl").read_bytes() == (tmp_path / "cluster.rejects.jsonl").read_bytes()
+    return manifests[0], manifests[1]
+
+
+def _duplicates_across_parts(path: Path) -> int:
+    """Duplicate rows of a corpus file whose first occurrence lies in another part."""
+    parts = split_file(InputFile(0, str(path), path.stat().st_size), PART_BYTES)
+    first: dict[str, int] = {}
+    across = 0
+    with open(path, "rb") as handle:
+        for k, part in enumerate(parts):
+            handle.seek(part.start)
+            for line in handle.read(part.end - part.start).splitlines():
+                try:
+                    key = json.loads(line)["messages"][0]["content"]
+                except (ValueError, TypeError):
+                    continue
+                across += first.setdefault(key, k) != k
+    return across
+
+
+def test_plain_run_with_dedup_across_parts(tmp_path: Path, corpus: dict[str, Path], scheduler: str) -> None:
+    assert _duplicates_across_parts(corpus["one"]) >= 10
+    config = {**BASE, "output": {**BASE["output"], "storage_format": "bin"}}
+    single, clustered = _both(tmp_path, config, [str(corpus["one"]), str(corpus["two"])], scheduler)
+    assert clustered["cluster"]["parts"] >= 20 and clustered["cluster"]["workers"] == 2
+    totals = clustered["totals"]
+    assert totals["rows_dropped"]["duplicate"] >= 10 and totals["rows_dropped"]["malformed_json"] >= 2
+    # The accounting sums hold: every row read is written or dropped for one reason, per file and in all.
+    assert totals["rows_read"] == totals["rows_written"] + sum(totals["rows_dropped"].values())
+    for entry in clustered["inputs"]:
+        assert entry["rows_read"] == entry["rows_written"] + sum(entry["rows_dropped"].values())
+    lines = sum(1 for name in ("one", "two") for _ in open(corpus[name], encoding="utf-8"))
+    assert totals["rows_read"] == lines and single["totals"] == totals
+
+
+MIXES = {
+    # all_exhausted starts the smaller dataset over: its repeated rows are duplicates of their first turn.
+    "all-exhausted-dedup": ({"sampling_stopping_strategy": "all_exhausted", "seed": 7}, {}),
+    "first-exhausted-no-dedup-max-items": ({"sampling_stopping_strategy": "first_exhausted", "seed": 3},
+                                           {"deduplicate": False, "max_items": 500}),
+    "packed-parquet": ({"sampling_stopping_strategy": "all_exhausted", "seed": 11},
+                       {"packing": "bfd"}),
+}
+
+
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_mixed_datasets(tmp_path: Path, corpus: dict[str, Path], scheduler: str, mix: str) -> None:
+    process, rules = MIXES[mix]
+    output = {"max_tokens_per_shard": 4000, **({"storage_format": "parquet"} if mix == "packed-parquet" else {})}
+    config = {**BASE, "preprocessing": {**BASE["preprocessing"], **rules}, "output": output,
+              "dataprocessor": process,
+              "datasets": [{"name": "one", "data_paths": [str(corpus["one"])], "sampling": 0.5, "domain": "one"},
+                           {"name": "two", "data_paths": [str(corpus["two"])], "sampling": 0.5,
+                            "data_handlers": [{"name": "skip_large_text",
+                                               "arguments": {"fn_kwargs": {"column_name": "tag", "max_length": 2}}}]}]}
+    single, clustered = _both(tmp_path, config, [], scheduler)
+    datasets = {d["name"]: d for d in clustered["datasets"]}
+    assert datasets["one"]["rows_written"] > 0 and datasets["two"]["rows_dropped"]["skipped_by_handler"] > 0
+    if mix == "first-exhausted-no-dedup-max-items":
+        assert clustered["totals"]["rows_read"] == 500
+    else:  # the smaller dataset went round more than once
+        assert datasets["two"]["rows_read"] > 265
+
+
+def test_a_worker_killed_mid_run_is_survived(tmp_path: Path, corpus: dict[str, Path],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # The workers of this local cluster start with a failpoint: the first of them to tokenize a third
+    # chunk is SIGKILLed (only that one: the marker file says it happened). Its nanny starts a new worker,
+    # the scheduler hands the lost tasks to the workers alive, and the driver still writes every chunk once.
+    marker = tmp_path / "killed"
+    monkeypatch.setenv("GPU_PREP_FAILPOINT", "tokenize:3")
+    monkeypatch.setenv("GPU_PREP_FAILPOINT_ONCE", str(marker))
+    _, clustered = _both(tmp_path, BASE, [str(corpus["one"])], "local:2")
+    assert marker.exists(), "no worker was killed"
+    assert clustered["totals"]["rows_dropped"]["duplicate"] >= 10
+
+
+def _cli(*args: Any, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    script = Path(sys.executable).parent / "gpu-prep"
+    return subprocess.run([str(script), *map(str, args)], capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "COLUMNS": "200", **(env or {})})
+
+
+@pytest.mark.parametrize("killed_on", ["cluster", "single"])
+def test_stopped_on_one_side_resumed_on_the_other(tmp_path: Path, corpus: dict[str, Path], killed_on: str) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(BASE))
+    common = ["run", corpus["one"], "-c", config, "--chunk-rows", CHUNK_ROWS, "--part-mb", PART_BYTES / (1 << 20)]
+    assert _cli(*common, "-o", tmp_path / "want", "-q").returncode == 0
+    on_cluster = ["--cluster", "local:2"]
+    # The driver alone checkpoints, so the cluster's workers pass this failpoint by.
+    killed = _cli(*common, "-o", tmp_path / "out", "-q", "--checkpoint-every", 0,
+                  *(on_cluster if killed_on == "cluster" else []), env={"GPU_PREP_FAILPOINT": "checkpoint:4"})
+    assert killed.returncode == -9, killed.stderr
+    resumed = _cli(*common, "-o", tmp_path / "out", "--resume", *(on_cluster if killed_on == "single" else []))
+    assert resumed.returncode == 0, resumed.stderr
+    if killed_on == "single":  # the run's summary and the dashboard's address, as the cluster ran it
+        assert "Dask dashboard: http://" in resumed.stderr and "Dask cluster" in resumed.stdout
+    assert _tree(tmp_path / "out") == _tree(tmp_path / "want")
+
+
+@pytest.mark.parametrize("spec", ["local:0", "locale:2", "somewhere"])
+def test_a_cluster_that_is_not_one_is_refused(tmp_path: Path, corpus: dict[str, Path], spec: str) -> None:
+    with pytest.raises(ConfigError, match="--cluster"):
+        run(parse_config(BASE), [str(corpus["two"])], tmp_path / "out", cluster=spec)
