@@ -161,9 +161,9 @@ def scan(job: Job, p: int, buckets: int) -> Scan:
     part = job.parts[p]
     lines = part_lines(part) if part.end is not None else 0
     first_line = 1 if part.start == 0 else 2  # numbers do not matter here, but only line 1 may carry a BOM
+    if not env.config.preprocessing.deduplicate:  # rows counted (a handler's drop is a row too)
+        return Scan(sum(1 for _ in part_rows(part, env.columnar, env.config.input.max_row_bytes, first_line)), lines)
     rows = _part_rows(env, job, p, first_line)
-    if not env.config.preprocessing.deduplicate:
-        return Scan(sum(1 for _ in rows), lines)
     recorder = _Recorder()
     where, at = [], 0
     for chunk in read_chunks([], job.chunk_rows, rows=rows):
@@ -252,8 +252,9 @@ def _stream_rows(env: _Env, job: Job, plan: Plan, s: int, row: int) -> Iterator[
     """Stream s's rows from its row `row` on; a mixed stream starts again from its first row when it runs
     out, as the single-process mixing does."""
     parts = job.streams[s]
-    row %= max(1, sum(plan.rows[p] for p in parts))
-    while True:
+    total = sum(plan.rows[p] for p in parts)
+    row %= max(1, total)
+    while total:
         for p in parts:
             if row >= plan.rows[p]:
                 row -= plan.rows[p]
@@ -416,7 +417,7 @@ def run_on_cluster(spec: str, config: PipelineConfig, files: list[InputFile], da
         job_f = client.scatter(job, broadcast=True)
         buckets = max(1, min(workers, 64)) if config.preprocessing.deduplicate else 0
         scans = client.map(scan, [job_f] * len(parts), range(len(parts)), [buckets] * len(parts), pure=False)
-        counts = client.gather(client.map(scan_counts, scans))
+        counts = clock.time("cluster scan", client.gather, client.map(scan_counts, scans))
         rows = [n for n, _ in counts]
         first_line = [1] * len(parts)
         for ks in by_file.values():
