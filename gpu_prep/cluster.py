@@ -350,8 +350,9 @@ def connect(spec: str, gpu: bool, config: PipelineConfig) -> Iterator[Any]:
 
 
 def _positions_and_ranges(job: Job, rows: list[int], config: PipelineConfig, rows_done: int, target: int
-                          ) -> tuple[Positions, list[Range]]:
-    """Where each part's rows fall in the stream, and the ranges the stream is cut into (from rows_done)."""
+                          ) -> tuple[Positions, list[Range], Range]:
+    """Where each part's rows fall in the stream, the ranges the stream is cut into (from rows_done), and
+    all of them as one range."""
     lengths = [sum(rows[p] for p in parts) for parts in job.streams]
     stream_of, offset = [0] * len(job.parts), [0] * len(job.parts)
     for s, parts in enumerate(job.streams):
@@ -367,6 +368,7 @@ def _positions_and_ranges(job: Job, rows: list[int], config: PipelineConfig, row
             if start < stop:
                 ranges.append(Range(start, stop, [start]))
         occurrences = None
+        rest = Range(rows_done, limit, [rows_done])
     else:
         process = config.dataprocessor
         draws = dataset_order(lengths, config.sampling_ratios(), process.seed, process.sampling_stopping_strategy)
@@ -382,8 +384,33 @@ def _positions_and_ranges(job: Job, rows: list[int], config: PipelineConfig, row
                 at = counts + np.bincount(order[start:begin], minlength=len(job.streams))
                 ranges.append(Range(begin, stop, at.tolist(), order[begin:stop]))
             counts += np.bincount(order[start:stop], minlength=len(job.streams))
+        rest = Range(rows_done, limit, ranges[0].rows_at if ranges else [0] * len(lengths), order[rows_done:])
     starts = np.array([r.start for r in ranges], dtype=np.int64)
-    return Positions(stream_of, offset, lengths, occurrences, limit, starts), ranges
+    return Positions(stream_of, offset, lengths, occurrences, limit, starts), ranges, rest
+
+
+def _cut(files: list[InputFile], datasets: list[Dataset] | None, config: PipelineConfig, part_bytes: int
+         ) -> tuple[list[Part], list[list[int]]]:
+    """The inputs' parts, and the parts of each row stream: one stream of every part in order, or with
+    sampling ratios one per dataset."""
+    parts = [part for f in files for part in split_file(f, part_bytes)]
+    if datasets is None or config.sampling_ratios() is None:
+        return parts, [list(range(len(parts)))]
+    of_dataset = {f.index: k for k, d in enumerate(datasets) for f in d.files}
+    streams: list[list[int]] = [[] for _ in datasets]
+    for k, part in enumerate(parts):
+        streams[of_dataset[part.file.index]].append(k)
+    return parts, streams
+
+
+def _first_lines(parts: list[Part], lines: list[int]) -> list[int]:
+    """The number of each part's first line: 1, or one past the lines of its file's parts before it."""
+    first, line, file = [], 1, None
+    for part, n in zip(parts, lines):
+        line = 1 if part.file.index != file else line
+        first.append(line)
+        line, file = line + n, part.file.index
+    return first
 
 
 def run_on_cluster(spec: str, config: PipelineConfig, files: list[InputFile], datasets: list[Dataset] | None,
@@ -403,13 +430,7 @@ def run_on_cluster(spec: str, config: PipelineConfig, files: list[InputFile], da
         info.update({"scheduler": client.scheduler.address, "workers": workers, "dashboard": client.dashboard_link})
         if options.announce is not None:
             options.announce(client.dashboard_link)
-        parts = [part for f in files for part in split_file(f, options.part_bytes or PART_BYTES)]
-        by_file: dict[int, list[int]] = {}
-        for k, part in enumerate(parts):
-            by_file.setdefault(part.file.index, []).append(k)
-        ratios = config.sampling_ratios() if datasets is not None else None
-        streams = ([[k for f in d.files for k in by_file[f.index]] for d in datasets] if ratios is not None
-                   else [list(range(len(parts)))])
+        parts, streams = _cut(files, datasets, config, options.part_bytes or PART_BYTES)
         threads = options.workers or (max(1, (os.cpu_count() or 1) // workers) if spec.startswith("local") else None)
         job = Job(uuid.uuid4().hex, config, options.tokenizer, options.device, options.plugins, files,
                   [[f.index for f in d.files] for d in datasets] if datasets is not None else None,
@@ -419,33 +440,22 @@ def run_on_cluster(spec: str, config: PipelineConfig, files: list[InputFile], da
         scans = client.map(scan, [job_f] * len(parts), range(len(parts)), [buckets] * len(parts), pure=False)
         counts = clock.time("cluster scan", client.gather, client.map(scan_counts, scans))
         rows = [n for n, _ in counts]
-        first_line = [1] * len(parts)
-        for ks in by_file.values():
-            line = 1
-            for k in ks:
-                first_line[k], line = line, line + counts[k][1]
+        first_line = _first_lines(parts, [lines for _, lines in counts])
         target = max(1, -(-sum(rows) // max(1, len(parts))))
-        positions, ranges = _positions_and_ranges(job, rows, config, rows_done, target)
-        plan = Plan(rows, first_line, {})
-        # The first rows' decisions, on the rows and chunks a single process makes them on.
-        env = _Env(config, tok, backend, ctx, sources,
-                   {f.index: d for d in datasets or [] for f in d.files}, None)
-        if len(streams) == 1:
-            first = Range(rows_done, positions.limit, [rows_done])
-        else:
-            order = np.concatenate([r.order for r in ranges]) if ranges else np.zeros(0, np.int16)
-            first = Range(rows_done, positions.limit, ranges[0].rows_at if ranges else [0] * len(streams), order)
-        decide(read_chunks([], options.chunk_rows, rows=range_rows(env, job, plan, first)), config, ctx, backend,
-               tok, Deduplicator(set(dedup.seen)) if dedup is not None else None, decided, sources, threads)
-        plan = Plan(rows, first_line, dict(decided))
-        plan_f = client.scatter(plan, broadcast=True)
-        found = []
+        positions, ranges, rest = _positions_and_ranges(job, rows, config, rows_done, target)
+        found = []  # the dedup shuffle, under way while the driver decides below
         if buckets:
             positions_f = client.scatter(positions, broadcast=True)
             for b in range(buckets):
                 pieces = [client.submit(bucket_of, s, b, pure=False) for s in scans]
                 found.append(client.submit(first_occurrences, positions_f, list(range(len(parts))), *pieces, pure=False))
         del scans
+        # The first rows' decisions, on the rows and chunks a single process makes them on.
+        env = _Env(config, tok, backend, ctx, sources, {f.index: d for d in datasets or [] for f in d.files}, None)
+        chunks = read_chunks([], options.chunk_rows, rows=range_rows(env, job, Plan(rows, first_line, {}), rest))
+        decide(chunks, config, ctx, backend, tok, Deduplicator(set(dedup.seen)) if dedup is not None else None,
+               decided, sources, threads)
+        plan_f = client.scatter(Plan(rows, first_line, dict(decided)), broadcast=True)
         info["ranges"], info["parts"] = len(ranges), len(parts)
         window: deque = deque()
         pending = iter(enumerate(ranges))

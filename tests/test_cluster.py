@@ -128,6 +128,27 @@ def test_plain_run_with_dedup_across_parts(tmp_path: Path, corpus: dict[str, Pat
     assert totals["rows_read"] == lines and single["totals"] == totals
 
 
+def test_files_read_whole_gzip_parquet_and_json_arrays(tmp_path: Path, corpus: dict[str, Path], scheduler: str) -> None:
+    # Compressed files, Parquet and JSON arrays cannot be cut at byte offsets: each is one part, beside a
+    # JSON Lines file that is cut. Rows repeat across the files, so dedup spans them.
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lines = corpus["two"].read_text(encoding="utf-8").splitlines()
+    rows = [json.loads(line) for line in lines if line.startswith('{"source"')]
+    packed = tmp_path / "two.jsonl.gz"
+    packed.write_bytes(gzip.compress("\n".join(lines[:120]).encode()))
+    pq.write_table(pa.Table.from_pylist(rows[60:200]), tmp_path / "two.parquet")
+    (tmp_path / "two.json").write_text(json.dumps(rows[150:]), encoding="utf-8")
+    inputs = [str(packed), str(tmp_path / "two.parquet"), str(tmp_path / "two.json"), str(corpus["one"])]
+    _, clustered = _both(tmp_path, BASE, inputs, scheduler)
+    assert clustered["totals"]["rows_dropped"]["duplicate"] >= 60 + 50
+    assert clustered["cluster"]["parts"] == 3 + len(split_file(InputFile(0, str(corpus["one"]),
+                                                                         corpus["one"].stat().st_size), PART_BYTES))
+
+
 MIXES = {
     # all_exhausted starts the smaller dataset over: its repeated rows are duplicates of their first turn.
     "all-exhausted-dedup": ({"sampling_stopping_strategy": "all_exhausted", "seed": 7}, {}),
