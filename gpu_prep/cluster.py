@@ -37,7 +37,7 @@ import numpy as np
 
 from gpu_prep.backend import Backend, gpu_missing_reason, select_backend
 from gpu_prep.config import PipelineConfig
-from gpu_prep.errors import ConfigError
+from gpu_prep.errors import ConfigError, Interrupted
 from gpu_prep.filter import Deduplicator
 from gpu_prep.format import string_fields
 from gpu_prep.mix import Dataset, dataset_order, with_tokenizer
@@ -413,12 +413,25 @@ def _first_lines(parts: list[Part], lines: list[int]) -> list[int]:
     return first
 
 
-def run_on_cluster(spec: str, config: PipelineConfig, files: list[InputFile], datasets: list[Dataset] | None,
-                   tok: Any, ctx: Any, backend: Backend, dedup: Deduplicator | None, decided: dict[str, Any],
-                   sources: dict[int, Any], rows_done: int, options: Any, clock: Stopwatch,
-                   info: dict[str, Any]) -> Iterator[Any]:
+def run_on_cluster(*args: Any) -> Iterator[Any]:
     """The run's chunks, processed on the cluster and yielded in input order for the driver to account for
-    and write. `decided` gets the first rows' decisions; `info` what the manifest says of the cluster.
+    and write (the arguments are _drive's). A cluster that keeps losing workers stops the run resumably."""
+    from concurrent.futures import CancelledError
+
+    from distributed import KilledWorker
+
+    try:
+        yield from _drive(*args)
+    except (KilledWorker, CancelledError) as exc:
+        raise Interrupted(f"Dask gave up on a task whose workers kept dying ({type(exc).__name__}: {exc}); see "
+                          "the workers' logs (memory?), then finish the run with --resume") from None
+
+
+def _drive(spec: str, config: PipelineConfig, files: list[InputFile], datasets: list[Dataset] | None,
+           tok: Any, ctx: Any, backend: Backend, dedup: Deduplicator | None, decided: dict[str, Any],
+           sources: dict[int, Any], rows_done: int, options: Any, clock: Stopwatch,
+           info: dict[str, Any]) -> Iterator[Any]:
+    """`decided` gets the first rows' decisions; `info` what the manifest says of the cluster.
     options.device goes to the workers as asked (auto: each takes its GPU when it has one)."""
     from gpu_prep.pipeline import decide
 

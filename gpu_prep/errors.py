@@ -15,6 +15,11 @@ class ConfigError(GpuPrepError):
     exit_code = 2
 
 
+class Interrupted(GpuPrepError):
+    """The run stopped for a reason outside its data (a cluster that kept losing workers): like Ctrl-C, it
+    keeps what --resume needs."""
+
+
 class InputError(GpuPrepError):
     """A row broke a rule and --strict asked to stop: names file, line, field and rule."""
 

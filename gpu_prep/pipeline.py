@@ -27,7 +27,7 @@ from gpu_prep.backend import CPU, Backend, select_backend
 from gpu_prep.chat_template import ChatTemplate
 from gpu_prep.checkpoint import Checkpointer, load_for_resume, run_identity
 from gpu_prep.config import TEMPLATE_ROLES, PipelineConfig
-from gpu_prep.errors import ConfigError, Drop, InputError
+from gpu_prep.errors import ConfigError, Drop, InputError, Interrupted
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter import DEDUP_PREFIX_CHARS, Deduplicator, filter_rows
 from gpu_prep.format import (
@@ -617,7 +617,7 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
                                                  options.workers):
                     sink.put(item)
     except BaseException as exc:
-        acct.abort(keep=isinstance(exc, KeyboardInterrupt))
+        acct.abort(keep=isinstance(exc, (KeyboardInterrupt, Interrupted)))
         raise
     acct.close()
     domains = clock.time("write", writer.finish)
@@ -664,7 +664,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, *, token
                                  cluster_info)
     except BaseException as exc:
         checkpoints.close()
-        if not isinstance(exc, KeyboardInterrupt):  # an interrupted run keeps what --resume needs
+        if not isinstance(exc, (KeyboardInterrupt, Interrupted)):  # an interrupted run keeps what --resume needs
             remove_partial_files(out_dir)
         raise
     checksums = clock.time("checksums", checksums)

@@ -22,7 +22,7 @@ pytest.importorskip("dask.distributed")
 from dask.distributed import LocalCluster  # noqa: E402
 
 from gpu_prep.config import parse_config  # noqa: E402
-from gpu_prep.errors import ConfigError  # noqa: E402
+from gpu_prep.errors import ConfigError, Interrupted  # noqa: E402
 from gpu_prep.pipeline import MANIFEST, run  # noqa: E402
 from gpu_prep.read import InputFile, split_file  # noqa: E402
 from helpers import REPO  # noqa: E402
@@ -189,6 +189,24 @@ def test_a_worker_killed_mid_run_is_survived(tmp_path: Path, corpus: dict[str, P
     _, clustered = _both(tmp_path, BASE, [str(corpus["one"])], "local:2")
     assert marker.exists(), "no worker was killed"
     assert clustered["totals"]["rows_dropped"]["duplicate"] >= 10
+
+
+def test_a_cluster_that_keeps_losing_workers_stops_resumably(tmp_path: Path, corpus: dict[str, Path],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every worker dies at its second chunk, and Dask is told to give up on a task at its first death: the
+    # run stops with an error that says so, keeping what --resume needs, and a single process finishes it.
+    import dask
+
+    config = parse_config(BASE)
+    want = run(config, [str(corpus["two"])], tmp_path / "want", chunk_rows=CHUNK_ROWS)
+    monkeypatch.setenv("GPU_PREP_FAILPOINT", "tokenize:2")
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), pytest.raises(Interrupted, match="--resume"):
+        run(config, [str(corpus["two"])], tmp_path / "out", chunk_rows=CHUNK_ROWS, cluster="local:2",
+            part_bytes=PART_BYTES, checkpoint_seconds=0)
+    assert not (tmp_path / "out" / MANIFEST).exists()
+    monkeypatch.delenv("GPU_PREP_FAILPOINT")
+    got = run(config, [str(corpus["two"])], tmp_path / "out", chunk_rows=CHUNK_ROWS, resume=True)
+    assert _tree(tmp_path / "out") == _tree(tmp_path / "want") and got["totals"] == want["totals"]
 
 
 def _cli(*args: Any, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
