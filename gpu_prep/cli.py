@@ -125,7 +125,8 @@ def run(
                                     overwrite=overwrite, resume=resume, workers=workers, rejects=rejects,
                                     strict=strict, progress=lambda n: bar.advance(task, n),
                                     checkpoint_seconds=checkpoint_every, cluster=cluster,
-                                    announce=lambda link: err.print(f"Dask dashboard: {link}", highlight=False),
+                                    announce=None if quiet else lambda link: err.print(f"Dask dashboard: {link}",
+                                                                                       highlight=False),
                                     plugins=tuple(plugin or []), part_bytes=int(part_mb * (1 << 20)))
     except GpuPrepError as exc:
         raise _fail(exc) from None
