@@ -7,6 +7,8 @@ characters (code points), the first occurrence in input order kept, across chunk
 
 from __future__ import annotations
 
+import json
+
 import hashlib
 from collections import Counter
 from pathlib import Path
@@ -105,7 +107,11 @@ def _kept_texts(fixtures: list[Fixture]) -> list[str]:
 def test_every_row_is_written_or_dropped_for_its_reason(tmp_path: Path, qwen: Any, chunk_rows: int) -> None:
     fixtures = [_file_a(), _file_b()]
     paths = [_write(tmp_path, f"{name}.jsonl", f) for name, f in zip("ab", fixtures)]
-    manifest = _run(TEXT_CONFIG, paths, tmp_path / "out", chunk_rows=chunk_rows)
+    manifest = _run(TEXT_CONFIG, paths, tmp_path / "out", chunk_rows=chunk_rows, rejects=tmp_path / "rejects.jsonl")
+    # Dropped rows are listed in input order, whichever stage dropped them and however rows were chunked.
+    rejected = [json.loads(line) for line in (tmp_path / "rejects.jsonl").read_text(encoding="utf-8").splitlines()]
+    where = [(paths.index(Path(r["file"])), r["line"]) for r in rejected]
+    assert where == sorted(where) and len(where) == sum(sum(e["rows_dropped"].values()) for e in manifest["inputs"])
     for entry, fixture in zip(manifest["inputs"], fixtures):
         assert entry["rows_read"] == entry["rows_written"] + sum(entry["rows_dropped"].values())
         got = {k: entry[k] for k in ("rows_read", "rows_written", "rows_dropped")}
