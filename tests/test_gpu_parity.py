@@ -75,3 +75,16 @@ def test_cudf_reader_matches_the_exact_reader(tmp_path: Path) -> None:
     inputs = [str(_corpus(tmp_path)), str(REPO / "examples/pretrain.jsonl")]
     cpu, gpu = _both(config, inputs, tmp_path, rejects=None)
     _assert_same(cpu, gpu)
+
+
+def test_dask_cuda_cluster_matches_the_cpu(tmp_path: Path) -> None:
+    # --cluster local with the GPU backend: dask-cuda workers, one per GPU, each reading byte ranges with
+    # cuDF and hashing on its GPU; the output is the single CPU process's.
+    pytest.importorskip("dask_cuda")
+    data = write_jsonl(sharegpt_chats(400) * 2, tmp_path / "chat.jsonl")  # every row twice: dedup across parts
+    config = parse_config({"input": {"type": "chat"}, "mask": {"assistant": "train"}, "gpu": {"reader": "cudf"},
+                           "preprocessing": {"max_seq_len": 1024}})
+    cpu = run(config, [str(data)], tmp_path / "cpu", device="cpu")
+    gpu = run(config, [str(data)], tmp_path / "gpu", device="gpu", cluster="local", part_bytes=1 << 20)
+    assert gpu["device"] == "gpu" and gpu["cluster"]["parts"] > 1
+    _assert_same(cpu, gpu)
