@@ -4,8 +4,9 @@ Every algorithm over arrays (mask projection, offsets arithmetic, truncation, sh
 against `xp` in the stage modules, so the CPU tests execute the code the GPU runs. This is the only module
 that imports cupy, cudf or rmm, and it does so lazily: `import gpu_prep` never needs them.
 
-Every cuDF/CuPy/RMM entry point used here (and dask-cuda's, used by cluster.py) is listed in GPU_API and checked against the installed wheels
-by tests/test_gpu_api_contract.py, so a renamed or removed API fails CI even though CI has no GPU.
+Every cuDF/CuPy/RMM entry point used here (and dask-cuda's, used by cluster.py) is listed in GPU_API and
+checked against the installed wheels by tests/test_gpu_api_contract.py, so a renamed or removed API fails CI
+even though CI has no GPU.
 """
 
 from __future__ import annotations
