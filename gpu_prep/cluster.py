@@ -90,6 +90,7 @@ class Range:
 class Scan:
     rows: int
     lines: int
+    device: str  # the worker's backend
     buckets: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # (rows in part, digests) each
 
 
@@ -162,7 +163,8 @@ def scan(job: Job, p: int, buckets: int) -> Scan:
     lines = part_lines(part) if part.end is not None else 0
     first_line = 1 if part.start == 0 else 2  # numbers do not matter here, but only line 1 may carry a BOM
     if not env.config.preprocessing.deduplicate:  # rows counted (a handler's drop is a row too)
-        return Scan(sum(1 for _ in part_rows(part, env.columnar, env.config.input.max_row_bytes, first_line)), lines)
+        rows = part_rows(part, env.columnar, env.config.input.max_row_bytes, first_line)
+        return Scan(sum(1 for _ in rows), lines, env.backend.name)
     rows = _part_rows(env, job, p, first_line)
     recorder = _Recorder()
     where, at = [], 0
@@ -174,7 +176,7 @@ def scan(job: Job, p: int, buckets: int) -> Scan:
     digests = np.frombuffer(b"".join(recorder.take_added()), np.uint8).reshape(-1, DIGEST)
     where = np.asarray(where, dtype=np.int64)
     bucket = digests[:, 0] % buckets
-    return Scan(at, lines, [(where[bucket == b], digests[bucket == b]) for b in range(buckets)])
+    return Scan(at, lines, env.backend.name, [(where[bucket == b], digests[bucket == b]) for b in range(buckets)])
 
 
 class _Recorder(Deduplicator):
@@ -185,8 +187,8 @@ class _Recorder(Deduplicator):
         return np.ones(len(digests), dtype=bool)
 
 
-def scan_counts(scanned: Scan) -> tuple[int, int]:
-    return scanned.rows, scanned.lines
+def scan_counts(scanned: Scan) -> tuple[int, int, str]:
+    return scanned.rows, scanned.lines, scanned.device
 
 
 def bucket_of(scanned: Scan, b: int) -> tuple[np.ndarray, np.ndarray]:
@@ -274,9 +276,9 @@ def range_rows(env: _Env, job: Job, plan: Plan, rng: Range) -> Iterator[tuple[in
         yield next(streams[s])
 
 
-def process_range(job: Job, plan: Plan, rng: Range, *seen: np.ndarray) -> tuple[list[Any], dict[str, float], str]:
+def process_range(job: Job, plan: Plan, rng: Range, *seen: np.ndarray) -> tuple[list[Any], dict[str, float]]:
     """A range through every stage but accounting and writing: its chunks as Done (light enough to send
-    back), the seconds each stage took, and the backend's name."""
+    back), and the seconds each stage took."""
     from gpu_prep.pipeline import mask_chunk, prepare_and_tokenize
 
     env = _env(job)
@@ -289,7 +291,7 @@ def process_range(job: Job, plan: Plan, rng: Range, *seen: np.ndarray) -> tuple[
     done = [_lighten(mask_chunk(env.backend, env.tok, env.config, clock, item), env.backend)
             for item in prepare_and_tokenize(chunks, env.config, env.ctx, env.backend, env.tok, dedup, clock,
                                              decided, env.sources, job.threads)]
-    return done, dict(clock.seconds), env.backend.name
+    return done, dict(clock.seconds)
 
 
 @dataclass(frozen=True)
@@ -361,7 +363,7 @@ def _positions_and_ranges(job: Job, rows: list[int], config: PipelineConfig, row
             stream_of[p], offset[p], at = s, at, at + rows[p]
     cap = config.preprocessing.max_items
     ranges: list[Range] = []
-    if len(job.streams) == 1:  # the stream is the parts in order: a range each
+    if not _mixed(config):  # the stream is the parts in order: a range each
         limit = lengths[0] if cap is None else min(cap, lengths[0])
         for p in job.streams[0]:
             start, stop = max(offset[p], rows_done), min(offset[p] + rows[p], limit)
@@ -394,13 +396,18 @@ def _cut(files: list[InputFile], datasets: list[Dataset] | None, config: Pipelin
     """The inputs' parts, and the parts of each row stream: one stream of every part in order, or with
     sampling ratios one per dataset."""
     parts = [part for f in files for part in split_file(f, part_bytes)]
-    if datasets is None or config.sampling_ratios() is None:
+    if datasets is None or not _mixed(config):
         return parts, [list(range(len(parts)))]
     of_dataset = {f.index: k for k, d in enumerate(datasets) for f in d.files}
     streams: list[list[int]] = [[] for _ in datasets]
     for k, part in enumerate(parts):
         streams[of_dataset[part.file.index]].append(k)
     return parts, streams
+
+
+def _mixed(config: PipelineConfig) -> bool:
+    """Whether the rows are drawn from the datasets by their sampling ratios (else taken in order)."""
+    return bool(config.datasets) and config.sampling_ratios() is not None
 
 
 def _first_lines(parts: list[Part], lines: list[int]) -> list[int]:
@@ -452,8 +459,9 @@ def _drive(spec: str, config: PipelineConfig, files: list[InputFile], datasets: 
         buckets = max(1, min(workers, 64)) if config.preprocessing.deduplicate else 0
         scans = client.map(scan, [job_f] * len(parts), range(len(parts)), [buckets] * len(parts), pure=False)
         counts = clock.time("cluster scan", client.gather, client.map(scan_counts, scans))
-        rows = [n for n, _ in counts]
-        first_line = _first_lines(parts, [lines for _, lines in counts])
+        rows = [n for n, _, _ in counts]
+        first_line = _first_lines(parts, [lines for _, lines, _ in counts])
+        info["device"] = counts[0][2]
         target = max(1, -(-sum(rows) // max(1, len(parts))))
         positions, ranges, rest = _positions_and_ranges(job, rows, config, rows_done, target)
         found = []  # the dedup shuffle, under way while the driver decides below
@@ -481,9 +489,8 @@ def _drive(spec: str, config: PipelineConfig, files: list[InputFile], datasets: 
         for _ in range(2 * workers + 1):
             submit_next()
         while window:
-            done, seconds, device_name = window.popleft().result()
+            done, seconds = window.popleft().result()
             submit_next()
-            info["device"] = device_name
             for stage, value in seconds.items():
                 clock.seconds[f"workers: {stage}"] += value
             yield from done

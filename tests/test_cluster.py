@@ -237,3 +237,12 @@ def test_stopped_on_one_side_resumed_on_the_other(tmp_path: Path, corpus: dict[s
 def test_a_cluster_that_is_not_one_is_refused(tmp_path: Path, corpus: dict[str, Path], spec: str) -> None:
     with pytest.raises(ConfigError, match="--cluster"):
         run(parse_config(BASE), [str(corpus["two"])], tmp_path / "out", cluster=spec)
+
+
+def test_a_lone_dataset_with_a_ratio_but_no_rows_is_refused_as_in_one_process(tmp_path: Path, scheduler: str) -> None:
+    (tmp_path / "empty.jsonl").write_text("\n\n", encoding="utf-8")
+    config = parse_config({**BASE, "datasets": [{"name": "one", "data_paths": [str(tmp_path / "empty.jsonl")],
+                                                 "sampling": 1.0}]})
+    for where in (None, scheduler):
+        with pytest.raises(ConfigError, match="no rows"):
+            run(config, [], tmp_path / f"out-{where is None}", cluster=where)
