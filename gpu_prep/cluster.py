@@ -149,7 +149,7 @@ def _part_rows(env: _Env, job: Job, p: int, first_line: int) -> Iterator[tuple[i
     dataset = env.dataset_of.get(part.file.index)
     for line, record, error, nbytes in part_rows(part, env.columnar, env.config.input.max_row_bytes, first_line):
         if dataset is not None and error is None and record is not None:
-            record, error = dataset._handle(record)
+            record, error = dataset.handle(record)
         yield part.file.index, line, record, error, nbytes
 
 
@@ -207,12 +207,12 @@ class Positions:
     starts: np.ndarray  # each range's first position
 
 
-def first_occurrences(positions: Positions, parts: list[int], *pieces: tuple[np.ndarray, np.ndarray]
-                      ) -> dict[int, np.ndarray]:
-    """One bucket of the dedup shuffle: for each range, the digests of its rows that first occurred at an
-    earlier position than the range's start (the rows of the range that are duplicates of rows before it)."""
+def first_occurrences(positions: Positions, *pieces: tuple[np.ndarray, np.ndarray]) -> dict[int, np.ndarray]:
+    """One bucket of the dedup shuffle (pieces: each part's, in order): for each range, the digests of its
+    rows that first occurred at an earlier position than the range's start (the rows of the range that are
+    duplicates of rows before it)."""
     pos_in, digests_in = [], []
-    for p, (where, digests) in zip(parts, pieces):
+    for p, (where, digests) in enumerate(pieces):
         rows = positions.offset[p] + where
         s = positions.stream_of[p]
         if positions.occurrences is None:
@@ -239,11 +239,14 @@ def first_occurrences(positions: Positions, parts: list[int], *pieces: tuple[np.
     earlier = (~new) & (in_range >= 0)
     earlier[earlier] = first[earlier] < positions.starts[in_range[earlier]]
     r, k = in_range[earlier], keys[earlier]
-    out: dict[int, np.ndarray] = {}
-    for rng in np.unique(r).tolist():
-        found = np.unique(k[r == rng], axis=0)
-        out[rng] = np.ascontiguousarray(found).view(np.uint8).reshape(-1, DIGEST)
-    return out
+    order = np.lexsort((k[:, 1], k[:, 0], r))  # by range, then digest: each range's digests once
+    r, k = r[order], k[order]
+    once = np.ones(len(r), dtype=bool)
+    once[1:] = (r[1:] != r[:-1]) | (k[1:] != k[:-1]).any(axis=1)
+    r, k = r[once], k[once]
+    cuts = np.flatnonzero(r[1:] != r[:-1]) + 1
+    return {int(group[0]): np.ascontiguousarray(found).view(np.uint8).reshape(-1, DIGEST)
+            for group, found in zip(np.split(r, cuts), np.split(k, cuts)) if len(group)}
 
 
 def seen_in(found: dict[int, np.ndarray], rng: int) -> np.ndarray:
@@ -469,7 +472,7 @@ def _drive(spec: str, config: PipelineConfig, files: list[InputFile], datasets: 
             positions_f = client.scatter(positions, broadcast=True)
             for b in range(buckets):
                 pieces = [client.submit(bucket_of, s, b, pure=False) for s in scans]
-                found.append(client.submit(first_occurrences, positions_f, list(range(len(parts))), *pieces, pure=False))
+                found.append(client.submit(first_occurrences, positions_f, *pieces, pure=False))
         del scans
         # The first rows' decisions, on the rows and chunks a single process makes them on.
         env = _Env(config, tok, backend, ctx, sources, {f.index: d for d in datasets or [] for f in d.files}, None)

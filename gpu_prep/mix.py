@@ -79,10 +79,10 @@ class Dataset:
         for file in self.files:
             for line, record, error, nbytes in file_rows(file, columnar, max_row_bytes):
                 if error is None and record is not None:
-                    record, error = self._handle(record)
+                    record, error = self.handle(record)
                 yield file.index, line, record, error, nbytes
 
-    def _handle(self, record: Any) -> tuple[Any, tuple[str, str, Any] | None]:
+    def handle(self, record: Any) -> tuple[Any, tuple[str, str, Any] | None]:
         original = record
         for fn, kwargs, name, remove in self.handlers:
             before = set(record) if remove == "all" and isinstance(record, dict) else set()

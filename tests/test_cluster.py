@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("dask.distributed")
 
@@ -246,3 +248,57 @@ def test_a_lone_dataset_with_a_ratio_but_no_rows_is_refused_as_in_one_process(tm
     for where in (None, scheduler):
         with pytest.raises(ConfigError, match="no rows"):
             run(config, [], tmp_path / f"out-{where is None}", cluster=where)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_the_dedup_shuffle_finds_what_one_pass_in_order_finds(data: st.DataObject) -> None:
+    # Streams of parts of rows, each row a digest (or None: it failed the length rules), mixed by ratios or
+    # taken in order, cut at max_items and resumed at rows_done: for every range, the shuffle must give the
+    # digests of the range that occurred before it, as one pass over the stream in order sees them.
+    from itertools import islice
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from gpu_prep.cluster import DIGEST, _positions_and_ranges, first_occurrences
+    from gpu_prep.mix import dataset_order
+
+    mixed = data.draw(st.booleans())
+    shapes = data.draw(st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=4), min_size=2 if mixed else 1,
+                                max_size=3 if mixed else 1))
+    if mixed:
+        assume(all(sum(sizes) for sizes in shapes))
+    parts, streams = [], []
+    for sizes in shapes:
+        streams.append([len(parts) + k for k in range(len(sizes))])
+        parts += [data.draw(st.lists(st.none() | st.integers(0, 6), min_size=n, max_size=n)) for n in sizes]
+    ratios = [1.0 / len(shapes)] * len(shapes) if mixed else None
+    strategy = data.draw(st.sampled_from(["first_exhausted", "all_exhausted"]))
+    cap, seed = data.draw(st.none() | st.integers(1, 30)), data.draw(st.integers(0, 50))
+    config = SimpleNamespace(datasets=shapes if mixed else None, sampling_ratios=lambda: ratios,
+                             preprocessing=SimpleNamespace(max_items=cap),
+                             dataprocessor=SimpleNamespace(seed=seed, sampling_stopping_strategy=strategy))
+    flat = [[d for p in stream for d in parts[p]] for stream in streams]
+    order = (list(islice(dataset_order([len(f) for f in flat], ratios, seed, strategy), cap)) if mixed
+             else [0] * min(len(flat[0]), cap or len(flat[0])))
+    taken = [0] * len(flat)
+    seq = []  # the digest at each position of the stream
+    for s in order:
+        seq.append(flat[s][taken[s] % len(flat[s])])
+        taken[s] += 1
+    rows_done = data.draw(st.integers(0, len(order)))
+    positions, ranges, _ = _positions_and_ranges(SimpleNamespace(streams=streams, parts=parts), [len(p) for p in parts],
+                                                 config, rows_done, data.draw(st.integers(1, 8)))
+    assert [k for r in ranges for k in range(r.start, r.stop)] == list(range(rows_done, len(order)))
+
+    def as_digest(d: int) -> np.ndarray:
+        return np.full(DIGEST, d, dtype=np.uint8)
+
+    pieces = [(np.array([i for i, d in enumerate(rows) if d is not None], dtype=np.int64),
+               np.array([as_digest(d) for d in rows if d is not None], dtype=np.uint8).reshape(-1, DIGEST))
+              for rows in parts]
+    found = first_occurrences(positions, *pieces)
+    for k, r in enumerate(ranges):
+        want = {d for d in seq[r.start:r.stop] if d is not None and d in seq[:r.start]}
+        assert {int(row[0]) for row in found.get(k, np.zeros((0, DIGEST), np.uint8))} == want, (k, r.start, r.stop)
