@@ -39,10 +39,9 @@ from gpu_prep.backend import Backend, gpu_missing_reason, select_backend
 from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError, Interrupted
 from gpu_prep.filter import Deduplicator
-from gpu_prep.format import string_fields
 from gpu_prep.mix import Dataset, dataset_order, with_tokenizer
 from gpu_prep.overlap import Stopwatch
-from gpu_prep.read import InputFile, Part, part_lines, part_rows, read_chunks, split_file
+from gpu_prep.read import InputFile, Part, count_lines, part_rows, read_chunks, read_part, split_file
 
 DASK_EXTRA = 'pip install "gpu-prep[dask]"'
 PART_BYTES = 64 << 20  # a JSON Lines file is cut into parts of about this size
@@ -114,7 +113,7 @@ _ENV: dict[str, _Env] = {}
 
 
 def _env(job: Job) -> _Env:
-    from gpu_prep.pipeline import dataset_handlers, dataset_sources, render_context
+    from gpu_prep.pipeline import columnar_reader, dataset_handlers, dataset_sources, render_context
     from gpu_prep.plugins import load_plugins
     from gpu_prep.tokenize import load_tokenizer
 
@@ -135,19 +134,19 @@ def _env(job: Job) -> _Env:
                     for spec, own in zip(config.datasets or [], job.dataset_files)]
         with_tokenizer(datasets, tok)
         sources = dataset_sources(config, datasets)
-    fields = string_fields(config)
-    columnar = backend.columnar_reader(fields) if config.gpu.reader == "cudf" and fields else None
     env = _Env(config, tok, backend, render_context(config, tok), sources,
-               {f.index: d for d in datasets for f in d.files}, columnar)
+               {f.index: d for d in datasets for f in d.files}, columnar_reader(config, backend))
     _ENV[job.key] = env
     return env
 
 
-def _part_rows(env: _Env, job: Job, p: int, first_line: int) -> Iterator[tuple[int, int, Any, Any, int]]:
+def _part_rows(env: _Env, job: Job, p: int, first_line: int, data: bytes | None = None
+               ) -> Iterator[tuple[int, int, Any, Any, int]]:
     """(file index, line, record, error, bytes) of part p's rows, its dataset's handlers applied."""
     part = job.parts[p]
     dataset = env.dataset_of.get(part.file.index)
-    for line, record, error, nbytes in part_rows(part, env.columnar, env.config.input.max_row_bytes, first_line):
+    cap = env.config.input.max_row_bytes
+    for line, record, error, nbytes in part_rows(part, env.columnar, cap, first_line, data):
         if dataset is not None and error is None and record is not None:
             record, error = dataset.handle(record)
         yield part.file.index, line, record, error, nbytes
@@ -160,12 +159,13 @@ def scan(job: Job, p: int, buckets: int) -> Scan:
 
     env = _env(job)
     part = job.parts[p]
-    lines = part_lines(part) if part.end is not None else 0
+    data = read_part(part) if part.end is not None else None  # read once: its lines counted, its rows parsed
+    lines = count_lines(data) if data is not None else 0
     first_line = 1 if part.start == 0 else 2  # numbers do not matter here, but only line 1 may carry a BOM
     if not env.config.preprocessing.deduplicate:  # rows counted (a handler's drop is a row too)
-        rows = part_rows(part, env.columnar, env.config.input.max_row_bytes, first_line)
+        rows = part_rows(part, env.columnar, env.config.input.max_row_bytes, first_line, data)
         return Scan(sum(1 for _ in rows), lines, env.backend.name)
-    rows = _part_rows(env, job, p, first_line)
+    rows = _part_rows(env, job, p, first_line, data)
     recorder = _Recorder()
     where, at = [], 0
     for chunk in read_chunks([], job.chunk_rows, rows=rows):

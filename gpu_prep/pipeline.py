@@ -460,6 +460,13 @@ def run_inputs(config: PipelineConfig, inputs: list[str]) -> tuple[list[InputFil
     return files, datasets
 
 
+def columnar_reader(config: PipelineConfig, backend: Backend) -> Any:
+    """What reads JSON Lines as columns on this backend when the config asks for it (gpu.reader cudf) and
+    its rows are read by string fields; None: line by line."""
+    fields = string_fields(config)
+    return backend.columnar_reader(fields) if config.gpu.reader == "cudf" and fields else None
+
+
 def dataset_handlers(spec: Any) -> list[tuple[Any, dict[str, Any], str, Any]]:
     """A dataset's data handlers as Dataset takes them (by name, so plugins' handlers are found)."""
     return [(HANDLERS[h.name], h.fn_kwargs(), h.name, h.arguments.get("remove_columns")) for h in spec.data_handlers]
@@ -600,8 +607,7 @@ def _process(config: PipelineConfig, files: list, tok: Tokenizer, backend: Backe
                                        sources, checkpoints.rows_done, options, clock, cluster_info):
                 finish(done)
         else:
-            fields = string_fields(config)
-            columnar = backend.columnar_reader(fields) if config.gpu.reader == "cudf" and fields else None
+            columnar = columnar_reader(config, backend)
             mixed = None
             if datasets is not None:
                 process = config.dataprocessor

@@ -306,12 +306,20 @@ class Columnar:
     read_range: ReadRange
 
 
-def file_rows(file: InputFile, columnar: Columnar | None = None, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[Row]:
-    """(line or row number, record, error, bytes of JSON) for every row of one file."""
+def _layout(file: InputFile) -> str:
+    """How a file is read: "parquet", "json array", or (JSON Lines, possibly compressed) "lines"."""
     kind = file_kind(file.path) or BUILDERS.get(file.builder or "")
     if kind == ".parquet":
+        return "parquet"
+    return "json array" if kind == ".json" and _is_json_array(file.path) else "lines"
+
+
+def file_rows(file: InputFile, columnar: Columnar | None = None, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[Row]:
+    """(line or row number, record, error, bytes of JSON) for every row of one file."""
+    layout = _layout(file)
+    if layout == "parquet":
         return _parquet_rows(file)
-    if kind == ".json" and _is_json_array(file.path):
+    if layout == "json array":
         return _json_array_rows(file)
     if columnar is not None and not file.path.endswith(COMPRESSIONS):  # byte ranges need the bytes as stored
         return _columnar_rows(file, columnar.fields, columnar.read_range, max_row_bytes)
@@ -331,9 +339,7 @@ class Part:
 def split_file(file: InputFile, part_bytes: int) -> list[Part]:
     """The file cut into parts of about part_bytes, each ending at a line's end. Only uncompressed JSON
     Lines can be cut; Parquet, JSON arrays and compressed files are one part each."""
-    kind = file_kind(file.path) or BUILDERS.get(file.builder or "")
-    if (file.size_bytes <= part_bytes or kind == ".parquet" or file.path.endswith(COMPRESSIONS)
-            or (kind == ".json" and _is_json_array(file.path))):
+    if file.size_bytes <= part_bytes or file.path.endswith(COMPRESSIONS) or _layout(file) != "lines":
         return [Part(file)]
     cuts = [0]
     with open(file.path, "rb") as handle:
@@ -346,26 +352,29 @@ def split_file(file: InputFile, part_bytes: int) -> list[Part]:
     return [Part(file, a, b) for a, b in zip(cuts, cuts[1:])]
 
 
-def part_lines(part: Part) -> int:
-    """How many lines a byte-range part holds (what the next part's line numbers start after)."""
+def read_part(part: Part) -> bytes:
+    """A byte-range part's bytes."""
     with open(part.file.path, "rb") as handle:
         handle.seek(part.start)
-        data = handle.read(part.end - part.start)
+        return handle.read(part.end - part.start)
+
+
+def count_lines(data: bytes) -> int:
+    """How many lines these bytes hold (what the next part's line numbers start after)."""
     return data.count(b"\n") + (bool(data) and not data.endswith(b"\n"))
 
 
 def part_rows(part: Part, columnar: Columnar | None = None, max_row_bytes: int = MAX_ROW_BYTES,
-              first_line: int = 1) -> Iterator[Row]:
-    """The rows of one part, as file_rows gives them; a byte range's lines are numbered from first_line."""
+              first_line: int = 1, data: bytes | None = None) -> Iterator[Row]:
+    """The rows of one part, as file_rows gives them; a byte range's lines are numbered from first_line.
+    data: the part's bytes when the caller has read them already."""
     if part.end is None:
         yield from file_rows(part.file, columnar, max_row_bytes)
     elif columnar is not None:
         yield from _columnar_rows(part.file, columnar.fields, columnar.read_range, max_row_bytes, part, first_line)
     else:
-        with open(part.file.path, "rb") as handle:
-            handle.seek(part.start)
-            data = io.BytesIO(handle.read(part.end - part.start))
-        yield from _exact_rows(_bounded_lines(data, max_row_bytes, first_line), max_row_bytes)
+        lines = _bounded_lines(io.BytesIO(read_part(part) if data is None else data), max_row_bytes, first_line)
+        yield from _exact_rows(lines, max_row_bytes)
 
 
 def read_chunks(files: list[InputFile], chunk_rows: int, max_items: int | None = None,

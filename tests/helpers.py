@@ -8,6 +8,9 @@ across a mask boundary) is never mangled silently. A future `gpu-prep inspect` w
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -68,3 +71,31 @@ def render_chat(tok: Any, messages: list[dict[str, Any]]) -> str:
     """The conversation as the tokenizer sees it: the real chat template, then its Unicode normalization."""
     text = ChatTemplate(tok.chat_template, tok.special_tokens).render(messages)
     return unicodedata.normalize(tok.normalization, text) if tok.normalization else text
+
+
+def gpu_prep_cli(*args: Any, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    """The installed `gpu-prep` console script in a subprocess (GPU_PREP_CACHE is inherited from conftest)."""
+    script = Path(sys.executable).parent / "gpu-prep"
+    assert script.exists(), f"the gpu-prep console script is not installed next to {sys.executable}"
+    return subprocess.run([str(script), *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                          env={**os.environ, "COLUMNS": "200", **(env or {})})
+
+
+def output_tree(root: Path, *run_keys: str) -> dict[str, bytes]:
+    """Every finished file of an output by its path, the manifest without the keys that say how the run
+    went (timings and run_keys, dotted for nested ones): what two runs of one config must agree on."""
+    files = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.name.startswith("."):
+            data = path.read_bytes()
+            if path.name == "manifest.json":
+                manifest = json.loads(data)
+                for key in ("seconds", *run_keys):
+                    *parents, last = key.split(".")
+                    node = manifest
+                    for name in parents:
+                        node = node.get(name, {})
+                    node.pop(last, None)
+                data = json.dumps(manifest, sort_keys=True).encode()
+            files[path.relative_to(root).as_posix()] = data
+    return files

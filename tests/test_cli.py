@@ -9,10 +9,7 @@ whitespace removed.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +18,7 @@ from typer.testing import CliRunner, Result
 
 import gpu_prep
 from gpu_prep.cli import app
-from helpers import REPO
+from helpers import REPO, gpu_prep_cli
 
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")
 
@@ -188,25 +185,13 @@ def test_shipped_configs_run_on_the_examples(tmp_path: Path, name: str) -> None:
     assert manifest["totals"]["trained_tokens"] > 0
 
 
-def _script() -> Path:
-    script = Path(sys.executable).parent / "gpu-prep"
-    assert script.exists(), f"the gpu-prep console script is not installed next to {sys.executable}"
-    return script
-
-
-def _subprocess(*args: Any) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200"}  # GPU_PREP_CACHE is inherited from conftest
-    return subprocess.run([str(_script()), *map(str, args)], capture_output=True, text=True, env=env, timeout=120,
-                          cwd=REPO)
-
-
 def test_installed_script_reports_errors_and_runs(tmp_path: Path) -> None:
     bad, _ = _config_file(tmp_path, "storage_format")
-    failed = _subprocess("validate", "-c", bad)
+    failed = gpu_prep_cli("validate", "-c", bad)
     assert failed.returncode == 2
     assert "output.storage_format" in failed.stderr and "'bin', 'h5', 'megatron' or 'parquet'" in failed.stderr
     assert "Traceback" not in failed.stderr + failed.stdout
-    done = _subprocess("run", "examples/chat.jsonl", "-c", "configs/sft.json", "-o", tmp_path / "out", "-q")
+    done = gpu_prep_cli("run", "examples/chat.jsonl", "-c", "configs/sft.json", "-o", tmp_path / "out", "-q")
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "out" / "manifest.json").is_file()
 

@@ -9,9 +9,6 @@ the other, change nothing either.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +24,7 @@ from gpu_prep.config import parse_config  # noqa: E402
 from gpu_prep.errors import ConfigError, Interrupted  # noqa: E402
 from gpu_prep.pipeline import MANIFEST, run  # noqa: E402
 from gpu_prep.read import InputFile, split_file  # noqa: E402
-from helpers import REPO  # noqa: E402
+from helpers import gpu_prep_cli, output_tree  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")
 
@@ -68,18 +65,7 @@ def scheduler() -> Any:
 
 
 def _tree(root: Path) -> dict[str, bytes]:
-    """Every file of an output; the manifest without what says how the run went (timings, the cluster)."""
-    files = {}
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and not path.name.startswith("."):
-            data = path.read_bytes()
-            if path.name == MANIFEST:
-                manifest = json.loads(data)
-                for key in ("seconds", "cluster"):
-                    manifest.pop(key, None)
-                data = json.dumps(manifest, sort_keys=True).encode()
-            files[path.relative_to(root).as_posix()] = data
-    return files
+    return output_tree(root, "cluster")
 
 
 def _both(tmp_path: Path, config: dict[str, Any], inputs: list[str], cluster: str, **kwargs: Any
@@ -211,24 +197,18 @@ def test_a_cluster_that_keeps_losing_workers_stops_resumably(tmp_path: Path, cor
     assert _tree(tmp_path / "out") == _tree(tmp_path / "want") and got["totals"] == want["totals"]
 
 
-def _cli(*args: Any, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).parent / "gpu-prep"
-    return subprocess.run([str(script), *map(str, args)], capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env={**os.environ, "COLUMNS": "200", **(env or {})})
-
-
 @pytest.mark.parametrize("killed_on", ["cluster", "single"])
 def test_stopped_on_one_side_resumed_on_the_other(tmp_path: Path, corpus: dict[str, Path], killed_on: str) -> None:
     config = tmp_path / "config.json"
     config.write_text(json.dumps(BASE))
     common = ["run", corpus["one"], "-c", config, "--chunk-rows", CHUNK_ROWS, "--part-mb", PART_BYTES / (1 << 20)]
-    assert _cli(*common, "-o", tmp_path / "want", "-q").returncode == 0
+    assert gpu_prep_cli(*common, "-o", tmp_path / "want", "-q").returncode == 0
     on_cluster = ["--cluster", "local:2"]
     # The driver alone checkpoints, so the cluster's workers pass this failpoint by.
-    killed = _cli(*common, "-o", tmp_path / "out", "-q", "--checkpoint-every", 0,
+    killed = gpu_prep_cli(*common, "-o", tmp_path / "out", "-q", "--checkpoint-every", 0,
                   *(on_cluster if killed_on == "cluster" else []), env={"GPU_PREP_FAILPOINT": "checkpoint:4"})
     assert killed.returncode == -9, killed.stderr
-    resumed = _cli(*common, "-o", tmp_path / "out", "--resume", *(on_cluster if killed_on == "single" else []))
+    resumed = gpu_prep_cli(*common, "-o", tmp_path / "out", "--resume", *(on_cluster if killed_on == "single" else []))
     assert resumed.returncode == 0, resumed.stderr
     if killed_on == "single":  # the run's summary and the dashboard's address, as the cluster ran it
         assert "Dask dashboard: http://" in resumed.stderr and "Dask cluster" in resumed.stdout

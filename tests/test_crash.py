@@ -11,9 +11,6 @@ the output, and the rejects file, compared with an uninterrupted run's.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +18,7 @@ import pytest
 
 from gpu_prep.config import parse_config
 from gpu_prep.pipeline import MANIFEST, run
-from helpers import REPO
+from helpers import gpu_prep_cli, output_tree
 
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")
 
@@ -73,23 +70,8 @@ def _corpus(path: Path) -> Path:
 
 
 def _tree(root: Path) -> dict[str, bytes]:
-    files = {}
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and not path.name.startswith("."):
-            data = path.read_bytes()
-            if path.name == MANIFEST:  # timings differ between runs; everything else must not
-                manifest = json.loads(data)
-                manifest.pop("seconds")
-                manifest["tokenizer"].pop("engine_choice")
-                data = json.dumps(manifest, sort_keys=True).encode()
-            files[path.relative_to(root).as_posix()] = data
-    return files
-
-
-def _cli(*args: Any, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).parent / "gpu-prep"
-    return subprocess.run([str(script), *map(str, args)], capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env={**os.environ, "COLUMNS": "200", **(env or {})})
+    # How the engine was chosen is worded from the rows sampled, which a resumed run may not see again.
+    return output_tree(root, "tokenizer.engine_choice")
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +83,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         config = root / f"{storage}.json"
         config.write_text(json.dumps({**CONFIG, **{k: {**CONFIG[k], **v} for k, v in over.items()}}))
         out, rejects = root / storage, root / f"{storage}.rejects.jsonl"
-        done = _cli("run", data, "-c", config, "-o", out, "-q", "--chunk-rows", CHUNK_ROWS, "--rejects", rejects)
+        done = gpu_prep_cli("run", data, "-c", config, "-o", out, "-q", "--chunk-rows", CHUNK_ROWS, "--rejects", rejects)
         assert done.returncode == 0, done.stderr
         trees[storage] = (config, _tree(out), rejects.read_bytes())
     return {"data": data, **trees}
@@ -114,7 +96,7 @@ def test_killed_anywhere_then_resumed_is_byte_identical(reference: dict[str, Any
     out, rejects = tmp_path / "out", tmp_path / "rejects.jsonl"
     args = ["run", reference["data"], "-c", config, "-o", out, "-q", "--chunk-rows", CHUNK_ROWS,
             "--rejects", rejects, "--checkpoint-every", every]
-    killed = _cli(*args, env={"GPU_PREP_FAILPOINT": f"{point}:{nth}"})
+    killed = gpu_prep_cli(*args, env={"GPU_PREP_FAILPOINT": f"{point}:{nth}"})
     assert killed.returncode == -9, f"not killed at {point}:{nth}: {killed.stderr}"
 
     # No partial file looks complete: whatever carries a final name is the finished file, byte for byte.
@@ -123,10 +105,10 @@ def test_killed_anywhere_then_resumed_is_byte_identical(reference: dict[str, Any
     assert (out / ".gpu-prep-run").exists()
     for name, data in _tree(out).items():
         assert data == want[name], f"{name} has its final name but is not the finished file"
-    assert _cli("verify", out).returncode != 0
+    assert gpu_prep_cli("verify", out).returncode != 0
 
     # Without --resume or --overwrite the directory is refused.
-    again = _cli(*args)
+    again = gpu_prep_cli(*args)
     assert again.returncode == 2 and "--resume" in again.stderr
 
     manifest = run(parse_config(json.loads(config.read_text())), [str(reference["data"])], out, resume=True,
@@ -135,24 +117,24 @@ def test_killed_anywhere_then_resumed_is_byte_identical(reference: dict[str, Any
     assert _tree(out) == want
     assert rejects.read_bytes() == want_rejects
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [".gpu-prep-run"]
-    assert _cli("verify", out).returncode == 0
+    assert gpu_prep_cli("verify", out).returncode == 0
 
 
 def test_resume_refuses_a_changed_config(reference: dict[str, Any], tmp_path: Path) -> None:
     config, _, _ = reference["bin"]
     out = tmp_path / "out"
-    killed = _cli("run", reference["data"], "-c", config, "-o", out, "-q", "--chunk-rows", CHUNK_ROWS,
+    killed = gpu_prep_cli("run", reference["data"], "-c", config, "-o", out, "-q", "--chunk-rows", CHUNK_ROWS,
                   "--checkpoint-every", 0, env={"GPU_PREP_FAILPOINT": "tokenize:5"})
     assert killed.returncode == -9
     changed = tmp_path / "changed.json"
     changed.write_text(json.dumps({**CONFIG, "preprocessing": {"max_seq_len": 128}}))
-    refused = _cli("run", reference["data"], "-c", changed, "-o", out, "-q", "--resume")
+    refused = gpu_prep_cli("run", reference["data"], "-c", changed, "-o", out, "-q", "--resume")
     assert refused.returncode == 2 and "config_sha256 changed" in refused.stderr
 
 
 def test_resume_of_a_finished_run_changes_nothing(reference: dict[str, Any], tmp_path: Path) -> None:
     config, want, _ = reference["bin"]
     out = tmp_path / "out"
-    assert _cli("run", reference["data"], "-c", config, "-o", out, "-q", "--chunk-rows", CHUNK_ROWS).returncode == 0
-    assert _cli("run", reference["data"], "-c", config, "-o", out, "-q", "--resume").returncode == 0
+    assert gpu_prep_cli("run", reference["data"], "-c", config, "-o", out, "-q", "--chunk-rows", CHUNK_ROWS).returncode == 0
+    assert gpu_prep_cli("run", reference["data"], "-c", config, "-o", out, "-q", "--resume").returncode == 0
     assert _tree(out) == want
