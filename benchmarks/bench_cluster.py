@@ -29,9 +29,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.corpora import sharegpt_chats, write_jsonl  # noqa: E402
-from benchmarks.reference import hf_tokenizer, write_tokenizer_dir  # noqa: E402
+from reference import hf_tokenizer, write_tokenizer_dir  # noqa: E402  (tests/reference.py, put on the path by corpora)
 from gpu_prep.config import parse_config  # noqa: E402
-from gpu_prep.pipeline import run  # noqa: E402
+from gpu_prep.pipeline import Options, run  # noqa: E402
 
 SEQ_LEN = 4096
 
@@ -78,10 +78,10 @@ def main() -> None:
         config = parse_config({"tokenizer": str(tokenizer), "input": {"type": "chat"}, "mask": {"assistant": "train"},
                                "preprocessing": {"max_seq_len": SEQ_LEN, "min_chars": 0}})
         part_bytes = int(args.part_mb * (1 << 20)) if args.part_mb else max(1 << 16, corpus.stat().st_size // (4 * args.workers))
-        run(config, [str(corpus)], root / "warm", overwrite=True)  # the tokenizer cache, built once
+        run(config, [str(corpus)], root / "warm", Options(overwrite=True))  # the tokenizer cache, built once
 
         start = time.perf_counter()
-        single = run(config, [str(corpus)], root / "single", overwrite=True)
+        single = run(config, [str(corpus)], root / "single", Options(overwrite=True))
         single_s = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -89,8 +89,8 @@ def main() -> None:
         startup_s = time.perf_counter() - start
         with cluster:
             start = time.perf_counter()
-            spread = run(config, [str(corpus)], root / "cluster", overwrite=True, cluster=cluster.scheduler_address,
-                         part_bytes=part_bytes)
+            spread = run(config, [str(corpus)], root / "cluster", Options(overwrite=True, cluster=cluster.scheduler_address,
+                         part_bytes=part_bytes))
             cluster_s = time.perf_counter() - start
         if _files(root / "single") != _files(root / "cluster") or single["totals"] != spread["totals"]:
             raise SystemExit("the cluster's output is not the single process's")

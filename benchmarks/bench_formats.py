@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import gpu_prep  # noqa: E402
 from benchmarks.corpora import sharegpt_chats, write_jsonl  # noqa: E402
 from gpu_prep.config import parse_config  # noqa: E402
-from gpu_prep.pipeline import run  # noqa: E402
+from gpu_prep.pipeline import Options, run  # noqa: E402
 
 SEQ_LEN = 4096
 SETTINGS = {
@@ -88,7 +88,7 @@ def main() -> None:
     results = {}
     for name, over in SETTINGS.items():
         out = work / name.replace(" ", "_").replace("/", "_")
-        run(parse_config(_config(over)), [str(data)], out, overwrite=True)  # warm: tokenizer and engine cache
+        run(parse_config(_config(over)), [str(data)], out, Options(overwrite=True))  # warm: tokenizer and engine cache
         shutil.rmtree(out)
         start = time.perf_counter()
         manifest = run(parse_config(_config(over)), [str(data)], out)

@@ -57,7 +57,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.corpora import debian_docs, sharegpt_chats, write_jsonl  # noqa: E402
-from benchmarks.reference import hf_tokenizer, write_tokenizer_dir  # noqa: E402
+from reference import hf_tokenizer, write_tokenizer_dir  # noqa: E402  (tests/reference.py, put on the path by corpora)
 
 REFERENCE = "datasets.map"
 GPU_PREP = "gpu-prep"
@@ -174,7 +174,7 @@ def setup_gpu_prep(ws: Workspace) -> Job:
     import gpu_prep
     import gpu_prep.pipeline
     from gpu_prep.config import parse_config
-    from gpu_prep.tokenize import load_tokenizer
+    from gpu_prep.tokenizer import load_tokenizer
 
     tok = load_tokenizer(str(ws.tokenizer))
     tok.prepare_engines("auto")  # building the engines is loading, as for the raw-engine routes
@@ -194,7 +194,7 @@ def setup_gpu_prep(ws: Workspace) -> Job:
     shutil.rmtree(out, ignore_errors=True)
 
     def job() -> Callable[[], Output]:
-        manifest = gpu_prep.pipeline.run(config, [str(ws.corpus)], out, overwrite=True)
+        manifest = gpu_prep.pipeline.run(config, [str(ws.corpus)], out, gpu_prep.pipeline.Options(overwrite=True))
 
         def collect() -> Output:
             written = manifest["totals"]["rows_written"]

@@ -26,9 +26,10 @@ from gpu_prep.backend import gpu_missing_reason  # noqa: E402
 from gpu_prep.config import parse_config  # noqa: E402
 from gpu_prep.errors import ConfigError  # noqa: E402
 from gpu_prep.format import get_builder  # noqa: E402
-from gpu_prep.pipeline import render_context, run  # noqa: E402
+from gpu_prep.pipeline import Options, run  # noqa: E402
+from gpu_prep.run.context import render_context  # noqa: E402
 from gpu_prep.render import render_row  # noqa: E402
-from gpu_prep.tokenize import load_tokenizer  # noqa: E402
+from gpu_prep.tokenizer import load_tokenizer  # noqa: E402
 
 
 def cases(rows: int) -> list[tuple[str, dict, list[dict]]]:
@@ -81,7 +82,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             data = write_jsonl(rows, Path(tmp) / "data.jsonl")
             for device in devices:
-                runs[device] = run(config, [str(data)], Path(tmp) / device, device=device)
+                runs[device] = run(config, [str(data)], Path(tmp) / device, Options(device=device))
         for device, manifest in runs.items():
             seconds, tokens = manifest["seconds"]["total"], manifest["totals"]["tokens"]
             ratio = (tokens / seconds) / (raw_tokens / raw_seconds)

@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from gpu_prep.reader import Dataset, Domain, open_dataset  # noqa: E402
+from gpu_prep.output.dataset import Dataset, Domain, open_dataset  # noqa: E402
 
 open = open_dataset  # gpu_prep.open("out/"): a run's output, whatever its storage format  # noqa: A001
 

@@ -14,15 +14,18 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from gpu_prep.errors import ConfigError
-from gpu_prep.read import Columnar
+from gpu_prep.ragged import offsets_from_lengths, row_of
 
-if TYPE_CHECKING:
-    from gpu_prep.tokenize import Tokenizer
+# What encoder() is handed: a loaded tokenizer (gpu_prep.tokenizer.Tokenizer; not imported here, so that the
+# seam depends on nothing above it): .encode, .model, .engine, .lowercases().
+Tokenizer = Any
+# A reader of JSON Lines byte ranges: (path, offset, size, fields) -> rows as dicts, or None where it cannot.
+ReadRange = Callable[[str, int, int, tuple[str, ...]], "list[dict[str, Any]] | None"]
 
 GPU_EXTRA = 'pip install "gpu-prep[gpu]"'
 
@@ -82,8 +85,8 @@ class Backend:
         """What turns text pieces into (flat ids, tokens per piece): the tokenizer's own engine here."""
         return tok.encode
 
-    def columnar_reader(self, fields: tuple[str, ...]) -> Columnar | None:
-        """What reads JSON Lines as columns of these fields on this device; None: read line by line."""
+    def json_range_reader(self) -> ReadRange | None:
+        """What reads byte ranges of JSON Lines as columns on this device; None: read line by line."""
         return None
 
 
@@ -109,8 +112,8 @@ class GpuBackend(Backend):
         hex_digests = column.str.slice(0, chars).hash_values(method="md5")
         return lengths, [bytes.fromhex(h) for h in hex_digests.to_arrow().to_pylist()]
 
-    def columnar_reader(self, fields: tuple[str, ...]) -> Columnar | None:
-        return Columnar(fields, read_json_range)
+    def json_range_reader(self) -> ReadRange | None:
+        return read_json_range
 
     def encoder(self, tok: Tokenizer) -> Callable[[list[str]], tuple[np.ndarray, np.ndarray]]:
         # WordPiece runs on the GPU; byte-level BPE cannot run exactly in cuDF, so it stays on the CPU
@@ -156,8 +159,6 @@ class GpuWordPiece:
 
     def encode(self, pieces: list[str]) -> tuple[np.ndarray, np.ndarray]:
         import cudf
-
-        from gpu_prep.mask import offsets_from_lengths, row_of
 
         special = np.array([p in self.special_ids for p in pieces], dtype=bool)
         counts = np.ones(len(pieces), dtype=np.int64)

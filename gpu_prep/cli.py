@@ -20,7 +20,7 @@ from rich.table import Table
 
 from gpu_prep.config import TEMPLATE_ROLES, load_config
 from gpu_prep.errors import ConfigError, GpuPrepError
-from gpu_prep.plugins import load_plugins
+from gpu_prep.plugins import check_registered, load_plugins
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Turn raw LLM training data into token shards with exact loss masks.")
@@ -102,6 +102,7 @@ def run(
     import shutil
     import tempfile
 
+    from gpu_prep.pipeline import Options
     from gpu_prep.pipeline import run as run_pipeline
 
     if stats_only == (output is not None):
@@ -117,17 +118,18 @@ def run(
     try:
         load_plugins(plugin or [])
         cfg = load_config(config)
+        check_registered(cfg, str(config))
         columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,} rows"),
                    TimeElapsedColumn())
         with Progress(*columns, console=err, disable=quiet, transient=True) as bar:
             task = bar.add_task("preprocessing", total=None)
-            manifest = run_pipeline(cfg, inputs or [], output, tokenizer=tokenizer, device=device, chunk_rows=chunk_rows,
-                                    overwrite=overwrite, resume=resume, workers=workers, rejects=rejects,
-                                    strict=strict, progress=lambda n: bar.advance(task, n),
-                                    checkpoint_seconds=checkpoint_every, cluster=cluster,
-                                    announce=None if quiet else lambda link: err.print(f"Dask dashboard: {link}",
-                                                                                       highlight=False),
-                                    plugins=tuple(plugin or []), part_bytes=int(part_mb * (1 << 20)))
+            announce = None if quiet else lambda link: err.print(f"Dask dashboard: {link}", highlight=False)
+            options = Options(tokenizer=tokenizer, device=device, chunk_rows=chunk_rows, workers=workers,
+                              overwrite=overwrite, resume=resume, rejects=rejects, strict=strict,
+                              checkpoint_seconds=checkpoint_every, progress=lambda n: bar.advance(task, n),
+                              cluster=cluster, announce=announce, plugins=tuple(plugin or []),
+                              part_bytes=int(part_mb * (1 << 20)))
+            manifest = run_pipeline(cfg, inputs or [], output, options)
     except GpuPrepError as exc:
         raise _fail(exc) from None
     except OSError as exc:  # an unwritable output or rejects path, an unreadable input
@@ -153,6 +155,7 @@ def validate(config: ConfigOpt, plugin: PluginOpt = None) -> None:
     try:
         load_plugins(plugin or [])
         cfg = load_config(config)
+        check_registered(cfg, str(config))
     except GpuPrepError as exc:
         raise _fail(exc) from None
     out.print_json(json.dumps(cfg.model_dump(mode="json")))
@@ -214,8 +217,8 @@ def inspect(
 
 def _show_samples(output: Path, domain: str | None, samples: int, start: int, ids: bool, plain: bool) -> None:
     import gpu_prep
-    from gpu_prep.inspect import marked_text, runs
-    from gpu_prep.tokenize import load_tokenizer
+    from gpu_prep.show import marked_text, runs
+    from gpu_prep.tokenizer import load_tokenizer
 
     try:
         dataset = gpu_prep.open_dataset(output)

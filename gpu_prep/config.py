@@ -46,6 +46,8 @@ SHAREGPT_ROLES = {"user": ["human", "user"], "assistant": ["gpt", "model", "assi
 
 
 class InputConfig(_Frozen):
+    # A registered input type (format.register; plugins add more): checked by plugins.check_registered once
+    # plugins have loaded, not here.
     type: str = "chat"
     # field_messages is the name other trainers give it.
     messages_key: str = Field("messages", validation_alias=AliasChoices("messages_key", "field_messages"))
@@ -147,16 +149,6 @@ class InputConfig(_Frozen):
                     "message_property_mappings": {k: v for k, v in mappings.items() if k not in ("role", "content")}}
         return data
 
-    @field_validator("type")
-    @classmethod
-    def _known_type(cls, value: str) -> str:
-        from gpu_prep.format import registered_types
-
-        allowed = registered_types()
-        if value not in allowed:
-            raise ValueError(f"input.type {value!r} is not known; allowed: {', '.join(allowed)}")
-        return value
-
 
 class PreprocessingConfig(_Frozen):
     max_seq_len: int = Field(2048, ge=1)
@@ -229,20 +221,11 @@ class GpuConfig(_Frozen):
 
 
 class DataHandlerConfig(_Frozen):
-    """One data handler of a dataset (seed data_config): a registered name and its arguments."""
+    """One data handler of a dataset (seed data_config): a registered name (checked with the input types by
+    plugins.check_registered) and its arguments."""
 
     name: str
     arguments: dict[str, Any] = {}
-
-    @field_validator("name")
-    @classmethod
-    def _registered(cls, value: str) -> str:
-        from gpu_prep.mix import HANDLERS
-
-        if value not in HANDLERS:
-            raise ValueError(f"unknown data handler {value!r}; known: {', '.join(sorted(HANDLERS))} "
-                             "(more can be registered by a --plugin)")
-        return value
 
     def fn_kwargs(self) -> dict[str, Any]:
         """The handler's keyword arguments (arguments.fn_kwargs); remove_columns is applied after it runs."""

@@ -10,26 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-
-def row_of(xp: Any, offsets: Any, n: int) -> Any:
-    """The row index of each of n flat elements, given int64 row offsets (len rows + 1).
-
-    Counts the rows that start at or before each element: one pass (bincount + cumsum) instead of a
-    binary search per element, and no repeat() (whose CuPy semantics changed between releases)."""
-    starts = xp.bincount(offsets[1:-1], minlength=n + 1)[:n]
-    return xp.cumsum(starts)
-
-
-def offsets_from_lengths(xp: Any, lengths: Any) -> Any:
-    out = xp.zeros(len(lengths) + 1, dtype=xp.int64)
-    xp.cumsum(lengths, dtype=xp.int64, out=out[1:])
-    return out
-
-
-def segment_sums(xp: Any, values: Any, offsets: Any) -> Any:
-    """Sum of values within each row (rows may be empty)."""
-    running = offsets_from_lengths(xp, values)
-    return running[offsets[1:]] - running[offsets[:-1]]
+from gpu_prep.ragged import offsets_from_lengths, row_of, segment_sums  # noqa: F401  (re-exported)
 
 
 def span_tokens(xp: Any, positions: Any, token_offsets: Any, span_start: Any, span_end: Any,

@@ -11,7 +11,10 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
 
+from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError
+from gpu_prep.format import registered_types
+from gpu_prep.mix import HANDLERS
 
 ENTRY_POINT_GROUP = "gpu_prep.plugins"
 
@@ -46,3 +49,22 @@ def load_plugins(names: list[str]) -> list[str]:
             raise ConfigError(f"--plugin {name!r}: cannot load it: {type(exc).__name__}: {exc}") from None
         loaded.append(name)
     return loaded
+
+
+def check_registered(config: PipelineConfig, source: str = "<config>") -> None:
+    """Refuse names no registry knows: the input types (the config's and each dataset's own) and the data
+    handlers. Run once plugins have loaded, since a plugin may register either; the schema cannot know them."""
+    problems = []
+    types = registered_types()
+    for k, spec in enumerate(config.datasets or []):
+        own = config.dataset_config(k).input.type
+        if own != config.input.type and own not in types:
+            problems.append(f"datasets[{k}] ({spec.name}): input.type {own!r} is not known; allowed: {', '.join(types)}")
+        for h, handler in enumerate(spec.data_handlers):
+            if handler.name not in HANDLERS:
+                problems.append(f"datasets.{k}.data_handlers.{h}.name: unknown data handler {handler.name!r}; known: "
+                                f"{', '.join(sorted(HANDLERS))} (more can be registered by a --plugin)")
+    if config.input.type not in types:
+        problems.insert(0, f"input.type: {config.input.type!r} is not known; allowed: {', '.join(types)}")
+    if problems:
+        raise ConfigError(f"{source}: invalid config\n  " + "\n  ".join(problems))

@@ -54,8 +54,6 @@ class RawChunk:
     line: list[int] = field(default_factory=list)
     records: list[dict[str, Any] | None] = field(default_factory=list)
     errors: dict[int, tuple[str, str, Any]] = field(default_factory=dict)  # reason, detail, the row as read
-    schemas: dict[str, int] = field(default_factory=dict)  # rows formatted, by input type
-    notes: dict[str, int] = field(default_factory=dict)  # what formatting saw: "rows_with_tools", "unknown_role:<r>"
 
     def __len__(self) -> int:
         return len(self.records)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu_prep.reader import open_dataset
+from gpu_prep.output.dataset import open_dataset
 
 PERCENTILES = (50, 90, 95, 99)
 BINS = 30

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from gpu_prep.reader import ShardArrays, load_shard
-from gpu_prep.write import sha256_file
+from gpu_prep.output.dataset import ShardArrays, load_shard
+from gpu_prep.output.files import sha256_file
 
 
 def _check_shard(directory: Path, shard: dict[str, Any], meta: dict[str, Any], where: str) -> list[str]:

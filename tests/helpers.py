@@ -20,8 +20,8 @@ import numpy as np
 import gpu_prep
 from gpu_prep.chat_template import ChatTemplate
 from gpu_prep.config import parse_config
-from gpu_prep.inspect import CLOSE, OPEN, marked_text, token_bytes  # noqa: F401  (shared with the tests)
-from gpu_prep.pipeline import run
+from gpu_prep.show import CLOSE, OPEN, marked_text, token_bytes  # noqa: F401  (shared with the tests)
+from gpu_prep.pipeline import Options, run
 
 REPO = Path(__file__).resolve().parent.parent
 Sample = tuple[np.ndarray, np.ndarray]
@@ -54,7 +54,7 @@ def run_rows(tmp_path: Path, config: dict[str, Any], rows: list[Any], name: str 
     """Write rows to a JSONL file, run the real pipeline on it, return the output directory."""
     inputs = write_jsonl(tmp_path / f"{name}.jsonl", rows)
     out = tmp_path / f"{name}-out"
-    run(parse_config(config), [str(inputs)], out, **kwargs)
+    run(parse_config(config), [str(inputs)], out, Options(**kwargs))
     return out
 
 

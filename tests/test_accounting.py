@@ -19,7 +19,7 @@ import pytest
 from gpu_prep.backend import CPU
 from gpu_prep.config import parse_config
 from gpu_prep.errors import Drop
-from gpu_prep.pipeline import run
+from gpu_prep.pipeline import Options, run
 from helpers import load_json, samples, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")
@@ -96,7 +96,7 @@ def _expected(fixture: Fixture) -> dict[str, Any]:
 
 
 def _run(config: dict[str, Any], inputs: list[Path], out: Path, **kwargs: Any) -> dict[str, Any]:
-    return run(parse_config(config), [str(p) for p in inputs], out, **kwargs)
+    return run(parse_config(config), [str(p) for p in inputs], out, Options(**kwargs))
 
 
 def _kept_texts(fixtures: list[Fixture]) -> list[str]:

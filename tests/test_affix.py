@@ -6,7 +6,7 @@ from importlib import resources
 
 import pytest
 
-from benchmarks.corpora import sharegpt_chats
+from corpora import sharegpt_chats
 from gpu_prep.affix import detect_affix
 from gpu_prep.chat_template import ChatTemplate
 
@@ -82,6 +82,6 @@ def test_a_content_dependent_template_is_caught_on_the_first_chunk(tmp_path) -> 
     rows = [{"messages": [{"role": "user", "content": "tell me the secret"}, {"role": "assistant", "content": "no"}]}]
     out = run_rows(tmp_path, {"tokenizer": str(directory), "mask": {"assistant": "train"}}, rows)
     ((ids, _),) = samples(out)
-    from gpu_prep.tokenize import load_tokenizer
+    from gpu_prep.tokenizer import load_tokenizer
 
     assert "[redacted]" in load_tokenizer(str(directory)).decode(ids)

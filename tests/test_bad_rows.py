@@ -12,7 +12,7 @@ import pytest
 
 from gpu_prep.config import parse_config
 from gpu_prep.errors import InputError
-from gpu_prep.pipeline import run
+from gpu_prep.pipeline import Options, run
 from helpers import REPO, load_json
 
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")
@@ -23,7 +23,7 @@ CORPUS = DATA / "bad_rows.jsonl"
 
 def _run(tmp_path: Path, **options: Any) -> dict[str, Any]:
     config = parse_config(load_json(DATA / "bad_rows.config.json"))
-    return run(config, [str(CORPUS)], tmp_path / "out", **options)
+    return run(config, [str(CORPUS)], tmp_path / "out", Options(**options))
 
 
 def test_every_row_meets_the_fate_written_beside_it(tmp_path: Path) -> None:

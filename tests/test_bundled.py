@@ -6,7 +6,7 @@ import unicodedata
 
 import pytest
 
-from benchmarks.corpora import sharegpt_chats
+from corpora import sharegpt_chats
 from gpu_prep.bundled import QWEN_FIRST_ADDED_ID, QWEN_PATTERN, _QWEN25_ADDED, _ranks_file
 
 tiktoken = pytest.importorskip("tiktoken")

@@ -70,7 +70,7 @@ def test_reasoning_keys_and_think_tags_become_reasoning_content() -> None:
 
 
 def test_qwen3_renders_reasoning_and_does_not_train_it(tmp_path: Path) -> None:
-    from gpu_prep.tokenize import load_tokenizer
+    from gpu_prep.tokenizer import load_tokenizer
 
     qwen3 = load_tokenizer("qwen3")
     rows = [{"messages": [{"role": "user", "content": "2+2?"},
@@ -101,7 +101,7 @@ def test_the_parse_report_counts_reasoning_moves_and_extractions(tmp_path: Path)
 
 
 def _qwen3_run(tmp_path: Path, rows: list[dict], **options: Any) -> tuple[Any, list, dict]:
-    from gpu_prep.tokenize import load_tokenizer
+    from gpu_prep.tokenizer import load_tokenizer
 
     qwen3 = load_tokenizer("qwen3")
     config = {"tokenizer": "qwen3", "input": {"type": "chat", **options}, "mask": {"assistant": "train"}}

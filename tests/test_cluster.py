@@ -22,7 +22,7 @@ from dask.distributed import LocalCluster  # noqa: E402
 
 from gpu_prep.config import parse_config  # noqa: E402
 from gpu_prep.errors import ConfigError, Interrupted  # noqa: E402
-from gpu_prep.pipeline import MANIFEST, run  # noqa: E402
+from gpu_prep.pipeline import MANIFEST, Options, run  # noqa: E402
 from gpu_prep.read import InputFile, split_file  # noqa: E402
 from helpers import gpu_prep_cli, output_tree  # noqa: E402
 
@@ -74,8 +74,8 @@ def _both(tmp_path: Path, config: dict[str, Any], inputs: list[str], cluster: st
     they wrote the same files and rejects."""
     manifests = []
     for name, where in (("single", None), ("cluster", cluster)):
-        manifests.append(run(parse_config(config), inputs, tmp_path / name, chunk_rows=CHUNK_ROWS, cluster=where,
-                             part_bytes=PART_BYTES, rejects=tmp_path / f"{name}.rejects.jsonl", **kwargs))
+        manifests.append(run(parse_config(config), inputs, tmp_path / name, Options(chunk_rows=CHUNK_ROWS, cluster=where,
+                             part_bytes=PART_BYTES, rejects=tmp_path / f"{name}.rejects.jsonl", **kwargs)))
     single, clustered = _tree(tmp_path / "single"), _tree(tmp_path / "cluster")
     assert sorted(single) == sorted(clustered)
     for name in single:
@@ -186,14 +186,14 @@ def test_a_cluster_that_keeps_losing_workers_stops_resumably(tmp_path: Path, cor
     import dask
 
     config = parse_config(BASE)
-    want = run(config, [str(corpus["two"])], tmp_path / "want", chunk_rows=CHUNK_ROWS)
+    want = run(config, [str(corpus["two"])], tmp_path / "want", Options(chunk_rows=CHUNK_ROWS))
     monkeypatch.setenv("GPU_PREP_FAILPOINT", "tokenize:2")
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}), pytest.raises(Interrupted, match="--resume"):
-        run(config, [str(corpus["two"])], tmp_path / "out", chunk_rows=CHUNK_ROWS, cluster="local:2",
-            part_bytes=PART_BYTES, checkpoint_seconds=0)
+        run(config, [str(corpus["two"])], tmp_path / "out", Options(chunk_rows=CHUNK_ROWS, cluster="local:2",
+            part_bytes=PART_BYTES, checkpoint_seconds=0))
     assert not (tmp_path / "out" / MANIFEST).exists()
     monkeypatch.delenv("GPU_PREP_FAILPOINT")
-    got = run(config, [str(corpus["two"])], tmp_path / "out", chunk_rows=CHUNK_ROWS, resume=True)
+    got = run(config, [str(corpus["two"])], tmp_path / "out", Options(chunk_rows=CHUNK_ROWS, resume=True))
     assert _tree(tmp_path / "out") == _tree(tmp_path / "want") and got["totals"] == want["totals"]
 
 
@@ -218,7 +218,7 @@ def test_stopped_on_one_side_resumed_on_the_other(tmp_path: Path, corpus: dict[s
 @pytest.mark.parametrize("spec", ["local:0", "locale:2", "somewhere"])
 def test_a_cluster_that_is_not_one_is_refused(tmp_path: Path, corpus: dict[str, Path], spec: str) -> None:
     with pytest.raises(ConfigError, match="--cluster"):
-        run(parse_config(BASE), [str(corpus["two"])], tmp_path / "out", cluster=spec)
+        run(parse_config(BASE), [str(corpus["two"])], tmp_path / "out", Options(cluster=spec))
 
 
 def test_a_lone_dataset_with_a_ratio_but_no_rows_is_refused_as_in_one_process(tmp_path: Path, scheduler: str) -> None:
@@ -227,7 +227,7 @@ def test_a_lone_dataset_with_a_ratio_but_no_rows_is_refused_as_in_one_process(tm
                                                  "sampling": 1.0}]})
     for where in (None, scheduler):
         with pytest.raises(ConfigError, match="no rows"):
-            run(config, [], tmp_path / f"out-{where is None}", cluster=where)
+            run(config, [], tmp_path / f"out-{where is None}", Options(cluster=where))
 
 
 @settings(max_examples=300, deadline=None)
@@ -241,7 +241,8 @@ def test_the_dedup_shuffle_finds_what_one_pass_in_order_finds(data: st.DataObjec
 
     import numpy as np
 
-    from gpu_prep.cluster import DIGEST, _positions_and_ranges, first_occurrences
+    from gpu_prep.cluster.plan import positions_and_ranges
+    from gpu_prep.cluster.shuffle import DIGEST, first_occurrences
     from gpu_prep.mix import dataset_order
 
     mixed = data.draw(st.booleans())
@@ -268,7 +269,7 @@ def test_the_dedup_shuffle_finds_what_one_pass_in_order_finds(data: st.DataObjec
         seq.append(flat[s][taken[s] % len(flat[s])])
         taken[s] += 1
     rows_done = data.draw(st.integers(0, len(order)))
-    positions, ranges, _ = _positions_and_ranges(SimpleNamespace(streams=streams, parts=parts), [len(p) for p in parts],
+    positions, ranges, _ = positions_and_ranges(SimpleNamespace(streams=streams, parts=parts), [len(p) for p in parts],
                                                  config, rows_done, data.draw(st.integers(1, 8)))
     assert [k for r in ranges for k in range(r.start, r.stop)] == list(range(rows_done, len(order)))
 

@@ -18,7 +18,7 @@ import pytest
 from gpu_prep import read
 from gpu_prep.backend import Backend
 from gpu_prep.config import parse_config
-from gpu_prep.pipeline import run
+from gpu_prep.pipeline import Options, run
 from gpu_prep.read import Columnar, ColumnarRecord, as_read, columnar_safe, expand_inputs, read_chunks
 from helpers import write_jsonl
 
@@ -153,10 +153,10 @@ def test_a_run_reading_columns_writes_what_the_exact_reader_writes(tmp_path: Pat
     results = {}
     for reader in ("exact", "cudf"):
         if reader == "cudf":
-            monkeypatch.setattr(Backend, "columnar_reader", lambda self, fields: Columnar(fields, lenient_read_range))
+            monkeypatch.setattr(Backend, "json_range_reader", lambda self: lenient_read_range)
         config = parse_config({"input": {"type": "text"}, "gpu": {"reader": reader},
                                "preprocessing": {"min_chars": 10}, "output": {"domain_key": "source"}})
-        manifest = run(config, [str(path), str(extra)], tmp_path / reader, rejects=tmp_path / f"{reader}.rejects.jsonl")
+        manifest = run(config, [str(path), str(extra)], tmp_path / reader, Options(rejects=tmp_path / f"{reader}.rejects.jsonl"))
         shards = {d: [s["sha256"] for s in m["shards"]] for d, m in manifest["domains"].items()}
         results[reader] = (shards, manifest["totals"], (tmp_path / f"{reader}.rejects.jsonl").read_bytes())
     assert results["cudf"] == results["exact"]

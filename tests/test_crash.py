@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gpu_prep.config import parse_config
-from gpu_prep.pipeline import MANIFEST, run
+from gpu_prep.pipeline import MANIFEST, Options, run
 from helpers import gpu_prep_cli, output_tree
 
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")
@@ -111,8 +111,8 @@ def test_killed_anywhere_then_resumed_is_byte_identical(reference: dict[str, Any
     again = gpu_prep_cli(*args)
     assert again.returncode == 2 and "--resume" in again.stderr
 
-    manifest = run(parse_config(json.loads(config.read_text())), [str(reference["data"])], out, resume=True,
-                   chunk_rows=CHUNK_ROWS, rejects=rejects)
+    manifest = run(parse_config(json.loads(config.read_text())), [str(reference["data"])], out, Options(resume=True,
+                   chunk_rows=CHUNK_ROWS, rejects=rejects))
     assert manifest["totals"]["rows_read"] == 411
     assert _tree(out) == want
     assert rejects.read_bytes() == want_rejects

@@ -20,6 +20,7 @@ import gpu_prep
 from gpu_prep.config import load_config, parse_config
 from gpu_prep.errors import ConfigError
 from gpu_prep.pipeline import run
+from gpu_prep.plugins import check_registered
 
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")
 
@@ -88,7 +89,7 @@ def reference_order(lengths: list[int], ratios: list[float], seed: int, strategy
 def _order(out: Path) -> list[tuple[int, int]]:
     """(dataset, row) of each written sample, in the order the run wrote them (domains interleave, so
     each sample's place is read from the manifest's per-domain files in input order)."""
-    tok = gpu_prep.tokenize.load_tokenizer("qwen2.5")
+    tok = gpu_prep.tokenizer.load_tokenizer("qwen2.5")
     names = list(SIZES)
     found = []
     dataset = gpu_prep.open_dataset(out)
@@ -185,7 +186,8 @@ def test_handlers_skip_and_fail_rows_for_their_reasons(tmp_path: Path, data: Pat
     assert chat["rows_written"] == 0 and chat["rows_dropped"] == {"missing_field": SIZES["chat"]}
     assert "data handler duplicate_column" in manifest["dropped_examples"]["missing_field"][0]["detail"]
     with pytest.raises(ConfigError, match="unknown data handler 'nope'"):
-        parse_config({**config, "datasets": [{"name": "d", "data_paths": ["x"], "data_handlers": [{"name": "nope"}]}]})
+        check_registered(parse_config({**config, "datasets": [{"name": "d", "data_paths": ["x"],
+                                                               "data_handlers": [{"name": "nope"}]}]}))
 
 
 def test_a_plugin_registers_its_own_handler(tmp_path: Path, data: Path) -> None:
@@ -200,7 +202,7 @@ def test_a_plugin_registers_its_own_handler(tmp_path: Path, data: Path) -> None:
     config = _config(data, None)
     config["datasets"][2]["data_handlers"] = [{"name": "shout", "arguments": {"fn_kwargs": {"column": "text"}}}]
     _run(data, config, tmp_path / "out")
-    tok = gpu_prep.tokenize.load_tokenizer("qwen2.5")
+    tok = gpu_prep.tokenizer.load_tokenizer("qwen2.5")
     texts = [tok.decode(ids) for ids, _ in gpu_prep.open_dataset(tmp_path / "out")["__default__"]]
     assert "A PAGE CALLED WEB-0." in texts
 
@@ -213,7 +215,7 @@ def test_each_dataset_takes_its_own_input_and_mask_settings(tmp_path: Path, data
     config["datasets"][2]["input"] = {"type": "text"}
     config["input"] = {"type": "chat"}  # what a dataset without its own setting would use
     _run(data, config, tmp_path / "out")
-    tok = gpu_prep.tokenize.load_tokenizer("qwen2.5")
+    tok = gpu_prep.tokenizer.load_tokenizer("qwen2.5")
     out = gpu_prep.open_dataset(tmp_path / "out")
     trained = [tok.decode(ids[mask == 1]) for ids, mask in out["__default__"]]
     assert trained[0].startswith("Name qa-0.") and "qa-0" in trained[0]  # prompt and response
@@ -221,11 +223,11 @@ def test_each_dataset_takes_its_own_input_and_mask_settings(tmp_path: Path, data
     chat = [tok.decode(ids[mask == 1]) for ids, mask in out["chat"]]
     assert chat[0] == "chat-0<|im_end|>"  # the chat dataset masks its prompts (the config's mask)
     with pytest.raises(ConfigError, match=r"datasets\[0\] \(chat\)"):
-        parse_config({**config, "datasets": [{**config["datasets"][0], "input": {"type": "nope"}}]})
+        check_registered(parse_config({**config, "datasets": [{**config["datasets"][0], "input": {"type": "nope"}}]}))
 
 
 def test_handlers_that_use_the_tokenizer(tmp_path: Path, data: Path) -> None:
-    tok = gpu_prep.tokenize.load_tokenizer("qwen2.5")
+    tok = gpu_prep.tokenizer.load_tokenizer("qwen2.5")
     config = _config(data, None)
     config["datasets"][0]["input"] = {"type": "text"}
     config["datasets"][0]["data_handlers"] = [

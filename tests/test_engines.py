@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from helpers import run_rows
 
-from benchmarks.corpora import sharegpt_chats
+from corpora import sharegpt_chats
 from gpu_prep.bundled import bundled_tokenizer_dir
 from gpu_prep.engines import tiktoken_problem
 from gpu_prep.errors import ConfigError
-from gpu_prep.tokenize import load_tokenizer
+from gpu_prep.tokenizer import load_tokenizer
 
 
 def _shard_hashes(manifest_dir: Path) -> dict:

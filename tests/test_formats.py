@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 import gpu_prep
 from gpu_prep.config import load_config, parse_config
 from gpu_prep.errors import ConfigError
-from gpu_prep.pack import best_fit_decreasing
-from gpu_prep.pipeline import run
+from gpu_prep.output.pack import best_fit_decreasing
+from gpu_prep.pipeline import Options, run
 from gpu_prep.stats import summarize
 from gpu_prep.verify import verify
 from helpers import REPO, write_jsonl
@@ -69,7 +69,7 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     data = write_jsonl(root / "chat.jsonl", _rows())
     done = {}
     for name in SETTINGS:
-        run(parse_config(_config(name)), [str(data)], root / name, chunk_rows=32)
+        run(parse_config(_config(name)), [str(data)], root / name, Options(chunk_rows=32))
         done[name] = root / name
     return done
 
@@ -184,7 +184,7 @@ def test_parquet_loads_with_datasets_as_a_pretokenized_dataset(outputs: dict[str
 
 def test_packing_does_not_depend_on_chunking(outputs: dict[str, Path], tmp_path: Path) -> None:
     data = write_jsonl(tmp_path / "chat.jsonl", _rows())
-    run(parse_config(_config("parquet-bfd")), [str(data)], tmp_path / "out", chunk_rows=7)
+    run(parse_config(_config("parquet-bfd")), [str(data)], tmp_path / "out", Options(chunk_rows=7))
     for path in sorted(outputs["parquet-bfd"].glob("*/data*.parquet")):
         other = tmp_path / "out" / path.relative_to(outputs["parquet-bfd"])
         assert hashlib.sha256(path.read_bytes()).digest() == hashlib.sha256(other.read_bytes()).digest()

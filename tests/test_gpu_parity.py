@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from benchmarks.corpora import sharegpt_chats, write_jsonl
+from corpora import sharegpt_chats
 from gpu_prep.config import parse_config
-from gpu_prep.pipeline import run
-from helpers import REPO, load_json
+from gpu_prep.pipeline import Options, run
+from helpers import REPO, load_json, write_jsonl
 
 pytestmark = pytest.mark.gpu
 
@@ -28,8 +28,8 @@ CASES = {
 
 
 def _both(config: Any, inputs: list[str], tmp_path: Path, **options: Any) -> tuple[dict, dict]:
-    cpu = run(config, inputs, tmp_path / "cpu", device="cpu", **options)
-    gpu = run(config, inputs, tmp_path / "gpu", device="gpu", **options)
+    cpu = run(config, inputs, tmp_path / "cpu", Options(device="cpu", **options))
+    gpu = run(config, inputs, tmp_path / "gpu", Options(device="gpu", **options))
     assert gpu["device"] == "gpu"
     return cpu, gpu
 
@@ -50,7 +50,7 @@ def test_example_configs_match(case: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("storage_format", ["bin", "h5"])
 def test_sharegpt_sft_matches_across_chunks_and_shards(storage_format: str, tmp_path: Path) -> None:
-    data = write_jsonl(sharegpt_chats(500), tmp_path / "chat.jsonl")
+    data = write_jsonl(tmp_path / "chat.jsonl", sharegpt_chats(500))
     config = parse_config({"input": {"type": "chat"}, "mask": {"assistant": "train"},
                            "preprocessing": {"max_seq_len": 1024},
                            "output": {"storage_format": storage_format, "max_tokens_per_shard": 50_000}})
@@ -60,7 +60,7 @@ def test_sharegpt_sft_matches_across_chunks_and_shards(storage_format: str, tmp_
 def test_wordpiece_text_matches(tmp_path: Path) -> None:
     # GPU WordPiece (nvtext) against HF's BERT tokenizer on the CPU, with truncation that keeps [SEP].
     rows = [{"text": m["content"]} for chat in sharegpt_chats(300) for m in chat["messages"]]
-    data = write_jsonl(rows, tmp_path / "text.jsonl")
+    data = write_jsonl(tmp_path / "text.jsonl", rows)
     config = parse_config({"tokenizer": "bert-uncased", "input": {"type": "text"},
                            "preprocessing": {"max_seq_len": 128, "min_chars": 1}})
     _assert_same(*_both(config, [str(data)], tmp_path, chunk_rows=61))
@@ -81,10 +81,10 @@ def test_dask_cuda_cluster_matches_the_cpu(tmp_path: Path) -> None:
     # --cluster local with the GPU backend: dask-cuda workers, one per GPU, each reading byte ranges with
     # cuDF and hashing on its GPU; the output is the single CPU process's.
     pytest.importorskip("dask_cuda")
-    data = write_jsonl(sharegpt_chats(400) * 2, tmp_path / "chat.jsonl")  # every row twice: dedup across parts
+    data = write_jsonl(tmp_path / "chat.jsonl", sharegpt_chats(400) * 2)  # every row twice: dedup across parts
     config = parse_config({"input": {"type": "chat"}, "mask": {"assistant": "train"}, "gpu": {"reader": "cudf"},
                            "preprocessing": {"max_seq_len": 1024}})
-    cpu = run(config, [str(data)], tmp_path / "cpu", device="cpu")
-    gpu = run(config, [str(data)], tmp_path / "gpu", device="gpu", cluster="local", part_bytes=1 << 20)
+    cpu = run(config, [str(data)], tmp_path / "cpu", Options(device="cpu"))
+    gpu = run(config, [str(data)], tmp_path / "gpu", Options(device="gpu", cluster="local", part_bytes=1 << 20))
     assert gpu["device"] == "gpu" and gpu["cluster"]["parts"] > 1
     _assert_same(cpu, gpu)

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu_prep.mask import offsets_from_lengths, project, row_of, segment_sums, truncate_and_filter
-from gpu_prep.write import shard_cuts
+from gpu_prep.output.shards import shard_cuts
 
 xp = np
 

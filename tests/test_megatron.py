@@ -13,7 +13,7 @@ import pytest
 import gpu_prep
 from gpu_prep.verify import verify
 from gpu_prep.config import OutputConfig
-from gpu_prep.write import megatron_index
+from gpu_prep.output.megatron import megatron_index
 from helpers import run_rows
 
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")

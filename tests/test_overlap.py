@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gpu_prep.overlap import Sink, in_background, overlapped, quick_handoffs
+from gpu_prep.run.overlap import Sink, in_background, overlapped, quick_handoffs
 
 
 def test_overlapped_keeps_order_and_raises_the_producers_error() -> None:

@@ -26,7 +26,7 @@ from tokenizers import AddedToken, Tokenizer
 import gpu_prep
 from gpu_prep.bundled import bundled_tokenizer_dir
 from gpu_prep.config import parse_config
-from gpu_prep.pipeline import run
+from gpu_prep.pipeline import Options, run
 from test_reference_masks import first_difference, handwritten_conversations, sharegpt_conversations
 
 SHAREGPT_ROWS = 60
@@ -202,7 +202,7 @@ def run_gpu_prep(directory: Path, rows: list[dict], work: Path, think_loss: bool
         "mask": {"assistant": "train"}, "mask_default": "mask",
         "preprocessing": {"max_seq_len": 1_000_000, "deduplicate": False, "max_chars": 100_000_000},
     })
-    manifest = run(config, [str(data)], work / "out", chunk_rows=25)
+    manifest = run(config, [str(data)], work / "out", Options(chunk_rows=25))
     return manifest, list(gpu_prep.open_dataset(work / "out")["__default__"])
 
 

@@ -27,11 +27,11 @@ from typing import Any
 import pytest
 
 import gpu_prep
-from benchmarks.corpora import sharegpt_records
-from benchmarks.reference import hf_tokenizer, write_tokenizer_dir
+from corpora import sharegpt_records
+from reference import hf_tokenizer, write_tokenizer_dir
 from gpu_prep.bundled import bundled_tokenizer_dir
 from gpu_prep.config import parse_config
-from gpu_prep.pipeline import run
+from gpu_prep.pipeline import Options, run
 
 Message = dict[str, str]
 Conversation = list[Message]
@@ -210,7 +210,7 @@ def run_gpu_prep(conversations: list[Conversation], tokenizer: str, work: Path) 
     })
     out = work / "out"
     # Several chunks, so spans are projected across row and chunk boundaries.
-    manifest = run(config, [str(data)], out, chunk_rows=300)
+    manifest = run(config, [str(data)], out, Options(chunk_rows=300))
     samples = list(gpu_prep.open_dataset(out)["__default__"])
     return manifest, samples
 

@@ -25,7 +25,7 @@ import pytest
 
 import gpu_prep
 from gpu_prep.config import parse_config
-from gpu_prep.pipeline import run
+from gpu_prep.pipeline import Options, run
 from helpers import REPO, marked_text, render_chat, run_rows, samples
 
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")
@@ -131,7 +131,7 @@ def _run_examples(tmp_path: Path, name: str, output: dict[str, Any], chunk_rows:
     config["output"].update(output)
     config["preprocessing"]["deduplicate"] = False
     out = tmp_path / name
-    run(parse_config(config), [str(REPO / "examples" / "chat.jsonl")], out, chunk_rows=chunk_rows)
+    run(parse_config(config), [str(REPO / "examples" / "chat.jsonl")], out, Options(chunk_rows=chunk_rows))
     return out
 
 

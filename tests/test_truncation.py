@@ -12,7 +12,7 @@ import pytest
 
 from gpu_prep.config import parse_config
 from gpu_prep.errors import InputError
-from gpu_prep.pipeline import run
+from gpu_prep.pipeline import Options, run
 from helpers import run_rows, samples, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")
@@ -47,7 +47,7 @@ def test_left_keeps_the_last_tokens(tmp_path: Path, whole: list[np.ndarray]) -> 
 
 def test_drop_counts_long_rows_and_keeps_the_rest(tmp_path: Path, whole: list[np.ndarray]) -> None:
     data = write_jsonl(tmp_path / "rows.jsonl", ROWS)
-    manifest = run(parse_config(_text("drop")), [str(data)], tmp_path / "out", rejects=tmp_path / "rejects.jsonl")
+    manifest = run(parse_config(_text("drop")), [str(data)], tmp_path / "out", Options(rejects=tmp_path / "rejects.jsonl"))
     short = [w for w in whole if len(w) <= LIMIT]
     assert [ids.tolist() for ids, _ in samples(tmp_path / "out")] == [w.tolist() for w in short]
     assert manifest["totals"]["rows_dropped"] == {"too_many_tokens": len(whole) - len(short)}
@@ -134,7 +134,7 @@ def test_structured_keeps_the_system_and_latest_turns_and_drops_the_oldest(tmp_p
 
 
 def test_structured_drops_reasoning_before_cutting_tokens(tmp_path: Path, qwen: Any) -> None:
-    from gpu_prep.tokenize import load_tokenizer
+    from gpu_prep.tokenizer import load_tokenizer
 
     qwen3 = load_tokenizer("qwen3")
     messages = _conversation(1, reasoning=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpu_prep.write import DatasetWriter, safe_dir_name
+from gpu_prep.output.writer import DatasetWriter, safe_dir_name
 
 HOSTILE = ["../x", "..", ".", "/etc", "", "a/b", "a\\b", "x" * 300, "a b", "ünïcode", "__default__", ".hidden",
            "con:tent", "\x00nul"]

@@ -26,7 +26,8 @@ from typing import Any
 
 from gpu_prep.errors import ConfigError
 from gpu_prep.failpoint import failpoint
-from gpu_prep.write import ARRAYS, raw_file_name, write_json_atomic
+from gpu_prep.output.files import write_json_atomic
+from gpu_prep.output.shards import ARRAYS, raw_file_name
 
 CHECKPOINT = ".gpu-prep-checkpoint.json"
 DEDUP_LOG = ".gpu-prep-dedup.bin"

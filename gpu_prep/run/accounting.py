@@ -13,11 +13,11 @@ from typing import Any
 
 import orjson
 
-from gpu_prep.checkpoint import reopen
+from gpu_prep.run.checkpoint import reopen
 from gpu_prep.errors import Drop, InputError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.read import InputFile, as_read
-from gpu_prep.write import finish_file, temporary_path
+from gpu_prep.output.files import finish_file, temporary_path
 
 EXAMPLES_PER_REASON = 3
 # The parse report's counts (besides unknown roles): rows with tools, and what building chat rows did.

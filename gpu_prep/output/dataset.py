@@ -67,7 +67,7 @@ def load_shard(directory: Path, record: dict[str, Any], meta: dict[str, Any]) ->
                            np.array(_memmap(directory / files["sample_offsets"], np.dtype("<i8"))),
                            None if segments is None else np.array(_memmap(directory / segments, np.dtype("<i8"))))
     if fmt == "megatron":
-        from gpu_prep.write import read_megatron_index
+        from gpu_prep.output.megatron import read_megatron_index
 
         token_dtype, offsets = read_megatron_index(directory / files["idx"])
         return ShardArrays(_memmap(directory / files["bin"], token_dtype),

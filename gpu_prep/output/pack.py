@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 import numpy as np
 
-from gpu_prep.mask import offsets_from_lengths
+from gpu_prep.ragged import offsets_from_lengths
 
 STRATEGIES = ("none", "wrapped", "bfd")
 

@@ -1,0 +1,131 @@
+"""The driver's side of a cluster run: connect to Dask, plan, scan, shuffle, decide, and hand the workers'
+chunks back in input order (the pipeline commits them)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from itertools import islice
+from typing import Any
+
+from gpu_prep.backend import gpu_missing_reason
+from gpu_prep.cluster.plan import PART_BYTES, Job, Plan, cut, first_lines, positions_and_ranges
+from gpu_prep.cluster.shuffle import bucket_of, first_occurrences, scan, scan_counts, seen_in
+from gpu_prep.cluster.worker import process_range, range_rows
+from gpu_prep.config import PipelineConfig
+from gpu_prep.errors import ConfigError, Interrupted
+from gpu_prep.filter import Deduplicator
+from gpu_prep.read import read_chunks
+from gpu_prep.run.context import Decisions, Options, RunContext
+from gpu_prep.run.local import decide
+from gpu_prep.run.overlap import Stopwatch
+from gpu_prep.run.stages import Done
+
+DASK_EXTRA = 'pip install "gpu-prep[dask]"'
+
+
+@contextmanager
+def connect(spec: str, gpu: bool, config: PipelineConfig) -> Iterator[Any]:
+    """A Dask client: on a local cluster of N worker processes ("local:N"; with the GPU backend, dask-cuda
+    workers, one per GPU), or on the scheduler at an address ("tcp://host:port")."""
+    try:
+        from dask.distributed import Client, LocalCluster
+    except ImportError:
+        raise ConfigError(f"--cluster needs Dask: {DASK_EXTRA}") from None
+    if "://" in spec:
+        with Client(spec) as client:
+            yield client
+        return
+    name, _, count = spec.partition(":")
+    if name != "local" or (count and not (count.isdigit() and int(count) > 0)):
+        raise ConfigError(f"--cluster {spec!r}: give local, local:N (N workers) or a scheduler's address "
+                          "such as tcp://host:8786")
+    n = int(count) if count else None
+    if gpu:
+        try:
+            from dask_cuda import LocalCUDACluster
+        except ImportError:
+            raise ConfigError('--cluster with the GPU backend needs dask-cuda: pip install "gpu-prep[gpu,dask]"') from None
+        cluster = LocalCUDACluster(n_workers=n, threads_per_worker=1, rmm_pool_size=config.gpu.rmm_pool_size,
+                                   enable_cudf_spill=config.gpu.spill)
+    else:
+        cluster = LocalCluster(n_workers=n or os.cpu_count() or 1, threads_per_worker=1, processes=True)
+    with cluster, Client(cluster) as client:
+        yield client
+
+
+def run_on_cluster(run: RunContext, dedup: Deduplicator | None, decisions: Decisions, rows_done: int,
+                   options: Options, clock: Stopwatch, info: dict[str, Any]) -> Iterator[Done]:
+    """The run's chunks, processed on the cluster (options.cluster) and yielded in input order for the
+    driver to commit. decisions gets the first rows' decisions; info what the manifest says of the cluster.
+    A cluster that keeps losing workers stops the run resumably."""
+    from concurrent.futures import CancelledError
+
+    from distributed import KilledWorker
+
+    try:
+        yield from _drive(run, dedup, decisions, rows_done, options, clock, info)
+    except (KilledWorker, CancelledError) as exc:
+        raise Interrupted(f"Dask gave up on a task whose workers kept dying ({type(exc).__name__}: {exc}); see "
+                          "the workers' logs (memory?), then finish the run with --resume") from None
+
+
+def _drive(run: RunContext, dedup: Deduplicator | None, decisions: Decisions, rows_done: int, options: Options,
+           clock: Stopwatch, info: dict[str, Any]) -> Iterator[Done]:
+    """The device asked for goes to the workers (auto: each takes its GPU when it has one)."""
+    spec, device, config = options.cluster, options.device_for(run.config), run.config
+    gpu = device != "cpu" and gpu_missing_reason() is None  # a local cluster of dask-cuda workers
+    if device == "gpu" and not gpu and "://" not in spec:
+        raise ConfigError(f"--device gpu: {gpu_missing_reason()}")
+    with connect(spec, gpu, config) as client:
+        workers = len(client.scheduler_info()["workers"]) or 1
+        info.update({"scheduler": client.scheduler.address, "workers": workers, "dashboard": client.dashboard_link})
+        if options.announce is not None:
+            options.announce(client.dashboard_link)
+        parts, streams = cut(run.files, run.datasets, config, options.part_bytes or PART_BYTES)
+        threads = options.workers or (max(1, (os.cpu_count() or 1) // workers) if spec.startswith("local") else None)
+        job = Job(uuid.uuid4().hex, config, options.tokenizer_for(config), device, options.plugins, run.files,
+                  [[f.index for f in d.files] for d in run.datasets] if run.datasets is not None else None,
+                  parts, streams, options.chunk_rows, threads)
+        job_f = client.scatter(job, broadcast=True)
+        buckets = max(1, min(workers, 64)) if config.preprocessing.deduplicate else 0
+        scans = client.map(scan, [job_f] * len(parts), range(len(parts)), [buckets] * len(parts), pure=False)
+        counts = clock.time("cluster scan", client.gather, client.map(scan_counts, scans))
+        rows = [n for n, _, _ in counts]
+        first_line = first_lines(parts, [lines for _, lines, _ in counts])
+        info["device"] = counts[0][2]
+        target = max(1, -(-sum(rows) // max(1, len(parts))))
+        positions, ranges, rest = positions_and_ranges(job, rows, config, rows_done, target)
+        found = []  # the dedup shuffle, under way while the driver decides below
+        if buckets:
+            positions_f = client.scatter(positions, broadcast=True)
+            for b in range(buckets):
+                pieces = [client.submit(bucket_of, s, b, pure=False) for s in scans]
+                found.append(client.submit(first_occurrences, positions_f, *pieces, pure=False))
+        del scans
+        # The first rows' decisions, on the rows and chunks a single process makes them on.
+        here = dataclasses.replace(run, threads=threads)
+        chunks = read_chunks([], options.chunk_rows, rows=range_rows(here, job, Plan(rows, first_line, {}), rest))
+        decide(here, chunks, Deduplicator(set(dedup.seen)) if dedup is not None else None, decisions)
+        plan_f = client.scatter(Plan(rows, first_line, decisions.state()), broadcast=True)
+        info["ranges"], info["parts"] = len(ranges), len(parts)
+        window: deque = deque()
+        pending = iter(enumerate(ranges))
+
+        def submit_next() -> None:
+            for k, rng in islice(pending, 1):
+                seen = [client.submit(seen_in, f, k, pure=False) for f in found]
+                window.append(client.submit(process_range, job_f, plan_f, rng, *seen, pure=False))
+
+        for _ in range(2 * workers + 1):
+            submit_next()
+        while window:
+            done, seconds = window.popleft().result()
+            submit_next()
+            for stage, value in seconds.items():
+                clock.seconds[f"workers: {stage}"] += value
+            yield from done

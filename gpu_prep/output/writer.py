@@ -1,0 +1,181 @@
+"""write: samples -> per-domain shards, atomically, with meta.json (the pipeline's last stage).
+
+A domain's samples go to shard 0 until it passes max_tokens_per_shard, then to shard 1, and so on; a sample
+is never split across shards. Each storage format is a shard class in a module of its own (SHARDS below is
+where a new one plugs in); the layout of each is described there and in README.md's Output section.
+Domain values are made safe as directory names and kept distinct.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpu_prep.failpoint import failpoint
+from gpu_prep.mask import split_offsets
+from gpu_prep.output import pack
+from gpu_prep.output.bin import BinShard
+from gpu_prep.output.files import write_json_atomic
+from gpu_prep.output.h5 import H5Shard
+from gpu_prep.output.megatron import MegatronShard
+from gpu_prep.output.parquet import ParquetShard
+from gpu_prep.output.shards import LOSS_MASK_MEANING, OFFSET_DTYPE, RawShard, Storage, shard_cuts
+
+_MAX_NAME = 64
+RESERVED_NAMES = {"manifest.json"}  # what a run writes beside its domain directories
+
+
+def safe_dir_name(name: str) -> str:
+    """A directory name for a domain value: no separators, no leading dots, bounded length.
+
+    A name that had to change gets a short hash of the original, so different names stay different.
+    """
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".")[:_MAX_NAME]
+    if cleaned == name and cleaned and cleaned not in RESERVED_NAMES:
+        return cleaned
+    return f"{cleaned or 'domain'}-{hashlib.md5(name.encode('utf-8')).hexdigest()[:8]}"
+
+SHARDS: dict[str, type[RawShard]] = {"bin": BinShard, "h5": H5Shard, "megatron": MegatronShard, "parquet": ParquetShard}
+
+
+class DomainWriter:
+    """Appends samples of one domain, opening a new shard whenever the current one is full."""
+
+    def __init__(self, directory: Path, name: str, storage: Storage, max_tokens_per_shard: int) -> None:
+        self.directory, self.name = directory, name
+        self.storage, self.cap = storage, max_tokens_per_shard
+        self.shards: list[dict[str, Any]] = []
+        self.current: RawShard | None = None
+        # Temporaries of closed shards (built into other files): removed once a checkpoint no longer needs them.
+        self.obsolete: list[Path] = []
+        self.fill_tokens = self.fill_samples = self.fill_trained = 0
+
+    def _open(self, lengths: dict[str, int] | None = None) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.current = SHARDS[self.storage.format](self.directory, len(self.shards), self.storage, lengths)
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of this domain: its closed shards and the open one's file lengths."""
+        return {"name": self.name, "directory": self.directory.name, "shards": self.shards,
+                "fill": [self.fill_tokens, self.fill_samples, self.fill_trained],
+                "open": None if self.current is None else self.current.lengths()}
+
+    @classmethod
+    def restore(cls, out_dir: Path, state: dict[str, Any], storage: Storage, cap: int) -> DomainWriter:
+        writer = cls(out_dir / state["directory"], state["name"], storage, cap)
+        writer.shards = state["shards"]
+        writer.fill_tokens, writer.fill_samples, writer.fill_trained = state["fill"]
+        if state["open"] is not None:
+            writer._open(state["open"])
+        return writer
+
+    def _close_current(self) -> None:
+        if self.current is not None:
+            record = {"num_samples": self.fill_samples, **self.current.close(self.directory)}
+            self.obsolete.extend(p for p in self.current.tmp.values() if p.exists())
+            record.update(num_tokens=self.fill_tokens, num_trained_tokens=self.fill_trained)
+            self.shards.append(record)
+            self.current = None
+            self.fill_tokens = self.fill_samples = self.fill_trained = 0
+
+    def append(self, ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray) -> None:
+        lengths = np.diff(offsets)
+        row = 0
+        for k, count in enumerate(shard_cuts(np, lengths, self.fill_tokens, self.cap)):
+            if k > 0:
+                self._close_current()
+            if count == 0:
+                continue
+            if self.current is None:
+                self._open()
+            lo, hi = int(offsets[row]), int(offsets[row + count])
+            ends = self.fill_tokens + (offsets[row + 1:row + count + 1] - lo)
+            self.current.append(ids[lo:hi], loss_mask[lo:hi], ends)
+            self.fill_tokens += hi - lo
+            self.fill_samples += count
+            self.fill_trained += int(loss_mask[lo:hi].sum())
+            row += count
+
+    def remove_obsolete(self) -> None:
+        for path in self.obsolete:
+            path.unlink(missing_ok=True)
+        self.obsolete.clear()
+
+    def finish(self) -> dict[str, Any]:
+        self._close_current()
+        self.remove_obsolete()
+        tokens = sum(s["num_tokens"] for s in self.shards)
+        storage = self.storage
+        meta = {
+            "format": "gpu-prep", "format_version": 1, "storage_format": storage.format,
+            "domain": self.name,
+            "sequence": {"shape": [tokens], "dtype": storage.token_dtype.name},
+            "loss_mask": {"shape": [tokens], "dtype": storage.mask_dtype.name, "meaning": LOSS_MASK_MEANING},
+            "sample_offsets": {"dtype": OFFSET_DTYPE.name, "meaning": "sample i is tokens [off[i], off[i+1]) of its shard"},
+            "num_samples": sum(s["num_samples"] for s in self.shards),
+            "num_tokens": tokens,
+            "num_trained_tokens": sum(s["num_trained_tokens"] for s in self.shards),
+            **self._packing_meta(),
+            "shards": self.shards,
+        }
+        failpoint("meta")
+        write_json_atomic(self.directory / "meta.json", meta)
+        return meta
+
+    def _packing_meta(self) -> dict[str, Any]:
+        if self.storage.packing == "none":
+            return {}
+        totals = pack.summary(self.shards, int(self.storage.seq_len or 0))
+        del totals["num_samples"]  # the domain's own num_samples
+        return {"packing": {
+            "strategy": self.storage.packing, "seq_len": self.storage.seq_len, **totals,
+            "meaning": "a sample holds the segments [seg[j], seg[j+1]) between its offsets; "
+                       "position ids start from 0 at every segment"}}
+
+
+class DatasetWriter:
+    """One DomainWriter per domain; domain values are made safe and kept distinct as directory names."""
+
+    def __init__(self, out_dir: Path, storage: Storage | str, max_tokens_per_shard: int,
+                 window: int | None = None) -> None:
+        """window: samples longer than this many tokens are cut into samples of that many (and a last one)."""
+        self.out_dir, self.window = out_dir, window
+        self.storage = Storage(storage) if isinstance(storage, str) else storage
+        self.cap = max_tokens_per_shard
+        self.domains: dict[str, DomainWriter] = {}
+        self.taken: dict[str, str] = {}
+
+    def _dir_for(self, name: str) -> str:
+        candidate = base = safe_dir_name(name)
+        n = 1
+        while self.taken.get(candidate, name) != name:
+            n += 1
+            candidate = f"{base}-{n}"
+        self.taken[candidate] = name
+        return candidate
+
+    def append(self, domain: str, ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray) -> None:
+        if self.window is not None:
+            offsets = split_offsets(np, offsets, self.window)
+        if domain not in self.domains:
+            self.domains[domain] = DomainWriter(self.out_dir / self._dir_for(domain), domain, self.storage, self.cap)
+        self.domains[domain].append(ids, loss_mask, offsets)
+
+    def state(self) -> list[dict[str, Any]]:
+        return [w.state() for w in self.domains.values()]
+
+    def restore(self, state: list[dict[str, Any]]) -> None:
+        for domain in state:
+            self.domains[domain["name"]] = DomainWriter.restore(self.out_dir, domain, self.storage, self.cap)
+            self.taken[domain["directory"]] = domain["name"]
+
+    def remove_obsolete(self) -> None:
+        for writer in self.domains.values():
+            writer.remove_obsolete()
+
+    def finish(self) -> dict[str, dict[str, Any]]:
+        return {w.directory.name: w.finish() for w in self.domains.values()}

@@ -1,0 +1,31 @@
+"""Ragged arrays: flat values + int64 offsets (the Arrow / cuDF list layout), written once against the
+array module `xp` (numpy or cupy). Row i of a ragged array is values[offsets[i]:offsets[i + 1]].
+
+The primitives every stage over tokens builds on (mask, packing, the GPU backend's WordPiece scatter); they
+import nothing of gpu_prep, so any module may use them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def row_of(xp: Any, offsets: Any, n: int) -> Any:
+    """The row index of each of n flat elements, given int64 row offsets (len rows + 1).
+
+    Counts the rows that start at or before each element: one pass (bincount + cumsum) instead of a
+    binary search per element, and no repeat() (whose CuPy semantics changed between releases)."""
+    starts = xp.bincount(offsets[1:-1], minlength=n + 1)[:n]
+    return xp.cumsum(starts)
+
+
+def offsets_from_lengths(xp: Any, lengths: Any) -> Any:
+    out = xp.zeros(len(lengths) + 1, dtype=xp.int64)
+    xp.cumsum(lengths, dtype=xp.int64, out=out[1:])
+    return out
+
+
+def segment_sums(xp: Any, values: Any, offsets: Any) -> Any:
+    """Sum of values within each row (rows may be empty)."""
+    running = offsets_from_lengths(xp, values)
+    return running[offsets[1:]] - running[offsets[:-1]]

@@ -1,0 +1,126 @@
+"""Commit: each chunk, in input order, accounted for and written; the only place either happens.
+
+Whatever ran the stages (one thread, overlapping threads, a cluster's workers), the chunks come here in
+input order, so the shards, the counts, the rejects file and the checkpoints are the same however they ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from gpu_prep.errors import Drop, InputError
+from gpu_prep.output.writer import DatasetWriter
+from gpu_prep.ragged import offsets_from_lengths
+from gpu_prep.run.accounting import PIECES, Accounting
+from gpu_prep.run.checkpoint import Checkpointer
+from gpu_prep.run.context import Decisions, RunContext
+from gpu_prep.run.overlap import Stopwatch
+from gpu_prep.run.stages import Done, Dropped, MaskResult, Prepared
+
+
+class Committer:
+    """Accounts for and writes chunks in the order given, checkpointing as it goes."""
+
+    def __init__(self, run: RunContext, acct: Accounting, writer: DatasetWriter, checkpoints: Checkpointer,
+                 decisions: Decisions, progress: Callable[[int], None] | None = None) -> None:
+        self.run, self.acct, self.writer, self.checkpoints = run, acct, writer, checkpoints
+        self.decisions, self.progress = decisions, progress
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps besides the rows done and the dedup log."""
+        return {"accounting": self.acct.state(), "writer": self.writer.state(), **self.decisions.state()}
+
+    def __call__(self, done: Done, clock: Stopwatch) -> None:
+        prepared = done.prepared
+        self.account_and_write(prepared, done.mask, clock)
+        if self.checkpoints.chunk_done(len(prepared.chunk), prepared.digests, self.state):
+            self.writer.remove_obsolete()
+        if self.progress is not None:
+            self.progress(len(prepared.chunk))
+
+    def account_and_write(self, prepared: Prepared, mask: MaskResult | None, clock: Stopwatch) -> None:
+        acct, chunk = self.acct, prepared.chunk
+        acct.read(chunk.file_index)
+        acct.schemas.update(prepared.schemas)
+        acct.notes.update(prepared.notes)
+        for row in prepared.rows.payload:
+            acct.left_out.update(row.left_out)
+            acct.notes.update(row.notes)
+        drops = list(prepared.drops)
+        if mask is not None:
+            clock.time("write", self.write, prepared, mask, drops)
+        # In row order, whichever stage dropped them: the rejects file and the examples do not depend on chunks.
+        for drop in sorted(drops, key=lambda d: d.row):
+            acct.dropped(chunk.file_index[drop.row], chunk.line[drop.row], drop.reason, drop.detail, drop.record)
+
+    def write(self, prepared: Prepared, mask: MaskResult, drops: list[Dropped]) -> None:
+        """Append the chunk's samples to their domains and count them; the rows dropped here go to drops."""
+        backend, acct, rows, chunk = self.run.backend, self.acct, prepared.rows, prepared.chunk
+        rules = self.run.config.preprocessing
+        masked = mask.masked
+        ids, loss_mask = backend.to_host(masked.ids), backend.to_host(masked.loss_mask)
+        offsets, kept = backend.to_host(masked.offsets), backend.to_host(masked.kept_rows)
+        truncated = set(backend.to_host(masked.truncated_rows).tolist())
+        truncated.update(r for r, row in enumerate(rows.payload) if row.notes)  # turns dropped to fit (structured)
+
+        def drop(r: int, reason: str, detail: str) -> None:
+            drops.append(Dropped(rows.index[r], reason, detail, chunk.records[rows.index[r]]))
+
+        for r in np.nonzero(~mask.valid)[0]:
+            drop(r, Drop.TOKENIZER_MISMATCH, "the tokens do not cover the rendered text byte for byte")
+        for r in np.nonzero(mask.valid & mask.over)[0]:
+            detail = f"over max_seq_len {rules.max_seq_len} tokens"
+            if rules.truncation == "raise":
+                i = rows.index[r]
+                where = f"{acct.files[chunk.file_index[i]].path}:{chunk.line[i]}"
+                raise InputError(f"{where}: {detail} (preprocessing.truncation is 'raise')")
+            drop(r, Drop.TOO_MANY_TOKENS, detail)
+        for r in backend.to_host(masked.no_trained_rows):
+            drop(r, Drop.NO_TRAINED_TOKENS, "no trained token within max_seq_len")
+        lengths = np.diff(offsets)
+        for k, r in enumerate(kept):
+            file_index = chunk.file_index[rows.index[r]]
+            acct.written(file_index, int(r) in truncated)
+            acct.tokens_by_file[file_index] += int(lengths[k])
+        append_by_domain(self.writer, [rows.domain[r] for r in kept], ids, loss_mask, offsets)
+        acct.tokens += len(ids)
+        trained = int(loss_mask.sum())
+        acct.trained_tokens += trained
+        count_trained_by_role(acct, [role for row in rows.payload for role in row.span_roles], mask.trained_by_span,
+                              trained)
+
+
+def count_trained_by_role(acct: Accounting, span_roles: list[str], trained_by_span: np.ndarray, trained: int) -> None:
+    """Trained tokens by the role of the message they are in; whole trained pieces (instruction responses,
+    text, segments, pre-tokenized labels) are counted under PIECES."""
+    codes: dict[str, int] = {}
+    span_codes = np.fromiter((codes.setdefault(role, len(codes)) for role in span_roles), np.int64, len(trained_by_span))
+    per_role = np.bincount(span_codes, weights=trained_by_span, minlength=len(codes)).astype(np.int64)
+    acct.trained_by_role.update({role: int(per_role[c]) for role, c in codes.items() if per_role[c]})
+    if trained > int(per_role.sum()):
+        acct.trained_by_role[PIECES] += trained - int(per_role.sum())
+
+
+def append_by_domain(writer: DatasetWriter, domains: list[str], ids: np.ndarray, loss_mask: np.ndarray,
+                     offsets: np.ndarray) -> None:
+    """Hand each domain its samples, in input order: one stable sort of the samples by domain and one
+    gather of their tokens, whatever the number of domains."""
+    names = list(dict.fromkeys(domains))  # in order of first appearance
+    if len(names) == 1:
+        writer.append(names[0], ids, loss_mask, offsets)
+        return
+    code = {name: k for k, name in enumerate(names)}
+    codes = np.fromiter((code[d] for d in domains), np.int64, len(domains))
+    order = np.argsort(codes, kind="stable")
+    lengths = np.diff(offsets)[order]
+    sorted_offsets = offsets_from_lengths(np, lengths)
+    gather = np.repeat(offsets[:-1][order] - sorted_offsets[:-1], lengths) + np.arange(sorted_offsets[-1])
+    ids, loss_mask = ids[gather], loss_mask[gather]
+    bounds = offsets_from_lengths(np, np.bincount(codes, minlength=len(names)))
+    for k, name in enumerate(names):
+        first, last = sorted_offsets[bounds[k]], sorted_offsets[bounds[k + 1]]
+        writer.append(name, ids[first:last], loss_mask[first:last],
+                      sorted_offsets[bounds[k]:bounds[k + 1] + 1] - first)

@@ -1,0 +1,194 @@
+"""What every stage of a run is handed: the run context, built once per process by build_context (the
+process that runs gpu-prep, or a cluster's worker), and the two decisions a run makes on its first rows."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpu_prep.affix import detect_affix
+from gpu_prep.backend import Backend
+from gpu_prep.chat_template import ChatTemplate
+from gpu_prep.config import PipelineConfig
+from gpu_prep.errors import ConfigError
+from gpu_prep.format import string_fields
+from gpu_prep.mix import HANDLERS, Dataset, with_tokenizer
+from gpu_prep.read import Columnar, InputFile, expand_inputs, file_kind
+from gpu_prep.render import RenderContext
+from gpu_prep.templates import resolve_template
+from gpu_prep.tokenizer import Tokenizer
+
+DEFAULT_TOKENIZER = "qwen2.5"
+
+
+@dataclass(frozen=True)
+class Options:
+    """How a run goes, as opposed to what it makes: none of these changes a byte of the output."""
+
+    tokenizer: str | None = None  # a directory or a bundled name, over the config's tokenizer.name
+    device: str | None = None  # auto, cpu or gpu, over the config's device
+    chunk_rows: int = 2048
+    workers: int | None = None  # tokenizer threads (default: every core)
+    overlap: bool = True  # stages in threads of their own; False: one after another in one thread
+    overwrite: bool = False  # replace a previous run in the output directory
+    resume: bool = False  # finish the interrupted run in the output directory from its last checkpoint
+    rejects: Path | str | None = None  # every dropped row written here as JSON Lines
+    strict: bool = False  # stop at the first row that is bad data
+    checkpoint_seconds: float = 30.0
+    progress: Callable[[int], None] | None = None  # called with the rows of each chunk done
+    cluster: str | None = None  # a Dask cluster to run on: "local:N" or a scheduler's address
+    announce: Callable[[str], None] | None = None  # told the cluster's dashboard address
+    plugins: tuple[str, ...] = ()  # --plugin modules, which a cluster's workers load too
+    part_bytes: int | None = None  # a cluster's parts of JSON Lines files (default cluster.plan.PART_BYTES)
+
+    def tokenizer_for(self, config: PipelineConfig) -> str:
+        return self.tokenizer or config.tokenizer.name or DEFAULT_TOKENIZER
+
+    def device_for(self, config: PipelineConfig) -> str:
+        return self.device or config.device
+
+
+class Decisions:
+    """What a run decides on its first rows, once each: whether Jinja-free rendering is trusted (affix; the
+    host stages decide it) and which tokenizer engine runs (engine: name and why; the tokenizing stage
+    decides it). None: not decided yet. A resumed run and a cluster's workers are handed them, so the
+    decisions are never taken again on other rows."""
+
+    def __init__(self, affix: bool | None = None, engine: list[str] | tuple[str, str] | None = None) -> None:
+        self.affix = affix
+        self.engine = tuple(engine) if engine is not None else None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any] | None) -> Decisions:
+        state = state or {}
+        return cls(state.get("affix"), state.get("engine"))
+
+    def state(self) -> dict[str, Any]:
+        """As a checkpoint keeps them."""
+        with self._lock:
+            return {"affix": self.affix, "engine": list(self.engine) if self.engine is not None else None}
+
+    def settle_affix(self, trusted: bool) -> None:
+        with self._lock:
+            if self.affix is not None:
+                raise RuntimeError("the Jinja-free rendering was decided twice")
+            self.affix = trusted
+
+    def settle_engine(self, name: str, choice: str) -> None:
+        with self._lock:
+            if self.engine is not None:
+                raise RuntimeError("the tokenizer engine was decided twice")
+            self.engine = (name, choice)
+
+    def pending(self, render: RenderContext) -> bool:
+        """Whether a decision is still to be taken (the affix only where the template has one)."""
+        return self.engine is None or (render.affix is not None and self.affix is None)
+
+
+Sources = dict[int, tuple[PipelineConfig, "str | None"]]  # file index -> its dataset's config and domain
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Everything a stage needs that stays the same for the whole run."""
+
+    config: PipelineConfig
+    tok: Tokenizer
+    backend: Backend
+    render: RenderContext  # the template, end-of-turn tokens and mask rules rows are rendered with
+    files: list[InputFile]
+    datasets: list[Dataset] | None  # the config's datasets (their files and handlers); None: the inputs given
+    sources: Sources = field(default_factory=dict)  # a dataset's own config and domain, by file index
+    columnar: Columnar | None = None  # reads JSON Lines as columns (gpu.reader cudf); None: line by line
+    threads: int | None = None  # tokenizer threads
+
+    @property
+    def dataset_of(self) -> dict[int, Dataset]:
+        """Each file's dataset, by file index."""
+        return {f.index: d for d in self.datasets or [] for f in d.files}
+
+
+def build_context(config: PipelineConfig, tok: Tokenizer, backend: Backend, files: list[InputFile],
+                  datasets: list[Dataset] | None, threads: int | None) -> RunContext:
+    """The run context of a process: the one that runs gpu-prep, or a cluster's worker."""
+    sources: Sources = {}
+    if datasets is not None:
+        with_tokenizer(datasets, tok)
+        sources = dataset_sources(config, datasets)
+    return RunContext(config, tok, backend, render_context(config, tok), files, datasets, sources,
+                      columnar_reader(config, backend), threads)
+
+
+def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
+    text, template_eot = resolve_template(config.chat_template, tok.chat_template)
+    template = ChatTemplate(text, tok.special_tokens) if text else None
+    affix = detect_affix(template.render) if template is not None and config.input.type == "chat" else None
+    return RenderContext(
+        config=config,
+        template=template,
+        affix=affix,
+        end_of_turn=tuple(config.input.end_of_turn_tokens or dict.fromkeys([*tok.end_of_turn_tokens(), *template_eot])),
+        normalization=tok.normalization,
+        span_problem=tok.span_problem(),
+        prefix_text=tok.prefix_text,
+        suffix_text=tok.suffix_text,
+        eos_text=tok.eos_text,
+        vocab_size=int(tok.engine.get_vocab_size(with_added_tokens=True)),
+        first_tokens=tok.first_tokens,
+        count_tokens=tok.count_tokens,
+    )
+
+
+def run_inputs(config: PipelineConfig, inputs: list[str]) -> tuple[list[InputFile], list[Dataset] | None]:
+    """The run's input files, and its datasets when the config names them (their files, in order)."""
+    if not config.datasets:
+        if not inputs:
+            raise ConfigError("no input: give files, folders or globs, or a config with datasets")
+        return expand_inputs(inputs), None
+    if inputs:
+        raise ConfigError("the config's datasets name the inputs: give none on the command line")
+    files: list[InputFile] = []
+    datasets = []
+    for spec in config.datasets:
+        own = []
+        for found in expand_inputs(spec.data_paths):
+            if spec.builder is None and file_kind(found.path) is None:
+                raise ConfigError(f"dataset {spec.name!r}: {found.path} has no known extension; "
+                                  "name its format with the dataset's builder (json, jsonl or parquet)")
+            own.append(InputFile(len(files) + len(own), found.path, found.size_bytes, spec.builder))
+        files.extend(own)
+        datasets.append(Dataset(spec.name, own, dataset_handlers(spec)))
+    return files, datasets
+
+
+def datasets_of(config: PipelineConfig, files: list[InputFile], dataset_files: list[list[int]] | None
+                ) -> list[Dataset] | None:
+    """The config's datasets over files already found (a cluster's worker is handed the file indices)."""
+    if dataset_files is None:
+        return None
+    return [Dataset(spec.name, [files[i] for i in own], dataset_handlers(spec))
+            for spec, own in zip(config.datasets or [], dataset_files)]
+
+
+def columnar_reader(config: PipelineConfig, backend: Backend) -> Columnar | None:
+    """What reads JSON Lines as columns on this backend when the config asks for it (gpu.reader cudf) and
+    its rows are read by string fields; None: line by line."""
+    fields = string_fields(config)
+    read_range = backend.json_range_reader() if config.gpu.reader == "cudf" and fields else None
+    return Columnar(fields, read_range) if read_range is not None else None
+
+
+def dataset_handlers(spec: Any) -> list[tuple[Any, dict[str, Any], str, Any]]:
+    """A dataset's data handlers as Dataset takes them (by name, so plugins' handlers are found)."""
+    return [(HANDLERS[h.name], h.fn_kwargs(), h.name, h.arguments.get("remove_columns")) for h in spec.data_handlers]
+
+
+def dataset_sources(config: PipelineConfig, datasets: list[Dataset]) -> Sources:
+    """By file index: the config of the file's dataset and the domain it names."""
+    own = [config.dataset_config(k) for k in range(len(datasets))]
+    return {f.index: (own[k], spec.domain) for k, (spec, d) in enumerate(zip(config.datasets or [], datasets))
+            for f in d.files}

@@ -1,0 +1,52 @@
+"""One process: the stages run over the run's chunks here, either one after another in this thread or
+overlapping, each in a thread of its own; the committed output is the same either way."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from gpu_prep.filter import Deduplicator
+from gpu_prep.mix import mixed_rows
+from gpu_prep.read import RawChunk, read_chunks
+from gpu_prep.run.context import Decisions, RunContext
+from gpu_prep.run.overlap import Sink, Stopwatch, quick_handoffs
+from gpu_prep.run.stages import Done, Tokenizing, mask_chunk, prepare_and_tokenize
+
+
+def run_chunks(run: RunContext, chunk_rows: int, rows_done: int) -> Iterator[RawChunk]:
+    """The run's rows in chunks, in input order (or the datasets' mixed order), past the rows_done a
+    resumed run has done already."""
+    config = run.config
+    mixed = None
+    if run.datasets is not None:
+        process = config.dataprocessor
+        mixed = mixed_rows(run.datasets, config.sampling_ratios(), process.seed, process.sampling_stopping_strategy,
+                           run.columnar, config.input.max_row_bytes)
+    return read_chunks(run.files, chunk_rows, config.preprocessing.max_items, columnar=run.columnar, skip=rows_done,
+                       max_row_bytes=config.input.max_row_bytes, rows=mixed)
+
+
+def run_here(run: RunContext, chunks: Iterator[RawChunk], dedup: Deduplicator | None, decisions: Decisions,
+             clock: Stopwatch, commit: Callable[[Done, Stopwatch], None], overlap: bool = True) -> None:
+    """Every chunk through every stage and committed, in order. With overlap, three stages run at once, each
+    in its own thread: reading, formatting, filtering and rendering a chunk ahead; tokenizing in this thread
+    (the engines release the GIL); masking and committing a chunk behind."""
+    stages = prepare_and_tokenize(chunks, run, dedup, clock, decisions, overlap)
+    if not overlap:
+        for item in stages:
+            commit(mask_chunk(run, clock, item), clock)
+        return
+    with quick_handoffs(), Sink(lambda item: commit(mask_chunk(run, clock, item), clock)) as sink:
+        for item in stages:
+            sink.put(item)
+
+
+def decide(run: RunContext, chunks: Iterator[RawChunk], dedup: Deduplicator | None, decisions: Decisions) -> None:
+    """Take the decisions a run makes on its first rows (is Jinja-free rendering trusted, which tokenizer
+    engine) on those rows, writing nothing: what a cluster's driver hands its workers."""
+    if not decisions.pending(run.render):  # taken before the run was stopped: the tokenizer takes the engine again
+        Tokenizing(run, decisions)
+        return
+    for _ in prepare_and_tokenize(chunks, run, dedup, Stopwatch(), decisions):
+        if not decisions.pending(run.render):
+            return

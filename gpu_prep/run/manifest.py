@@ -1,0 +1,69 @@
+"""manifest.json: what a run made, from what, and where every row went."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_prep import __version__
+from gpu_prep.config import PipelineConfig
+from gpu_prep.mix import Dataset
+from gpu_prep.output import pack
+from gpu_prep.run.accounting import Accounting
+from gpu_prep.run.context import RunContext
+
+
+@dataclass
+class Outcome:
+    """What processing a run's chunks gives: its accounting, the domains written (meta.json of each) and
+    what the manifest says of a cluster (empty: none)."""
+
+    acct: Accounting
+    domains: dict[str, Any]
+    cluster: dict[str, Any] = field(default_factory=dict)
+
+
+def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], checksums: list[str],
+                   seconds: dict[str, float]) -> dict[str, Any]:
+    """identity: the config's sha256 and the tokenizer's identity (hashed once a run); seconds: timings."""
+    config, acct, tok = run.config, outcome.acct, run.tok
+    packing = config.preprocessing.packing != "none"
+    domains = outcome.domains
+    return {
+        "gpu_prep_version": __version__,
+        "config": config.model_dump(mode="json"),
+        "config_sha256": identity["config_sha256"],
+        # The engine is chosen during the run, on its first rows.
+        "tokenizer": {**identity["tokenizer"], "engine": tok.active.name, "engine_choice": tok.engine_choice},
+        "device": outcome.cluster.get("device", run.backend.name),
+        **({"cluster": outcome.cluster} if outcome.cluster else {}),
+        "inputs": acct.per_file(checksums),
+        "totals": acct.totals(),
+        **({"datasets": dataset_totals(config, run.datasets, acct)} if run.datasets is not None else {}),
+        "dropped_examples": acct.examples,
+        **({"packing": pack.summary([{"num_samples": m["num_samples"], **m["packing"]} for m in domains.values()],
+                                    config.preprocessing.max_seq_len)} if packing else {}),
+        "domains": domains,
+        "seconds": {k: round(v, 3) for k, v in seconds.items()},
+    }
+
+
+def dataset_totals(config: PipelineConfig, datasets: list[Dataset], acct: Accounting) -> list[dict[str, Any]]:
+    """Per dataset: rows read, written and dropped by reason, tokens written, and the share of the output's
+    rows and tokens it makes beside the sampling ratio asked for."""
+    rows_out = sum(c.rows_written for c in acct.counts) or 1
+    tokens_out = sum(acct.tokens_by_file) or 1
+    out = []
+    for spec, dataset in zip(config.datasets or [], datasets):
+        counts = [acct.counts[f.index] for f in dataset.files]
+        dropped: Counter = Counter()
+        for c in counts:
+            dropped.update(c.dropped)
+        written = sum(c.rows_written for c in counts)
+        tokens = sum(acct.tokens_by_file[f.index] for f in dataset.files)
+        out.append({"name": spec.name, "files": [f.path for f in dataset.files], "sampling": spec.sampling,
+                    "rows_read": sum(c.rows_read for c in counts), "rows_written": written,
+                    "rows_dropped": dict(sorted(dropped.items())), "tokens": tokens,
+                    "share_of_rows": written / rows_out, "share_of_tokens": tokens / tokens_out})
+    return out

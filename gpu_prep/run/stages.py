@@ -1,0 +1,355 @@
+"""The stages a chunk of rows goes through, each a function from a named input to a named result:
+
+    RawChunk --format--> Formatted --filter--> Rows --render--> Rows of RenderedRow
+             --tokenize--> Tokens --mask--> MaskResult            (then run/commit.py, in input order)
+
+Row-level Python appears only where no columnar form exists (JSON records into the canonical shape, Jinja
+rendering); everything over tokens is array code on the backend's `xp` (mask.py). Nothing here knows about
+threads, processes or clusters: run/local.py and cluster/ call these same functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpu_prep.config import TEMPLATE_ROLES, PipelineConfig
+from gpu_prep.errors import Drop
+from gpu_prep.failpoint import failpoint
+from gpu_prep.filter import DEDUP_PREFIX_CHARS, Deduplicator, filter_rows
+from gpu_prep.format import Conversation, RowError, Segments, build_auto, dedup_text, domain_of, get_builder, source_text
+from gpu_prep.mask import Masked, kept_span_tokens, mask_from_ranges, row_of, span_tokens, truncate_and_filter
+from gpu_prep.ragged import offsets_from_lengths, segment_sums
+from gpu_prep.read import RawChunk
+from gpu_prep.render import RenderContext, RenderedRow, affix_disagreement, render_row
+from gpu_prep.run.context import Decisions, RunContext, Sources
+from gpu_prep.run.overlap import Stopwatch, overlapped
+
+ENGINE_SAMPLE_BYTES = 256 << 10  # text of the first chunk on which a fast engine must equal HF before it is used
+KNOWN_ROLES = frozenset(TEMPLATE_ROLES)
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A row a stage dropped: its place in the chunk, the reason (errors.Drop), a detail, the row as read."""
+
+    row: int
+    reason: str
+    detail: str
+    record: Any
+
+
+@dataclass
+class Rows:
+    """The rows of a chunk still alive after a stage: their places in the chunk and what they carry (a
+    Conversation / Segments / Tokens after format, a RenderedRow after render)."""
+
+    index: list[int] = field(default_factory=list)
+    domain: list[str] = field(default_factory=list)
+    payload: list[Any] = field(default_factory=list)
+
+    def keep(self, reasons: list[tuple[str, str] | None], chunk: RawChunk, drops: list[Dropped]) -> Rows:
+        """The rows whose reason is None; the others go to drops."""
+        kept = Rows()
+        for i, domain, payload, reason in zip(self.index, self.domain, self.payload, reasons):
+            if reason is None:
+                kept.index.append(i)
+                kept.domain.append(domain)
+                kept.payload.append(payload)
+            else:
+                drops.append(Dropped(i, *reason, chunk.records[i]))
+        return kept
+
+
+@dataclass
+class Formatted:
+    """A chunk in the canonical shape: the rows that have one, and what formatting counted."""
+
+    rows: Rows
+    drops: list[Dropped]
+    schemas: Counter  # rows formatted, by input type (several with input.type auto)
+    notes: Counter  # the parse report: "rows_with_tools", "unknown_role:<role>", what building chat rows did
+
+
+@dataclass
+class Prepared:
+    """A chunk through the host stages (format, filter, render): the rows still alive, rendered; the rows
+    dropped so far; what formatting counted; the dedup digests the chunk added (checkpoints log them)."""
+
+    chunk: RawChunk
+    rows: Rows
+    drops: list[Dropped]
+    schemas: Counter
+    notes: Counter
+    digests: list[bytes]
+
+
+@dataclass(frozen=True)
+class Tokens:
+    ids: np.ndarray  # flat, every piece of every row in order
+    per_piece: np.ndarray  # tokens of each piece
+
+
+@dataclass(frozen=True)
+class MaskResult:
+    """Loss masks and truncation of a chunk's rows (device arrays until lightened for the driver)."""
+
+    masked: Masked
+    valid: np.ndarray  # the tokens cover the rendered text byte for byte (else tokenizer_mismatch)
+    over: np.ndarray  # over max_seq_len where truncation is drop or raise (not kept)
+    trained_by_span: np.ndarray  # trained tokens in each trained span, after truncation
+
+
+@dataclass
+class Done:
+    """A chunk through every stage but accounting and writing, which happen in input order in one place
+    (run/commit.py); a cluster's workers send these back to the driver."""
+
+    prepared: Prepared
+    mask: MaskResult | None  # None: nothing was left to tokenize
+
+
+# ---------------------------------------------------------------- format
+
+
+def format_rows(chunk: RawChunk, base: PipelineConfig, sources: Sources | None = None) -> Formatted:
+    """Each record into its canonical shape, by its dataset's input type (sources, by file index; else base)."""
+    out = Formatted(Rows(), [], Counter(), Counter())
+    for i, record in enumerate(chunk.records):
+        if record is None:
+            out.drops.append(Dropped(i, *chunk.errors[i]))
+            continue
+        config, own_domain = sources.get(chunk.file_index[i], (base, None)) if sources else (base, None)
+        auto = config.input.type == "auto"
+        schema = config.input.type
+        if isinstance(record, list):  # a conversation written as its messages alone
+            if config.input.type not in ("chat", "auto"):
+                out.drops.append(Dropped(i, Drop.NOT_AN_OBJECT, "a row that is a list of messages is read "
+                                         f"by input.type chat or auto, not {config.input.type}", record))
+                continue
+            record = {config.input.messages_key: record}
+        try:
+            domain = domain_of(record, config.output.domain_key)
+            if own_domain is not None and config.output.domain_key is None:  # a dataset's own domain
+                domain = own_domain
+            shape = (build_auto if auto else get_builder(config.input.type))(record, config)
+            if auto:
+                schema, shape = shape
+        except RowError as err:
+            out.drops.append(Dropped(i, err.reason, err.detail, record))
+            continue
+        out.schemas[schema] += 1
+        if isinstance(shape, Conversation):
+            # Rows with tools, and roles chat templates do not know (rendered as the template sees fit,
+            # never dropped silently: see messages_left_out_by_template).
+            out.notes.update(["rows_with_tools"] * bool(shape.tools) + list(shape.notes))
+            out.notes.update(f"unknown_role:{m['role']}" for m in shape.messages if m["role"] not in KNOWN_ROLES)
+        out.rows.index.append(i)
+        out.rows.domain.append(domain)
+        out.rows.payload.append(shape)
+    return out
+
+
+# ---------------------------------------------------------------- filter
+
+
+def filter_reasons(run: RunContext, rows: Rows, dedup: Deduplicator | None) -> list[tuple[str, str] | None]:
+    """Per row: None (kept) or why the length rules or dedup drop it."""
+    texts = [source_text(shape) for shape in rows.payload]
+    keys = [dedup_text(shape, text) for shape, text in zip(rows.payload, texts)]
+    pretraining = np.fromiter((isinstance(s, Segments) and s.train_all for s in rows.payload), bool, len(texts))
+    reasons = filter_rows(run.backend, texts, keys, pretraining, run.config, dedup)
+    rules = run.config.preprocessing
+    details = {Drop.TOO_SHORT: f"shorter than min_chars {rules.min_chars}",
+               Drop.TOO_LONG: f"longer than max_chars {rules.max_chars}",
+               Drop.DUPLICATE: f"its first {DEDUP_PREFIX_CHARS} characters have the MD5 of an earlier row's"}
+    return [None if r is None else (r, f"{len(t)} characters; {details[r]}") for r, t in zip(reasons, texts)]
+
+
+# ---------------------------------------------------------------- render
+
+
+def render_rows(rows: Rows, chunk: RawChunk, contexts: dict[int, RenderContext], ctx: RenderContext
+                ) -> tuple[Rows, list[tuple[str, str] | None]]:
+    """Each row rendered with its dataset's context (contexts, by file index) or ctx; per row the reason
+    it could not be (None: rendered)."""
+    rendered, reasons = [], []
+    for i, shape in zip(rows.index, rows.payload):
+        try:
+            rendered.append(render_row(shape, contexts.get(chunk.file_index[i], ctx)))
+            reasons.append(None)
+        except RowError as err:
+            rendered.append(None)
+            reasons.append((err.reason, err.detail))
+    return Rows(rows.index, rows.domain, rendered), reasons
+
+
+def dataset_contexts(ctx: RenderContext, config: PipelineConfig, sources: Sources) -> dict[int, RenderContext]:
+    """By file index: the context of each dataset that has its own settings (with its own cache of mask
+    decisions), one per dataset."""
+    own: dict[int, RenderContext] = {}
+    by_config = {}
+    for file_index, (cfg, _) in sources.items():
+        if cfg is not config:
+            own[file_index] = by_config.setdefault(id(cfg), dataclasses.replace(ctx, config=cfg, _trains={}))
+    return own
+
+
+def prepare(chunks: Iterator[RawChunk], run: RunContext, dedup: Deduplicator | None, clock: Stopwatch,
+            decisions: Decisions) -> Iterator[Prepared]:
+    """The host stages, chunk by chunk: read -> format -> filter -> render. Jinja-free rendering is trusted
+    only once it matched Jinja on the first chunk's rows (decisions.affix)."""
+    ctx = run.render if decisions.affix is not False else dataclasses.replace(run.render, affix=None)
+    contexts = dataset_contexts(ctx, run.config, run.sources)
+    while (chunk := clock.time("read", next, chunks, None)) is not None:
+        failpoint("read")
+        formatted = clock.time("format", format_rows, chunk, run.config, run.sources)
+        rows = formatted.rows
+        if ctx.affix is not None and decisions.affix is None and rows.index:
+            if clock.time("render", affix_disagreement, rows.payload, ctx) is not None:
+                ctx = dataclasses.replace(ctx, affix=None)
+                contexts = dataset_contexts(ctx, run.config, run.sources)
+            decisions.settle_affix(ctx.affix is not None)
+        rows = rows.keep(clock.time("filter", filter_reasons, run, rows, dedup), chunk, formatted.drops)
+        rows, reasons = clock.time("render", render_rows, rows, chunk, contexts, ctx)
+        rows = rows.keep(reasons, chunk, formatted.drops)
+        digests = dedup.take_added() if dedup is not None else []
+        yield Prepared(chunk, rows, formatted.drops, formatted.schemas, formatted.notes, digests)
+
+
+# ---------------------------------------------------------------- tokenize
+
+
+def tokenize_rows(encode: Callable, rendered: list[RenderedRow]) -> Tokens:
+    ids, counts = encode([p for row in rendered for p in row.pieces])
+    if all(row.given is None for row in rendered):
+        return Tokens(ids, counts)
+    # Pre-tokenized rows bring their ids: each has one empty piece, which takes them.
+    parts, piece, at = [], 0, 0
+    counts = counts.copy()
+    for row in rendered:
+        if row.given is not None:
+            counts[piece] = len(row.given[0])
+            parts.append(row.given[0])
+        else:
+            n = int(counts[piece:piece + len(row.pieces)].sum())
+            parts.append(ids[at:at + n])
+            at += n
+        piece += len(row.pieces)
+    return Tokens(np.concatenate(parts).astype(np.int64, copy=False), counts)
+
+
+def _engine_sample_size(rendered: list[RenderedRow]) -> int:
+    """How many of the first pieces of the input make about ENGINE_SAMPLE_BYTES (at least one row's)."""
+    count = size = 0
+    for row in rendered:
+        count += len(row.pieces)
+        size += row.num_bytes
+        if size >= ENGINE_SAMPLE_BYTES:
+            break
+    return count
+
+
+class Tokenizing:
+    """Tokenizes chunks with the engine the run's first rows chose (decisions.engine; a resumed run and a
+    cluster's workers are handed the choice)."""
+
+    def __init__(self, run: RunContext, decisions: Decisions) -> None:
+        self.run, self.decisions = run, decisions
+        self.encode = None
+        if decisions.engine is not None:
+            run.tok.restore_engine(*decisions.engine, run.threads)
+            self.encode = run.backend.encoder(run.tok)
+
+    def __call__(self, rendered: list[RenderedRow], clock: Stopwatch) -> Tokens:
+        failpoint("tokenize")
+        if self.encode is not None:
+            return clock.time("tokenize", tokenize_rows, self.encode, rendered)
+        # The first rows choose the engine, checking it on a sample of them.
+        tok = self.run.tok
+        first = functools.partial(tok.use_engine, self.run.config.tokenizer.engine,
+                                  sample_size=_engine_sample_size(rendered), threads=self.run.threads)
+        tokens = clock.time("tokenize", tokenize_rows, first, rendered)
+        self.encode = self.run.backend.encoder(tok)
+        self.decisions.settle_engine(tok.active.name, tok.engine_choice)
+        return tokens
+
+
+def prepare_and_tokenize(chunks: Iterator[RawChunk], run: RunContext, dedup: Deduplicator | None, clock: Stopwatch,
+                         decisions: Decisions, overlap: bool = True) -> Iterator[tuple[Prepared, Tokens | None]]:
+    """Chunks read -> formatted, filtered, rendered (with overlap, a chunk ahead in a thread of its own)
+    and tokenized."""
+    tokenizing = Tokenizing(run, decisions)
+    prepared = prepare(chunks, run, dedup, clock, decisions)
+    for item in overlapped(prepared) if overlap else prepared:
+        yield item, tokenizing(item.rows.payload, clock) if item.rows.index else None
+
+
+# ---------------------------------------------------------------- mask
+
+
+def mask_rows(run: RunContext, rendered: list[RenderedRow], tokens: Tokens) -> MaskResult:
+    """Loss masks, truncation and the rows left with nothing to train."""
+    backend, xp, rules = run.backend, run.backend.xp, run.config.preprocessing
+    ids, tokens_per_piece = tokens.ids, tokens.per_piece
+    num_rows, num_pieces = len(rendered), len(tokens_per_piece)
+    piece_offsets = offsets_from_lengths(np, np.fromiter((len(r.pieces) for r in rendered), np.int64, num_rows))
+    token_offsets = offsets_from_lengths(np, segment_sums(np, tokens_per_piece, piece_offsets))
+    piece_trained = np.fromiter((t for r in rendered for t in r.piece_trained), np.int8, num_pieces)
+    spans = np.array([s for r in rendered for s in r.spans], dtype=np.int64).reshape(-1, 2)
+    span_offsets = offsets_from_lengths(np, np.fromiter((len(r.spans) for r in rendered), np.int64, num_rows))
+    row_bytes = np.fromiter((r.num_bytes for r in rendered), np.int64, num_rows)
+    has_spans = np.diff(span_offsets) > 0
+
+    ids_d, offsets_d = backend.asarray(ids), backend.asarray(token_offsets)
+    if run.tok.token_bytes is None:
+        positions = xp.zeros(len(ids) + 1, dtype=xp.int64)
+    else:
+        positions = offsets_from_lengths(xp, backend.asarray(run.tok.token_bytes)[ids_d])
+    # Rows masked by byte spans must be covered byte for byte by their tokens; rows masked by pieces need not.
+    covered = positions[offsets_d[1:]] - positions[offsets_d[:-1]]
+    valid = (covered == backend.asarray(row_bytes)) | ~backend.asarray(has_spans)
+    span_offsets_d = backend.asarray(span_offsets)
+    first, stop = span_tokens(xp, positions, offsets_d, backend.asarray(spans[:, 0].copy()),
+                              backend.asarray(spans[:, 1].copy()), span_offsets_d)
+    by_span = mask_from_ranges(xp, positions, first, stop)
+    if piece_trained.all():  # pretraining text: every token counts
+        loss_mask = xp.ones(len(ids), dtype=xp.int8)
+    elif piece_trained.any():
+        piece_of_token = row_of(xp, backend.asarray(offsets_from_lengths(np, tokens_per_piece)), len(ids))
+        loss_mask = xp.maximum(by_span, backend.asarray(piece_trained)[piece_of_token])
+    else:  # chat: byte spans say it all
+        loss_mask = by_span
+    if any(r.given is not None for r in rendered):  # pre-tokenized rows bring their masks
+        host = backend.to_host(loss_mask).astype(np.int8)
+        for k, row in enumerate(rendered):
+            if row.given is not None:
+                host[token_offsets[k]:token_offsets[k + 1]] = row.given[1]
+        loss_mask = backend.asarray(host)
+    closing = np.fromiter((r.closing_piece for r in rendered), bool, num_rows)
+    keep_tail = np.zeros(num_rows, dtype=np.int64)
+    keep_tail[closing] = tokens_per_piece[piece_offsets[1:][closing] - 1]
+    lengths = np.diff(token_offsets)
+    over = lengths > rules.max_seq_len if rules.truncation in ("drop", "raise") else np.zeros(num_rows, dtype=bool)
+    # split: the writer cuts rows into windows, so none is truncated here
+    limit = max(int(lengths.max(initial=1)), 1) if rules.truncation == "split" else rules.max_seq_len
+    side = "left" if rules.truncation in ("left", "structured") else "right"
+    masked = truncate_and_filter(xp, ids_d, loss_mask, offsets_d, limit, valid & ~backend.asarray(over),
+                                 backend.asarray(keep_tail), side=side)
+    kept = xp.zeros(num_rows, dtype=xp.int64)
+    kept[masked.kept_rows] = 1
+    by_role = kept_span_tokens(xp, first, stop, span_offsets_d, offsets_d, limit, side, kept)
+    return MaskResult(masked, backend.to_host(valid), over, backend.to_host(by_role))
+
+
+def mask_chunk(run: RunContext, clock: Stopwatch, item: tuple[Prepared, Tokens | None]) -> Done:
+    prepared, tokens = item
+    if tokens is None:
+        return Done(prepared, None)
+    return Done(prepared, clock.time("mask", mask_rows, run, prepared.rows.payload, tokens))
