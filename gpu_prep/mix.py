@@ -21,7 +21,7 @@ import numpy as np
 
 from gpu_prep.errors import ConfigError, Drop
 from gpu_prep.format import RowError
-from gpu_prep.read import Columnar, InputFile, file_rows
+from gpu_prep.read import Columnar, FileRow, InputFile, file_rows
 
 DRAW_BLOCK = 1000  # datasets drawn at a time, as the seed's interleaving does (it fixes the order for a seed)
 
@@ -60,7 +60,6 @@ def dataset_order(lengths: list[int], ratios: list[float] | None, seed: int, str
                     return
 
 
-Row = tuple[int, int, Any, "tuple[str, str, Any] | None", int]  # file index, line, record, error, bytes
 
 
 @dataclass
@@ -75,7 +74,7 @@ class Dataset:
         """Its rows, handlers not run (a handler drops a row as a whole, so the count is the same)."""
         return sum(1 for file in self.files for _ in file_rows(file, None, max_row_bytes))
 
-    def rows(self, columnar: Columnar | None, max_row_bytes: int) -> Iterator[Row]:
+    def rows(self, columnar: Columnar | None, max_row_bytes: int) -> Iterator[FileRow]:
         for file in self.files:
             for line, record, error, nbytes in file_rows(file, columnar, max_row_bytes):
                 if error is None and record is not None:
@@ -101,7 +100,7 @@ class Dataset:
 
 
 def mixed_rows(datasets: list[Dataset], ratios: list[float] | None, seed: int, strategy: str,
-               columnar: Columnar | None, max_row_bytes: int) -> Iterator[Row]:
+               columnar: Columnar | None, max_row_bytes: int) -> Iterator[FileRow]:
     """Every row of the run, datasets mixed as the config says."""
     if ratios is None:
         for dataset in datasets:

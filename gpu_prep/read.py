@@ -32,6 +32,7 @@ CHUNK_BYTES = 4 << 20
 FIRST_CHUNK_BYTES = 256 << 10
 MAX_ROW_BYTES = 64 << 20  # input.max_row_bytes's default
 Row = tuple[int, Any, "tuple[str, str, Any] | None", int]  # line (or row) number, record, error, bytes of JSON
+FileRow = tuple[int, int, Any, "tuple[str, str, Any] | None", int]  # a Row with its file's index first
 
 
 @dataclass(frozen=True)
@@ -378,7 +379,7 @@ def part_rows(part: Part, columnar: Columnar | None = None, max_row_bytes: int =
 def read_chunks(files: list[InputFile], chunk_rows: int, max_items: int | None = None,
                 chunk_bytes: int = CHUNK_BYTES, columnar: Columnar | None = None, skip: int = 0,
                 max_row_bytes: int = MAX_ROW_BYTES,
-                rows: Iterator[tuple[int, int, Any, Any, int]] | None = None) -> Iterator[RawChunk]:
+                rows: Iterator[FileRow] | None = None) -> Iterator[RawChunk]:
     """Every row of every file, in order, in chunks of at most chunk_rows rows (or about chunk_bytes of
     JSON); stops after max_items rows. With `columnar`, JSON Lines files are read as columns. The first
     `skip` rows are read past (a resumed run has done them). `rows`: (file index, line, record, error,

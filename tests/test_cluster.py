@@ -283,3 +283,11 @@ def test_the_dedup_shuffle_finds_what_one_pass_in_order_finds(data: st.DataObjec
     for k, r in enumerate(ranges):
         want = {d for d in seq[r.start:r.stop] if d is not None and d in seq[:r.start]}
         assert {int(row[0]) for row in found.get(k, np.zeros((0, DIGEST), np.uint8))} == want, (k, r.start, r.stop)
+
+
+@pytest.mark.parametrize("spec", ["local:0", "local:two", "remote", "nowhere:3"])
+def test_connect_refuses_what_is_neither_local_nor_an_address(spec: str) -> None:
+    from gpu_prep.cluster.driver import connect
+
+    with pytest.raises(ConfigError, match="give local, local:N"), connect(spec, False, parse_config(BASE)):
+        pass

@@ -8,7 +8,6 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
 
 import numpy as np
 
@@ -17,13 +16,12 @@ from gpu_prep.cluster.plan import Job, Plan, Range
 from gpu_prep.filter import Deduplicator
 from gpu_prep.mask import Masked
 from gpu_prep.plugins import load_plugins
-from gpu_prep.read import part_rows, read_chunks
+from gpu_prep.read import FileRow, part_rows, read_chunks
 from gpu_prep.run.context import Decisions, RunContext, build_context, datasets_of
 from gpu_prep.run.overlap import Stopwatch
 from gpu_prep.run.stages import Done, Rows, mask_chunk, prepare_and_tokenize
 from gpu_prep.tokenizer import load_tokenizer
 
-Row = tuple[int, int, Any, Any, int]  # (file index, line, record, error, bytes), as read.read_chunks takes them
 _CONTEXTS: dict[str, RunContext] = {}
 
 
@@ -46,7 +44,7 @@ def worker_context(job: Job) -> RunContext:
 
 
 def part_rows_handled(run: RunContext, job: Job, p: int, first_line: int, data: bytes | None = None
-                      ) -> Iterator[Row]:
+                      ) -> Iterator[FileRow]:
     """(file index, line, record, error, bytes) of part p's rows, its dataset's handlers applied."""
     part = job.parts[p]
     dataset = run.dataset_of.get(part.file.index)
@@ -57,7 +55,7 @@ def part_rows_handled(run: RunContext, job: Job, p: int, first_line: int, data: 
         yield part.file.index, line, record, error, nbytes
 
 
-def _stream_rows(run: RunContext, job: Job, plan: Plan, s: int, row: int) -> Iterator[Row]:
+def _stream_rows(run: RunContext, job: Job, plan: Plan, s: int, row: int) -> Iterator[FileRow]:
     """Stream s's rows from its row `row` on; a mixed stream starts again from its first row when it runs
     out, as the single-process mixing does."""
     parts = job.streams[s]
@@ -72,7 +70,7 @@ def _stream_rows(run: RunContext, job: Job, plan: Plan, s: int, row: int) -> Ite
             row = 0
 
 
-def range_rows(run: RunContext, job: Job, plan: Plan, rng: Range) -> Iterator[Row]:
+def range_rows(run: RunContext, job: Job, plan: Plan, rng: Range) -> Iterator[FileRow]:
     if rng.order is None:
         yield from islice(_stream_rows(run, job, plan, 0, rng.rows_at[0]), rng.stop - rng.start)
         return

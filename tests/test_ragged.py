@@ -1,0 +1,53 @@
+"""The ragged-array primitives (ragged.py) against plain loops, the length and dedup filter (filter.py), and
+failpoints (failpoint.py), which the crash tests rely on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpu_prep.backend import CPU
+from gpu_prep.config import parse_config
+from gpu_prep.errors import Drop
+from gpu_prep.filter import Deduplicator, filter_rows
+from gpu_prep.ragged import offsets_from_lengths, row_of, segment_sums
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 5), max_size=12))
+def test_offsets_rows_and_sums_match_plain_loops(lengths: list[int]) -> None:
+    offsets = offsets_from_lengths(np, np.array(lengths, dtype=np.int64))
+    assert offsets.tolist() == [sum(lengths[:k]) for k in range(len(lengths) + 1)]
+    n = int(offsets[-1])
+    assert row_of(np, offsets, n).tolist() == [r for r, size in enumerate(lengths) for _ in range(size)]
+    values = np.arange(n, dtype=np.int64) * 3 + 1
+    want = [int(values[offsets[r]:offsets[r + 1]].sum()) for r in range(len(lengths))]
+    assert segment_sums(np, values, offsets).tolist() == want
+
+
+def test_filter_drops_short_text_long_rows_and_later_duplicates() -> None:
+    config = parse_config({"input": {"type": "text"}, "preprocessing": {"min_chars": 3, "max_chars": 8}})
+    texts = ["ab", "abcd", "abcdefghij", "abcd", "xyz"]
+    pretraining = np.array([True, True, True, True, False])
+    dedup = Deduplicator()
+    reasons = filter_rows(CPU, texts, texts, pretraining, config, dedup)
+    assert reasons == [Drop.TOO_SHORT, None, Drop.TOO_LONG, Drop.DUPLICATE, None]
+    # only rows that passed the length rules are remembered, and the next chunk sees them
+    assert len(dedup.take_added()) == 2 and dedup.take_added() == []
+    assert filter_rows(CPU, ["xyz"], ["xyz"], np.array([True]), config, dedup) == [Drop.DUPLICATE]
+    assert filter_rows(CPU, ["xyz"], ["xyz"], np.array([True]), config, None) == [None]  # deduplicate off
+
+
+def test_a_failpoint_kills_the_process_the_nth_time_only() -> None:
+    code = "from gpu_prep.failpoint import failpoint\nfor k in range(5):\n    print(k, flush=True)\n    failpoint('here')\n"
+    env = {**os.environ, "GPU_PREP_FAILPOINT": "here:3"}
+    killed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert killed.returncode == -9 and killed.stdout.split() == ["0", "1", "2"]
+    env.pop("GPU_PREP_FAILPOINT")
+    free = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert free.returncode == 0 and free.stdout.split() == ["0", "1", "2", "3", "4"]
