@@ -4,7 +4,7 @@ Every algorithm over arrays (mask projection, offsets arithmetic, truncation, sh
 against `xp` in the stage modules, so the CPU tests execute the code the GPU runs. This is the only module
 that imports cupy, cudf or rmm, and it does so lazily: `import gpu_prep` never needs them.
 
-Every cuDF/CuPy/RMM entry point used here (and dask-cuda's, used by cluster.py) is listed in GPU_API and
+Every cuDF/CuPy/RMM entry point used here (and dask-cuda's, used by cluster/driver.py) is listed in GPU_API and
 checked against the installed wheels by tests/test_gpu_api_contract.py, so a renamed or removed API fails CI
 even though CI has no GPU.
 """
@@ -54,7 +54,7 @@ GPU_API: list[tuple[str, str, tuple[str, ...]]] = [
     ("cudf.core.accessors.lists", "ListMethods.leaves", ()),
     ("cudf", "read_json", ("lines", "byte_range", "dtype", "prune_columns", "on_bad_lines")),
     ("cudf", "DataFrame.to_arrow", ()),
-    # cluster.py's local cluster of GPU workers (one per GPU) with the config's memory pool and spilling.
+    # cluster/driver.py's local cluster of GPU workers (one per GPU) with the config's memory pool and spilling.
     ("dask_cuda", "LocalCUDACluster", ("n_workers", "threads_per_worker", "rmm_pool_size", "enable_cudf_spill")),
 ]
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_prep.backend import CPU, select_backend
+from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import Interrupted
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter import Deduplicator
@@ -43,7 +44,7 @@ from gpu_prep.tokenizer import load_tokenizer
 __all__ = ["MANIFEST", "Options", "run"]
 
 
-def run(config: Any, inputs: list[str], out_dir: str | Path, options: Options | None = None) -> dict[str, Any]:
+def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, options: Options | None = None) -> dict[str, Any]:
     """Run the whole pipeline and return the manifest (also written to OUT_DIR/manifest.json).
 
     With options.resume, the interrupted run in OUT_DIR is finished from its last checkpoint (a finished
@@ -60,7 +61,7 @@ def run(config: Any, inputs: list[str], out_dir: str | Path, options: Options | 
     clock.time("load tokenizer", tok.prepare_engines, config.tokenizer.engine)
     # On a cluster this process only decides, accounts and writes: the workers take the GPUs.
     device = options.device_for(config)
-    backend = CPU if options.cluster else select_backend(device, config.gpu.rmm_pool_size, config.gpu.spill)
+    backend = CPU if options.cluster is not None else select_backend(device, config.gpu.rmm_pool_size, config.gpu.spill)
     prepare_output(out_dir, options.overwrite, options.resume)
     identity = {"config_sha256": config.sha256(), "tokenizer": tok.identity()}  # hashes files: once a run
     resume_identity = run_identity(identity["config_sha256"], files, identity["tokenizer"])

@@ -1,7 +1,7 @@
 """The stages a chunk of rows goes through, each a function from a named input to a named result:
 
     RawChunk --format--> Formatted --filter--> Rows --render--> Rows of RenderedRow
-             --tokenize--> Tokens --mask--> MaskResult            (then run/commit.py, in input order)
+             --tokenize--> Encoded --mask--> MaskResult            (then run/commit.py, in input order)
 
 Row-level Python appears only where no columnar form exists (JSON records into the canonical shape, Jinja
 rendering); everything over tokens is array code on the backend's `xp` (mask.py). Nothing here knows about
@@ -48,7 +48,7 @@ class Dropped:
 @dataclass
 class Rows:
     """The rows of a chunk still alive after a stage: their places in the chunk and what they carry (a
-    Conversation / Segments / Tokens after format, a RenderedRow after render)."""
+    Conversation / Segments / format.Tokens after format, a RenderedRow after render)."""
 
     index: list[int] = field(default_factory=list)
     domain: list[str] = field(default_factory=list)
@@ -91,7 +91,9 @@ class Prepared:
 
 
 @dataclass(frozen=True)
-class Tokens:
+class Encoded:
+    """A chunk's pieces as token ids."""
+
     ids: np.ndarray  # flat, every piece of every row in order
     per_piece: np.ndarray  # tokens of each piece
 
@@ -226,10 +228,10 @@ def prepare(chunks: Iterator[RawChunk], run: RunContext, dedup: Deduplicator | N
 # ---------------------------------------------------------------- tokenize
 
 
-def tokenize_rows(encode: Callable, rendered: list[RenderedRow]) -> Tokens:
+def tokenize_rows(encode: Callable, rendered: list[RenderedRow]) -> Encoded:
     ids, counts = encode([p for row in rendered for p in row.pieces])
     if all(row.given is None for row in rendered):
-        return Tokens(ids, counts)
+        return Encoded(ids, counts)
     # Pre-tokenized rows bring their ids: each has one empty piece, which takes them.
     parts, piece, at = [], 0, 0
     counts = counts.copy()
@@ -242,7 +244,7 @@ def tokenize_rows(encode: Callable, rendered: list[RenderedRow]) -> Tokens:
             parts.append(ids[at:at + n])
             at += n
         piece += len(row.pieces)
-    return Tokens(np.concatenate(parts).astype(np.int64, copy=False), counts)
+    return Encoded(np.concatenate(parts).astype(np.int64, copy=False), counts)
 
 
 def _engine_sample_size(rendered: list[RenderedRow]) -> int:
@@ -267,7 +269,7 @@ class Tokenizing:
             run.tok.restore_engine(*decisions.engine, run.threads)
             self.encode = run.backend.encoder(run.tok)
 
-    def __call__(self, rendered: list[RenderedRow], clock: Stopwatch) -> Tokens:
+    def __call__(self, rendered: list[RenderedRow], clock: Stopwatch) -> Encoded:
         failpoint("tokenize")
         if self.encode is not None:
             return clock.time("tokenize", tokenize_rows, self.encode, rendered)
@@ -282,7 +284,7 @@ class Tokenizing:
 
 
 def prepare_and_tokenize(chunks: Iterator[RawChunk], run: RunContext, dedup: Deduplicator | None, clock: Stopwatch,
-                         decisions: Decisions, overlap: bool = True) -> Iterator[tuple[Prepared, Tokens | None]]:
+                         decisions: Decisions, overlap: bool = True) -> Iterator[tuple[Prepared, Encoded | None]]:
     """Chunks read -> formatted, filtered, rendered (with overlap, a chunk ahead in a thread of its own)
     and tokenized."""
     tokenizing = Tokenizing(run, decisions)
@@ -294,7 +296,7 @@ def prepare_and_tokenize(chunks: Iterator[RawChunk], run: RunContext, dedup: Ded
 # ---------------------------------------------------------------- mask
 
 
-def mask_rows(run: RunContext, rendered: list[RenderedRow], tokens: Tokens) -> MaskResult:
+def mask_rows(run: RunContext, rendered: list[RenderedRow], tokens: Encoded) -> MaskResult:
     """Loss masks, truncation and the rows left with nothing to train."""
     backend, xp, rules = run.backend, run.backend.xp, run.config.preprocessing
     ids, tokens_per_piece = tokens.ids, tokens.per_piece
@@ -348,7 +350,7 @@ def mask_rows(run: RunContext, rendered: list[RenderedRow], tokens: Tokens) -> M
     return MaskResult(masked, backend.to_host(valid), over, backend.to_host(by_role))
 
 
-def mask_chunk(run: RunContext, clock: Stopwatch, item: tuple[Prepared, Tokens | None]) -> Done:
+def mask_chunk(run: RunContext, clock: Stopwatch, item: tuple[Prepared, Encoded | None]) -> Done:
     prepared, tokens = item
     if tokens is None:
         return Done(prepared, None)
