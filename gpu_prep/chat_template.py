@@ -9,6 +9,8 @@ templates can only reach what the sandbox allows.
 from __future__ import annotations
 
 import json
+import re
+import threading
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -19,8 +21,20 @@ from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
+GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+_tracking = threading.local()  # the rendering in progress on this thread that records generation spans
+
+
+class _Tracker:
+    def __init__(self) -> None:
+        self.length = 0  # characters the template has written so far
+        self.spans: list[tuple[int, int]] = []
+
+
 class _GenerationTag(Extension):
-    """{% generation %}...{% endgeneration %} renders its body unchanged (transformers uses it for masks)."""
+    """{% generation %}...{% endgeneration %} renders its body unchanged; while ChatTemplate.render_marked
+    runs, it also records where the body lies in the output, as transformers does for
+    return_assistant_tokens_mask: from the characters the template has yielded so far."""
 
     tags = {"generation"}
 
@@ -30,7 +44,11 @@ class _GenerationTag(Extension):
         return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
 
     def _body(self, caller: Any) -> str:
-        return caller()
+        body = caller()
+        tracker = getattr(_tracking, "tracker", None)
+        if tracker is not None:
+            tracker.spans.append((tracker.length, tracker.length + len(body)))
+        return body
 
 
 class _Namespace(jinja2.utils.Namespace):
@@ -77,14 +95,38 @@ def compile_template(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
-class ChatTemplate:
-    """A compiled template plus the special-token variables templates read (bos_token, eos_token, ...)."""
+def has_generation_markers(source: str) -> bool:
+    return GENERATION_TAG.search(source) is not None
 
-    def __init__(self, source: str, special_tokens: dict[str, str]) -> None:
+
+class ChatTemplate:
+    """A compiled template plus the variables it reads besides the conversation: the tokenizer's special
+    tokens (bos_token, eos_token, ...) and the config's chat_template_kwargs, which win, as in transformers."""
+
+    def __init__(self, source: str, special_tokens: dict[str, str], kwargs: dict[str, Any] | None = None) -> None:
+        self.source = source
         self.template = compile_template(source)
-        self.variables = dict(special_tokens)
+        self.variables = {**special_tokens, **(kwargs or {})}
+        self.marked = has_generation_markers(source)
+
+    def _arguments(self, messages: list[dict[str, Any]], tools: list[Any] | None, documents: list[Any] | None,
+                   add_generation_prompt: bool) -> dict[str, Any]:
+        return {"messages": messages, "tools": tools, "documents": documents,
+                "add_generation_prompt": add_generation_prompt, **self.variables}
 
     def render(self, messages: list[dict[str, Any]], tools: list[Any] | None = None,
-               add_generation_prompt: bool = False) -> str:
-        return self.template.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                    **self.variables)
+               documents: list[Any] | None = None, add_generation_prompt: bool = False) -> str:
+        return self.template.render(**self._arguments(messages, tools, documents, add_generation_prompt))
+
+    def render_marked(self, messages: list[dict[str, Any]], tools: list[Any] | None = None,
+                      documents: list[Any] | None = None) -> tuple[str, list[tuple[int, int]]]:
+        """The rendering and the character spans its {% generation %} blocks wrote, in order."""
+        tracker = _tracking.tracker = _Tracker()
+        blocks = []
+        try:
+            for block in self.template.generate(**self._arguments(messages, tools, documents, False)):
+                blocks.append(block)
+                tracker.length += len(block)
+        finally:
+            _tracking.tracker = None
+        return "".join(blocks), tracker.spans

@@ -75,6 +75,10 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
     for role, n in totals.get("messages_left_out_by_template", {}).items():
         err.print(f"[yellow]warning:[/] the chat template left out the content of {n:,} message(s) with role "
                   f"{role!r} (a role it does not render); those rows were written without that text", highlight=False)
+    for role, n in totals.get("parse_report", {}).get("trained_roles_not_marked_by_template", {}).items():
+        err.print(f"[yellow]warning:[/] the mask rules train role {role!r}, but the chat template's {{% generation %}} "
+                  f"markers never mark it ({n:,} message(s) left untrained); set input.mask_method: roles to train "
+                  "it by role spans", highlight=False)
 
 
 @app.command()

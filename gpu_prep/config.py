@@ -69,6 +69,11 @@ class InputConfig(_Frozen):
     # (what trainers expect); "turn" labels the whole rendered turn, header included, as the seed's
     # per-message rendering did.
     mask_scope: Literal["content", "turn"] = "content"
+    # gpu-prep's own: what says which text of a conversation is trained. auto: the chat template's
+    # {% generation %} markers when it has them (as transformers' return_assistant_tokens_mask reads them,
+    # narrowed by the mask rules' roles), else role spans; generation: the markers (a template without them
+    # is an error); roles: role spans, with mask_scope, train_on_eos and think_loss, whatever the template.
+    mask_method: Literal["auto", "generation", "roles"] = "auto"
     train_end_of_turn: bool = True
     # Which end-of-turn tokens are trained (content scope): those closing trained turns, every turn's, the
     # last trained turn's, or none (train_end_of_turn false means none too).
@@ -202,7 +207,10 @@ class OutputConfig(_Frozen):
 class TokenizerConfig(_Frozen):
     """gpu-prep's own: which tokenizer, and which engine runs it."""
 
-    name: str | None = None  # a directory or a bundled name
+    # A directory, a bundled name, or a model id on the Hugging Face hub ("Qwen/Qwen2.5-7B-Instruct"),
+    # found in the hub cache (HF_HOME, HF_HUB_CACHE; needs the hub extra).
+    name: str | None = None
+    revision: str | None = None  # a model id's branch, tag or commit (null: main)
     # auto: tiktoken where it reproduces HF exactly on a sample of the input, else HF tokenizers.
     engine: Literal["auto", "hf", "tiktoken"] = "auto"
 
@@ -271,6 +279,12 @@ class PipelineConfig(_Frozen):
     # gpu-prep's own: the chat template (gpu_prep/templates.py): tokenizer_default, tokenizer_default_fallback_chatml,
     # a name written here (chatml, qwen3, llama3, gemma, mistral, deepseek), a .jinja file or a Jinja string.
     chat_template: str = "tokenizer_default"
+    # gpu-prep's own: which of a tokenizer's named templates (tokenizer_config.json's list of {name,
+    # template}, or additional_chat_templates/<name>.jinja) to use, e.g. "tool_use" (null: "default").
+    chat_template_name: str | None = None
+    # Extra variables handed to the chat template, as transformers' apply_chat_template(**kwargs) does:
+    # enable_thinking, reasoning_effort, a custom date string, ...
+    chat_template_kwargs: dict[str, Any] = {}
     input: InputConfig = InputConfig()
     mask: dict[str, Action] = {}
     mask_default: Action = "mask"

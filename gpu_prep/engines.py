@@ -38,6 +38,14 @@ class HfEngine:
     def encode(self, pieces: list[str]) -> tuple[np.ndarray, np.ndarray]:
         return _pack([e.ids for e in self.engine.encode_batch_fast(pieces, add_special_tokens=False)])
 
+    def encode_offsets(self, pieces: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """encode() plus the start and end character, in its piece, of every token."""
+        encodings = self.engine.encode_batch(pieces, add_special_tokens=False)
+        ids, counts = _pack([e.ids for e in encodings])
+        flat = np.fromiter(chain.from_iterable(chain.from_iterable(e.offsets for e in encodings)), np.int64,
+                           2 * len(ids)).reshape(-1, 2)
+        return ids, counts, flat[:, 0].copy(), flat[:, 1].copy()
+
 
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[int, int]:

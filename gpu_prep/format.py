@@ -37,6 +37,7 @@ class RowError(Exception):
 class Conversation:
     messages: list[dict[str, Any]]
     tools: list[Any] | None = None
+    documents: list[Any] | None = None  # the row's "documents" (retrieved passages), for templates that read them
     # What building it did, for the parse report: "moved_reasoning_keys", "extracted_think_from_content",
     # "tools_parsed_from_string" (once per occurrence).
     notes: tuple[str, ...] = ()
@@ -186,7 +187,11 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
             extra["reasoning_content"] = reasoning
         messages.append({**extra, "role": role, "content": content})
     tools, parsed = _tools(record)
-    return Conversation(messages, tools=tools, notes=(*notes, *["tools_parsed_from_string"] * parsed))
+    documents = record.get("documents")
+    if documents is not None and not (isinstance(documents, list) and all(isinstance(d, dict) for d in documents)):
+        raise RowError(Drop.WRONG_TYPE, f"field 'documents' must be a list of objects, got {_type_name(documents)}")
+    return Conversation(messages, tools=tools, documents=documents or None,
+                        notes=(*notes, *["tools_parsed_from_string"] * parsed))
 
 
 _THINK = re.compile(r"\s*<think>(.*?)</think>\s*", re.DOTALL)

@@ -1,4 +1,4 @@
-"""mask: token byte positions + trained byte spans -> loss_mask; truncation; rows left with nothing to train.
+"""mask: token places + trained spans -> loss_mask; truncation; rows left with nothing to train.
 
 Written once against the array module `xp` (numpy or cupy). Ragged data is flat values + int64 offsets.
 loss_mask: 1 = the token counts in the loss, 0 = it does not. A token is trained when any of its bytes lies
@@ -13,43 +13,76 @@ from typing import Any
 from gpu_prep.ragged import offsets_from_lengths, row_of, segment_sums  # noqa: F401  (re-exported)
 
 
-def span_tokens(xp: Any, positions: Any, token_offsets: Any, span_start: Any, span_end: Any,
-                span_offsets: Any) -> tuple[Any, Any]:
-    """The tokens [a, b) each span trains (any of a token's bytes in the span), made disjoint: a token on
-    the edge of two spans counts for the first. b - a may be 0 or less (the span trains no token).
+@dataclass(frozen=True)
+class Places:
+    """Where every token lies in the running coordinates of all rows (bytes for byte-level BPE, characters
+    where the tokenizer reports offsets): token t covers [starts[t], ends[t]); row r spans [base[r],
+    limit[r]). Both starts and ends grow (never shrink) from token to token."""
 
-    positions: where each token starts in the running bytes of all rows, and where the last one ends
-    (offsets_from_lengths of the tokens' byte lengths); token_offsets: tokens of each row.
-    span_start/span_end: trained byte ranges relative to their row, sorted and disjoint within a row;
+    starts: Any
+    ends: Any
+    base: Any
+    limit: Any
+
+
+def contiguous_places(xp: Any, positions: Any, token_offsets: Any) -> Places:
+    """Places of tokens that cover their rows byte for byte: positions are where each token starts in the
+    running bytes of all rows, and where the last one ends (offsets_from_lengths of the tokens' byte
+    lengths); token_offsets: tokens of each row."""
+    return Places(positions[:-1], positions[1:], positions[token_offsets[:-1]], positions[token_offsets[1:]])
+
+
+def offset_places(xp: Any, starts: Any, ends: Any, tokens_per_piece: Any, piece_lengths: Any, piece_offsets: Any
+                  ) -> tuple[Places, Any]:
+    """Places from the offsets a tokenizer reports, each relative to its piece (tokens_per_piece tokens of
+    piece_lengths characters each; piece_offsets: the pieces of each row), and per row whether its offsets
+    grow from token to token and stay inside their piece, as span_tokens needs (a row whose do not cannot
+    be masked exactly)."""
+    token_offsets = offsets_from_lengths(xp, tokens_per_piece)
+    base = offsets_from_lengths(xp, piece_lengths)
+    piece = row_of(xp, token_offsets, len(starts))
+    starts, ends = starts + base[piece], ends + base[piece]
+    bad = (ends > base[1:][piece]).astype(xp.int64)
+    if len(starts) > 1:
+        bad[1:] += (starts[1:] < starts[:-1]) | (ends[1:] < ends[:-1])
+    ordered = segment_sums(xp, segment_sums(xp, bad, token_offsets), piece_offsets) == 0
+    return Places(starts, ends, base[piece_offsets[:-1]], base[piece_offsets[1:]]), ordered
+
+
+def span_tokens(xp: Any, places: Places, span_start: Any, span_end: Any, span_offsets: Any) -> tuple[Any, Any]:
+    """The tokens [a, b) each span trains (any of a token's bytes or characters in the span), made
+    disjoint: a token on the edge of two spans counts for the first. b - a may be 0 or less (the span
+    trains no token).
+
+    span_start/span_end: trained ranges relative to their row, sorted and disjoint within a row;
     span_offsets: spans of each row.
     """
     if len(span_start) == 0:
         none = xp.zeros(0, dtype=xp.int64)
         return none, none
-    # Each row's byte 0 in the running positions: where its first token starts.
-    row_base, row_limit = positions[token_offsets[:-1]], positions[token_offsets[1:]]
     span_row = row_of(xp, span_offsets, len(span_start))
-    # Clipped to the row's tokens, so spans stay sorted even where a row's tokens miss bytes.
-    start = xp.minimum(span_start + row_base[span_row], row_limit[span_row])
-    end = xp.minimum(span_end + row_base[span_row], row_limit[span_row])
-    # Span s trains tokens [a_s, b_s): those ending after it starts and starting before it ends. Positions
-    # only grow, so two searches per span (not one per token) find them, and both a and b grow with s.
-    a = xp.searchsorted(positions[1:], start, side="right")
-    b = xp.searchsorted(positions[:-1], end, side="left")
+    # Clipped to the row, so spans stay sorted even where a row's tokens miss bytes.
+    limit = places.limit[span_row]
+    start = xp.minimum(span_start + places.base[span_row], limit)
+    end = xp.minimum(span_end + places.base[span_row], limit)
+    # Span s trains tokens [a_s, b_s): those ending after it starts and starting before it ends. Token
+    # places only grow, so two searches per span (not one per token) find them, and both a and b grow with s.
+    a = xp.searchsorted(places.ends, start, side="right")
+    b = xp.searchsorted(places.starts, end, side="left")
     a = xp.maximum(a, xp.concatenate([xp.zeros(1, dtype=b.dtype), b[:-1]]))
     return a, b
 
 
 def project(xp: Any, positions: Any, token_offsets: Any, span_start: Any, span_end: Any, span_offsets: Any) -> Any:
-    """loss_mask (int8) for every token: 1 where a token holds a byte of a trained span (see span_tokens
-    for the arguments)."""
-    return mask_from_ranges(xp, positions, *span_tokens(xp, positions, token_offsets, span_start, span_end,
-                                                        span_offsets))
+    """loss_mask (int8) for every token of rows covered byte for byte (contiguous_places' arguments): 1
+    where a token holds a byte of a trained span."""
+    places = contiguous_places(xp, positions, token_offsets)
+    return mask_from_ranges(xp, places, *span_tokens(xp, places, span_start, span_end, span_offsets))
 
 
-def mask_from_ranges(xp: Any, positions: Any, a: Any, b: Any) -> Any:
+def mask_from_ranges(xp: Any, places: Places, a: Any, b: Any) -> Any:
     """loss_mask (int8) from span_tokens' ranges."""
-    n = len(positions) - 1
+    n = len(places.starts)
     if len(a) == 0:
         return xp.zeros(n, dtype=xp.int8)
     # Empty ranges and the edges where one ends as the next begins are left out: what remains are distinct
@@ -62,7 +95,7 @@ def mask_from_ranges(xp: Any, positions: Any, a: Any, b: Any) -> Any:
     change[a[turns_on]] = 1
     change[b[turns_off]] = -1
     mask = xp.cumsum(change[:n], dtype=xp.int8)
-    mask *= positions[1:] > positions[:-1]  # a token of no bytes holds none of a span's
+    mask *= places.ends > places.starts  # a token of no bytes holds none of a span's
     return mask
 
 

@@ -7,13 +7,16 @@ When substituting the contents back reproduces the real rendering, the content s
 template changes a content (trim, reasoning moved), the glue is matched in order in the real rendering and
 whatever the template wrote in a content's place is that content's span.
 
-Spans are labelled with the role (or field); the mask rules then pick the trained ones. Positions are
-UTF-8 byte offsets into the text the tokenizer sees, after the tokenizer's Unicode normalization, which is
-applied piece by piece so that positions and text agree.
+Spans are labelled with the role (or field); the mask rules then pick the trained ones. For byte-level BPE,
+positions are UTF-8 byte offsets into the text the tokenizer sees, after the tokenizer's Unicode
+normalization, which is applied piece by piece so that positions and text agree. For every other tokenizer
+(ctx.offsets) they stay character offsets into the rendered text, the coordinates of the offsets the
+tokenizer reports.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import re
@@ -33,6 +36,7 @@ from gpu_prep.format import Conversation, RowError, Segments, Shape, Tokens
 if TYPE_CHECKING:
     from gpu_prep.chat_template import ChatTemplate
     from gpu_prep.config import PipelineConfig
+    from gpu_prep.templates import Chosen
 
 
 Span = tuple[int, int, str | bool, str]  # start, end, label (a role, or True / False outright), message role
@@ -45,15 +49,21 @@ class RenderContext:
     template: ChatTemplate | None
     end_of_turn: tuple[str, ...]
     normalization: str | None  # "NFC", "NFKC", ... or None
-    span_problem: str | None  # why this tokenizer cannot take byte-span masks (chat), or None
+    offsets: bool  # spans in characters, for the offsets the tokenizer reports (else bytes)
     prefix_text: str  # what the tokenizer adds before a plain text (BOS, [CLS]), as text
     suffix_text: str  # what it adds after one ([SEP]), as text
     eos_text: str | None
     vocab_size: int = 0  # ids of pre-tokenized rows must be below it
+    generation: bool = False  # {% generation %} blocks, where the template has them, say what is trained
+    tool_template: ChatTemplate | None = None  # rows with tools take this one (the tokenizer's tool_use)
+    template_source: Chosen | None = None  # where the template came from, for the manifest
     affix: AffixTemplate | None = None  # the template as plain concatenation, when it is one
     first_tokens: Callable[[str, int], str] | None = None  # a text's first n tokens (input.think_max_tokens)
     count_tokens: Callable[[str], int] | None = None  # a text's tokens (structured truncation)
     _trains: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)  # label -> trained
+
+    def template_for(self, conv: Conversation) -> ChatTemplate:
+        return self.tool_template if conv.tools and self.tool_template is not None else self.template
 
     def eot_pattern(self) -> re.Pattern[str]:
         return _eot_pattern(self.end_of_turn)
@@ -78,10 +88,12 @@ def _eot_pattern(end_of_turn: tuple[str, ...]) -> re.Pattern[str]:
 class RenderedRow:
     pieces: list[str]  # tokenized independently, concatenated
     piece_trained: list[bool]  # every token of such a piece is trained
-    spans: list[tuple[int, int]]  # trained byte ranges [start, end) of the concatenated text, sorted, disjoint
+    spans: list[tuple[int, int]]  # trained ranges [start, end) of the concatenated text (bytes, or
+    # characters with RenderContext.offsets), sorted, disjoint
     num_bytes: int
     closing_piece: bool = False  # the last piece (a tokenizer's [SEP]) survives truncation
     left_out: tuple[str, ...] = ()  # roles of messages the chat template did not render
+    unmarked: tuple[str, ...] = ()  # roles of trained messages no {% generation %} span belongs to
     notes: tuple[str, ...] = ()  # what structured truncation did, for the parse report
     span_roles: list[str] = field(default_factory=list)  # the role each span's trained tokens count under
     given: tuple[np.ndarray, np.ndarray] | None = None  # a pre-tokenized row's ids and loss mask (one empty piece)
@@ -92,8 +104,10 @@ def _content_regions(real: str, skeleton: str, contents: dict[int, str], exact_o
     """[(message index, start, end)] of every content in the real rendering (None: not exact, when asked)."""
     parts = SENTINEL_RE.split(skeleton)
     literals, order = parts[0::2], [int(i) for i in parts[1::2]]
-    if any(b <= a for a, b in pairwise(order)):
-        raise RowError(Drop.TEMPLATE_ERROR, "the chat template repeats or reorders message contents")
+    # Contents may come out of order (a template that moves the system prompt into the last user turn);
+    # written twice, no single place would be the message's.
+    if len(set(order)) < len(order):
+        raise RowError(Drop.TEMPLATE_ERROR, "the chat template writes a message's content more than once")
     rebuilt = literals[0] + "".join(contents[i] + lit for i, lit in zip(order, literals[1:]))
     regions = []
     pos = len(literals[0])
@@ -117,9 +131,18 @@ def _content_regions(real: str, skeleton: str, contents: dict[int, str], exact_o
     return regions
 
 
-def _render(template: ChatTemplate, messages: list[dict], tools: list | None) -> str:
+def _render(template: ChatTemplate, messages: list[dict], conv: Conversation) -> str:
+    return _marked(template, messages, conv, marked=False)[0]
+
+
+def _marked(template: ChatTemplate, messages: list[dict], conv: Conversation, marked: bool = True
+            ) -> tuple[str, list[tuple[int, int]]]:
+    """The rendering of these messages with the row's tools and documents (and, when marked, the spans its
+    {% generation %} blocks wrote); a template that raises drops the row with its own message."""
     try:
-        return template.render(messages, tools)
+        if marked:
+            return template.render_marked(messages, conv.tools, conv.documents)
+        return template.render(messages, conv.tools, conv.documents), []
     except jinja2.exceptions.TemplateError as exc:
         raise RowError(Drop.TEMPLATE_ERROR, f"the chat template refused the row: {exc}") from None
 
@@ -129,7 +152,7 @@ def _locate_contents(real: str, conv: Conversation, template: ChatTemplate) -> l
     still be trained) unless the template renders empty contents differently, then it gets none."""
     def skeleton(indices: dict[int, str]) -> str:
         masked = [{**m, "content": SENTINEL.format(i)} if i in indices else m for i, m in enumerate(conv.messages)]
-        return _render(template, masked, conv.tools)
+        return _render(template, masked, conv)
 
     every = {i: m["content"] for i, m in enumerate(conv.messages)}
     non_empty = {i: c for i, c in every.items() if c}
@@ -190,11 +213,11 @@ def _turn_spans(real: str, regions: list[tuple[int, int, int]], roles: list[str]
     return [(a, b, roles[i]) for (i, _, _), a, b in zip(regions, bounds, bounds[1:])]
 
 
-def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, list[Span], tuple[str, ...]]:
-    """The rendered conversation, its labelled character spans, and the roles of messages whose content
-    the template left out (a role it does not know, say): counted, since their text is not in the row."""
-    if ctx.span_problem:
-        raise ConfigError(ctx.span_problem)
+def conversation_spans(conv: Conversation, ctx: RenderContext
+                       ) -> tuple[str, list[Span], tuple[str, ...], tuple[str, ...]]:
+    """The rendered conversation, its labelled character spans, the roles of messages whose content the
+    template left out (a role it does not know, say: counted, since their text is not in the row), and
+    the roles of trained messages the template's {% generation %} markers never mark (reported)."""
     if ctx.template is None:
         raise ConfigError("chat rows need a chat template: the tokenizer's tokenizer_config.json has none; "
                           'name one with the config key chat_template (say "chatml")')
@@ -203,20 +226,26 @@ def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, lis
         conv = dataclasses.replace(conv, messages=[
             {**m, "reasoning_content": ctx.first_tokens(m["reasoning_content"], limit)}
             if isinstance(m.get("reasoning_content"), str) else m for m in conv.messages])
-    if ctx.affix is not None and ctx.affix.covers(conv.messages, conv.tools):
+    generated: list[tuple[int, int]] = []
+    template = ctx.template_for(conv)
+    marked = ctx.generation and template.marked
+    if ctx.affix is not None and ctx.affix.covers(conv.messages, conv.tools) and not conv.documents:
         real, regions = ctx.affix.render(conv.messages)
     else:
-        real = _render(ctx.template, conv.messages, conv.tools)
-        regions = _locate_contents(real, conv, ctx.template)
+        real, generated = _marked(template, conv.messages, conv, marked=marked)
+        regions = _locate_contents(real, conv, template)
     roles = [m["role"] for m in conv.messages]
     located = {i for i, _, _ in regions}
     left_out = tuple(roles[i] for i, m in enumerate(conv.messages) if m["content"] and i not in located)
     if not regions:
-        return real, [], left_out
+        return real, [], left_out, ()
     labels = _labels(conv, ctx)
+    if marked:
+        spans = _generation_spans(real, generated, regions, labels, conv, ctx)
+        return real, spans, left_out, _unmarked(spans, regions, labels, conv, ctx)
     if ctx.config.input.mask_scope == "turn":  # one span per region, in order
         turns = _turn_spans(real, regions, labels, ctx)
-        return real, [(a, b, label, roles[i]) for (a, b, label), (i, _, _) in zip(turns, regions)], left_out
+        return real, [(a, b, label, roles[i]) for (a, b, label), (i, _, _) in zip(turns, regions)], left_out, ()
     # A trained content runs on to the end-of-turn token that closes it: what the template writes between
     # them (tool calls, a space) is the same turn's output. train_on_eos says which turns' end-of-turn
     # tokens are trained: those of trained turns (turn), of every turn (all), of the last trained turn
@@ -245,7 +274,35 @@ def conversation_spans(conv: Conversation, ctx: RenderContext) -> tuple[str, lis
                 spans.append((end, match.end(), labels[i], role))
         else:  # the content and its end-of-turn token as one span
             spans.append((start, match.end() if match else end, labels[i], role))
-    return real, spans, left_out
+    return real, spans, left_out, ()
+
+
+def _generation_spans(real: str, generated: list[tuple[int, int]], regions: list[tuple[int, int, int]],
+                      labels: list[str | bool], conv: Conversation, ctx: RenderContext) -> list[Span]:
+    """The template's {% generation %} spans, each labelled with the message it belongs to (the first whose
+    content ends at or after the span's start: the span holds that message's header, reasoning, content or
+    end-of-turn text), so role rules, training flags and training detail still narrow them."""
+    ends = [end for _, _, end in regions]
+    spans: list[Span] = []
+    for start, end in generated:
+        k = min(bisect.bisect_left(ends, start), len(regions) - 1)
+        i, content_start, content_end = regions[k]
+        message = conv.messages[i]
+        key = ctx.config.input.message_training_detail_key
+        detail = _detail(message, i, real[content_start:content_end], key) if key else []
+        shift = content_start - start  # detail ranges count from the content's start
+        detail = [(max(a + shift, 0), min(b + shift, end - start), train) for a, b, train in detail]
+        spans.extend(_split(start, end, labels[i], message["role"], [d for d in detail if d[1] > d[0]]))
+    return spans
+
+
+def _unmarked(spans: list[Span], regions: list[tuple[int, int, int]], labels: list[str | bool],
+              conv: Conversation, ctx: RenderContext) -> tuple[str, ...]:
+    """The roles of trained messages no {% generation %} span belongs to (reported: a mask rule trains a
+    role the template never marks, so nothing of it is trained)."""
+    marked = {role for _, _, _, role in spans}
+    return tuple(conv.messages[i]["role"] for i, _, _ in regions
+                 if ctx.trains(labels[i]) and conv.messages[i]["role"] not in marked)
 
 
 def _split(start: int, end: int, label: str | bool, role: str, detail: list[tuple[int, int, bool]]) -> list[Span]:
@@ -365,7 +422,7 @@ def affix_disagreement(shapes: list[Shape], ctx: RenderContext) -> str | None:
     for n, shape in enumerate(shapes[:AFFIX_CHECK_ROWS]):
         if isinstance(shape, Conversation) and ctx.affix.covers(shape.messages, shape.tools):
             try:
-                expected = ctx.template.render(shape.messages, shape.tools)
+                expected = ctx.template.render(shape.messages, shape.tools, shape.documents)
             except jinja2.exceptions.TemplateError as exc:
                 return f"row {n}: Jinja refuses a conversation the affix path accepts ({exc})"
             if ctx.affix.render(shape.messages)[0] != expected:
@@ -385,10 +442,14 @@ def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
     notes: tuple[str, ...] = ()
     if ctx.config.preprocessing.truncation == "structured" and ctx.count_tokens is not None:
         shape, notes = _structured(shape, ctx)
-    text, char_spans, left_out = conversation_spans(shape, ctx)
-    text, byte_spans, num_bytes = _to_bytes(text, char_spans, ctx.normalization)
-    trained, roles = _trained(byte_spans, ctx)
-    return RenderedRow([text], [False], trained, num_bytes, left_out=left_out, notes=notes, span_roles=roles)
+    text, char_spans, left_out, unmarked = conversation_spans(shape, ctx)
+    if ctx.offsets:
+        num_bytes = len(text.encode("utf-8"))
+    else:
+        text, char_spans, num_bytes = _to_bytes(text, char_spans, ctx.normalization)
+    trained, roles = _trained(char_spans, ctx)
+    return RenderedRow([text], [False], trained, num_bytes, left_out=left_out, notes=notes, span_roles=roles,
+                       unmarked=unmarked)
 
 
 def _structured(conv: Conversation, ctx: RenderContext) -> tuple[Conversation, tuple[str, ...]]:
@@ -398,7 +459,7 @@ def _structured(conv: Conversation, ctx: RenderContext) -> tuple[Conversation, t
     limit = ctx.config.preprocessing.max_seq_len
 
     def fits(messages: list[dict]) -> bool:
-        text = _render(ctx.template, messages, conv.tools)
+        text = _render(ctx.template_for(conv), messages, conv)
         return len(text.encode("utf-8")) <= limit or ctx.count_tokens(text) <= limit  # a token is >= 1 byte
 
     messages = conv.messages

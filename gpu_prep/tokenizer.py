@@ -1,9 +1,10 @@
-"""tokenize: text pieces -> flat token ids + per-piece counts, and each token's length in bytes.
+"""tokenize: text pieces -> flat token ids + per-piece counts, and where each token lies in the text.
 
 The tokenizer is a directory with tokenizer.json (run by HF tokenizers) and tokenizer_config.json (its
-chat_template and special tokens), or the name of a bundled one. Masks need no offsets from the engine:
-for byte-level BPE every token stands for a fixed byte string, so a lookup table gives each token's byte
-length and positions are a running sum.
+chat_template and special tokens), or the name of a bundled one. For byte-level BPE every token stands for
+a fixed byte string, so a lookup table gives each token's byte length and positions are a running sum (no
+offsets needed, so any exact engine may run it). Every other family (SentencePiece-style BPE with byte
+fallback, Unigram, WordPiece) reports the characters each token came from, and masks use those.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import orjson
 
 from gpu_prep.engines import NORMAL_FORMS, HfEngine, build_fast_engine, choose_engine
 from gpu_prep.errors import ConfigError
+from gpu_prep.templates import tokenizer_templates
 
 # End-of-turn tokens of the common template families; those present in the vocabulary, plus the eos token,
 # close a turn (and are trained with a trained turn).
@@ -64,12 +66,14 @@ class Tokenizer:
         if self.active is None:
             self.active = HfEngine(self.engine)
 
+    def templates(self) -> dict[str, tuple[str, str]]:
+        """The chat templates the tokenizer folder holds, by name ("default": the main one) -> (text, file)."""
+        return tokenizer_templates(self.directory, self.config)
+
     @property
     def chat_template(self) -> str | None:
-        template = self.config.get("chat_template")
-        if isinstance(template, list):  # several named templates: the default one
-            template = next((t["template"] for t in template if t.get("name") == "default"), None)
-        return template
+        """The tokenizer's main chat template (None: it has none)."""
+        return self.templates().get("default", (None, ""))[0]
 
     @property
     def normalizer_kinds(self) -> list[str]:
@@ -90,13 +94,17 @@ class Tokenizer:
         parts = spec.get("normalizers", [spec]) if spec.get("type") == "Sequence" else [spec]
         return any(p.get("type") == "Lowercase" or p.get("lowercase") is True for p in parts)
 
-    def span_problem(self) -> str | None:
-        """Why byte spans (chat masks) cannot be projected onto this tokenizer's tokens, or None."""
-        if self.token_bytes is None:
-            return f"chat rows need a byte-level BPE tokenizer (this one is {self.model})"
-        if self.normalizer_kinds and self.normalization is None:
-            return f"chat rows need a tokenizer whose normalizer is at most a Unicode normal form (this one has {self.normalizer_kinds})"
-        return None
+    @property
+    def byte_spans(self) -> bool:
+        """Whether chat masks can come from each token's byte length (byte-level BPE whose normalizer is at
+        most a Unicode normal form, which gpu-prep applies itself); otherwise they come from the character
+        offsets the tokenizer reports (SentencePiece-style BPE, Unigram, WordPiece, other normalizers)."""
+        return self.token_bytes is not None and (not self.normalizer_kinds or self.normalization is not None)
+
+    def encode_offsets(self, pieces: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """encode() by HF tokenizers, with where each token lies in its piece: (flat ids, tokens per piece,
+        start and end character of every token)."""
+        return HfEngine(self.engine).encode_offsets(pieces)
 
     @property
     def eos_text(self) -> str | None:

@@ -6,7 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_prep.mask import offsets_from_lengths, project, row_of, segment_sums, truncate_and_filter
+from gpu_prep.mask import (mask_from_ranges, offset_places, offsets_from_lengths, project, row_of, segment_sums,
+                           span_tokens, truncate_and_filter)
 from gpu_prep.output.shards import shard_cuts
 
 xp = np
@@ -61,6 +62,50 @@ def test_token_straddling_span_start_is_trained() -> None:
     # A token that merges a header's "\n" with content that starts with "\n" is trained.
     rows = [([4, 3], [(3, 7)])]
     assert project(xp, *arrays(rows)).tolist() == [1, 1]
+
+
+@st.composite
+def rows_with_offsets(draw):
+    """Rows of characters whose tokens report offsets as tokenizers do: in order, but with gaps (WordPiece
+    drops spaces), several tokens on one character (byte fallback) and empty ones; spans as above."""
+    rows = []
+    for _ in range(draw(st.integers(0, 6))):
+        length = draw(st.integers(0, 20))
+        edges = sorted(draw(st.lists(st.integers(0, length), max_size=24)))
+        tokens = [(a, b) for a, b in zip(edges, edges[1:])]
+        tokens = [t for t in tokens for _ in range(draw(st.integers(0, 2)))]  # dropped, once, or repeated
+        cuts = sorted(draw(st.lists(st.integers(0, length), max_size=8)))
+        spans = [(a, b) for a, b in zip(cuts[0::2], cuts[1::2]) if b > a]
+        rows.append((length, tokens, spans))
+    return rows
+
+
+def offset_arrays(rows):
+    flat = np.array([t for _, tokens, _ in rows for t in tokens], dtype=np.int64).reshape(-1, 2)
+    per_row = np.array([len(tokens) for _, tokens, _ in rows], dtype=np.int64)
+    lengths = np.array([length for length, _, _ in rows], dtype=np.int64)
+    spans = np.array([s for _, _, spans in rows for s in spans], dtype=np.int64).reshape(-1, 2)
+    span_offsets = offsets_from_lengths(xp, np.array([len(s) for _, _, s in rows], dtype=np.int64))
+    # One piece per row.
+    places, ordered = offset_places(xp, flat[:, 0].copy(), flat[:, 1].copy(), per_row, lengths,
+                                    offsets_from_lengths(xp, np.ones(len(rows), dtype=np.int64)))
+    return places, ordered, spans[:, 0].copy(), spans[:, 1].copy(), span_offsets
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows_with_offsets())
+def test_offsets_projection_matches_any_character_rule(rows) -> None:
+    places, ordered, starts, ends, span_offsets = offset_arrays(rows)
+    assert ordered.all()
+    got = mask_from_ranges(xp, places, *span_tokens(xp, places, starts, ends, span_offsets))
+    want = [int(b > a and any(s < b and e > a for s, e in spans)) for _, tokens, spans in rows for a, b in tokens]
+    assert got.tolist() == want
+
+
+def test_offsets_that_go_backwards_or_leave_their_row_are_flagged() -> None:
+    rows = [(6, [(0, 2), (2, 4)], []), (6, [(3, 5), (0, 2)], []), (4, [(0, 2), (2, 5)], []), (3, [(1, 1), (0, 3)], [])]
+    _, ordered, _, _, _ = offset_arrays(rows)
+    assert ordered.tolist() == [True, False, False, False]
 
 
 @settings(max_examples=200, deadline=None)

@@ -20,7 +20,7 @@ from gpu_prep.config import load_config, parse_config
 from gpu_prep.pipeline import Options, run
 from helpers import REPO, write_jsonl
 
-PINNED = "fc6c1587bb7b076b9a8a7d0ceb0485ea2c677830eca3e433adeb7af81f61b25f"
+PINNED = "778bd5a0ed45ee0038c408c5edb0d8231afc88fd9d5db454118550e90e4ade86"
 PINNED_EXAMPLE = "89800b1f046099abe54f8bdcc5bb67369c9c222767eb40e50a0cca11d743d00c"
 MANIFEST_KEYS = ("totals", "domains", "packing")  # what the manifest says that no path or timing enters
 

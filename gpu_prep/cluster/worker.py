@@ -101,6 +101,7 @@ class _Kept:
     left_out: tuple[str, ...]
     notes: tuple[str, ...]
     span_roles: list[str]
+    unmarked: tuple[str, ...]
 
 
 def lighten(done: Done, backend: Backend) -> Done:
@@ -114,6 +115,6 @@ def lighten(done: Done, backend: Backend) -> Done:
         for r in masked.kept_rows.tolist():
             records[prepared.rows.index[r]] = None
     rows = Rows(prepared.rows.index, prepared.rows.domain,
-                [_Kept(row.left_out, row.notes, row.span_roles) for row in prepared.rows.payload])
+                [_Kept(row.left_out, row.notes, row.span_roles, row.unmarked) for row in prepared.rows.payload])
     chunk = dataclasses.replace(prepared.chunk, records=records)
     return Done(dataclasses.replace(prepared, chunk=chunk, rows=rows), mask)

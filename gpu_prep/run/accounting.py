@@ -140,10 +140,14 @@ class Accounting:
             "rows_by_schema": dict(sorted(self.schemas.items())),
             "parse_report": {
                 **{k: self.notes.get(k, 0) for k in PARSE_COUNTS},
-                "unknown_roles": {k.split(":", 1)[1]: n for k, n in sorted(self.notes.items())
-                                  if k.startswith("unknown_role:")},
+                "unknown_roles": self._noted("unknown_role:"),
+                # Trained messages of these roles that no {% generation %} span of the template marks.
+                "trained_roles_not_marked_by_template": self._noted("unmarked_role:"),
             },
         }
+
+    def _noted(self, prefix: str) -> dict[str, int]:
+        return {k.split(":", 1)[1]: n for k, n in sorted(self.notes.items()) if k.startswith(prefix)}
 
     def per_file(self, checksums: list[str]) -> list[dict[str, Any]]:
         return [

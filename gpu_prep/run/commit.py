@@ -49,6 +49,7 @@ class Committer:
         for row in prepared.rows.payload:
             acct.left_out.update(row.left_out)
             acct.notes.update(row.notes)
+            acct.notes.update(f"unmarked_role:{role}" for role in row.unmarked)
         drops = list(prepared.drops)
         if mask is not None:
             clock.time("write", self.write, prepared, mask, drops)
@@ -70,7 +71,7 @@ class Committer:
             drops.append(Dropped(rows.index[r], reason, detail, chunk.records[rows.index[r]]))
 
         for r in np.nonzero(~mask.valid)[0]:
-            drop(r, Drop.TOKENIZER_MISMATCH, "the tokens do not cover the rendered text byte for byte")
+            drop(r, Drop.TOKENIZER_MISMATCH, "the tokens do not cover the rendered text byte for byte, or their offsets go backwards")
         for r in np.nonzero(mask.valid & mask.over)[0]:
             detail = f"over max_seq_len {rules.max_seq_len} tokens"
             if rules.truncation == "raise":

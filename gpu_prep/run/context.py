@@ -124,16 +124,23 @@ def build_context(config: PipelineConfig, tok: Tokenizer, backend: Backend, file
 
 
 def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
-    text, template_eot = resolve_template(config.chat_template, tok.chat_template)
-    template = ChatTemplate(text, tok.special_tokens) if text else None
-    affix = detect_affix(template.render) if template is not None and config.input.type == "chat" else None
+    chosen = resolve_template(config.chat_template, config.chat_template_name, tok.templates())
+    kwargs = config.chat_template_kwargs
+    template = ChatTemplate(chosen.text, tok.special_tokens, kwargs) if chosen.text is not None else None
+    tool_template = ChatTemplate(chosen.tool_text, tok.special_tokens, kwargs) if chosen.tool_text else None
+    generation = mask_method(config, template)
+    chat = template is not None and config.input.type == "chat"
+    affix = detect_affix(template.render) if chat and not (generation and template.marked) else None
     return RenderContext(
         config=config,
         template=template,
+        tool_template=tool_template,
+        template_source=chosen,
         affix=affix,
-        end_of_turn=tuple(config.input.end_of_turn_tokens or dict.fromkeys([*tok.end_of_turn_tokens(), *template_eot])),
+        end_of_turn=tuple(config.input.end_of_turn_tokens or dict.fromkeys([*tok.end_of_turn_tokens(), *chosen.end_of_turn])),
         normalization=tok.normalization,
-        span_problem=tok.span_problem(),
+        offsets=not tok.byte_spans,
+        generation=generation,
         prefix_text=tok.prefix_text,
         suffix_text=tok.suffix_text,
         eos_text=tok.eos_text,
@@ -141,6 +148,26 @@ def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
         first_tokens=tok.first_tokens,
         count_tokens=tok.count_tokens,
     )
+
+
+# Role-span options the {% generation %} markers overrule.
+ROLE_SPAN_OPTIONS = ("mask_scope", "train_end_of_turn", "train_on_eos", "end_of_turn_tokens", "think_loss")
+
+
+def mask_method(config: PipelineConfig, template: ChatTemplate | None) -> bool:
+    """Whether {% generation %} markers (where a template has them) say what is trained (input.mask_method)."""
+    method = config.input.mask_method
+    if method == "generation" and (template is None or not template.marked):
+        raise ConfigError("input.mask_method is generation, but the chat template has no {% generation %} markers; "
+                          "use mask_method auto or roles, or a template that marks what the assistant generates")
+    if method == "auto" and template is not None and template.marked:
+        default = type(config.input)()
+        changed = [k for k in ROLE_SPAN_OPTIONS if getattr(config.input, k) != getattr(default, k)]
+        if changed:
+            raise ConfigError(f"the chat template's {{% generation %}} markers say which text is trained, so "
+                              f"input.{changed[0]} would be ignored: set input.mask_method to roles to mask by role "
+                              "spans with it, or to generation to follow the markers and drop the option")
+    return method != "roles"
 
 
 def run_inputs(config: PipelineConfig, inputs: list[str]) -> tuple[list[InputFile], list[Dataset] | None]:

@@ -36,6 +36,7 @@ def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], 
         "config_sha256": identity["config_sha256"],
         # The engine is chosen during the run, on its first rows.
         "tokenizer": {**identity["tokenizer"], "engine": tok.active.name, "engine_choice": tok.engine_choice},
+        "chat_template": chat_template_summary(run),
         "device": outcome.cluster.get("device", run.backend.name),
         **({"cluster": outcome.cluster} if outcome.cluster else {}),
         "inputs": acct.per_file(checksums),
@@ -47,6 +48,16 @@ def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], 
         "domains": domains,
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
     }
+
+
+def chat_template_summary(run: RunContext) -> dict[str, Any]:
+    """Where the chat template came from, its sha256, and what said which text is trained: the template's
+    {% generation %} markers or role spans."""
+    render = run.render
+    if render.template is None or render.template_source is None:
+        return {"source": "none"}
+    marked = render.generation and render.template.marked
+    return {**render.template_source.describe(), "mask_method": "generation" if marked else "roles"}
 
 
 def dataset_totals(config: PipelineConfig, datasets: list[Dataset], acct: Accounting) -> list[dict[str, Any]]:

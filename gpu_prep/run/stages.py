@@ -24,13 +24,16 @@ from gpu_prep.errors import Drop
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter import DEDUP_PREFIX_CHARS, Deduplicator, filter_rows
 from gpu_prep.format import Conversation, RowError, Segments, build_auto, dedup_text, domain_of, get_builder, source_text
-from gpu_prep.mask import Masked, kept_span_tokens, mask_from_ranges, row_of, span_tokens, truncate_and_filter
+from gpu_prep.mask import (Masked, contiguous_places, kept_span_tokens, mask_from_ranges, offset_places, row_of,
+                           span_tokens, truncate_and_filter)
 from gpu_prep.ragged import offsets_from_lengths, segment_sums
 from gpu_prep.read import RawChunk
 from gpu_prep.render import RenderContext, RenderedRow, affix_disagreement, render_row
 from gpu_prep.run.context import Decisions, RunContext, Sources
 from gpu_prep.run.overlap import Stopwatch, overlapped
 
+OFFSETS_CHOICE = ("hf: chat masks from the character offsets HF tokenizers reports (a {model} tokenizer, "
+                  "not byte-level BPE)")
 ENGINE_SAMPLE_BYTES = 256 << 10  # text of the first chunk on which a fast engine must equal HF before it is used
 KNOWN_ROLES = frozenset(TEMPLATE_ROLES)
 
@@ -96,6 +99,10 @@ class Encoded:
 
     ids: np.ndarray  # flat, every piece of every row in order
     per_piece: np.ndarray  # tokens of each piece
+    # Where each token lies in its piece, in characters, as the tokenizer reports it (None: not asked for;
+    # byte-level BPE places tokens by their byte lengths instead).
+    starts: np.ndarray | None = None
+    ends: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -103,7 +110,7 @@ class MaskResult:
     """Loss masks and truncation of a chunk's rows (device arrays until lightened for the driver)."""
 
     masked: Masked
-    valid: np.ndarray  # the tokens cover the rendered text byte for byte (else tokenizer_mismatch)
+    valid: np.ndarray  # tokens placed exactly: bytes covered, offsets in order (else tokenizer_mismatch)
     over: np.ndarray  # over max_seq_len where truncation is drop or raise (not kept)
     trained_by_span: np.ndarray  # trained tokens in each trained span, after truncation
 
@@ -229,22 +236,29 @@ def prepare(chunks: Iterator[RawChunk], run: RunContext, dedup: Deduplicator | N
 
 
 def tokenize_rows(encode: Callable, rendered: list[RenderedRow]) -> Encoded:
-    ids, counts = encode([p for row in rendered for p in row.pieces])
+    """The rows' pieces through encode (-> ids and tokens per piece, and with offsets where each token
+    starts and ends)."""
+    encoded = Encoded(*encode([p for row in rendered for p in row.pieces]))
     if all(row.given is None for row in rendered):
-        return Encoded(ids, counts)
-    # Pre-tokenized rows bring their ids: each has one empty piece, which takes them.
-    parts, piece, at = [], 0, 0
-    counts = counts.copy()
+        return encoded
+    # Pre-tokenized rows bring their ids: each has one empty piece, which takes them (placed at its start).
+    columns = [encoded.ids] if encoded.starts is None else [encoded.ids, encoded.starts, encoded.ends]
+    parts: list[list[np.ndarray]] = [[] for _ in columns]
+    piece, at = 0, 0
+    counts = encoded.per_piece.copy()
     for row in rendered:
         if row.given is not None:
             counts[piece] = len(row.given[0])
-            parts.append(row.given[0])
+            given = [row.given[0]] + [np.zeros(len(row.given[0]), np.int64)] * (len(columns) - 1)
         else:
             n = int(counts[piece:piece + len(row.pieces)].sum())
-            parts.append(ids[at:at + n])
+            given = [column[at:at + n] for column in columns]
             at += n
+        for part, array in zip(parts, given):
+            part.append(array)
         piece += len(row.pieces)
-    return Encoded(np.concatenate(parts).astype(np.int64, copy=False), counts)
+    ids, *places = (np.concatenate(part).astype(np.int64, copy=False) for part in parts)
+    return Encoded(ids, counts, *places)
 
 
 def _engine_sample_size(rendered: list[RenderedRow]) -> int:
@@ -271,10 +285,16 @@ class Tokenizing:
 
     def __call__(self, rendered: list[RenderedRow], clock: Stopwatch) -> Encoded:
         failpoint("tokenize")
+        tok = self.run.tok
+        if self.run.render.offsets and any(row.spans for row in rendered):
+            # Chat masks on a tokenizer that is not byte-level BPE: HF tokenizers, with offsets.
+            if self.decisions.engine is None:
+                self.decisions.settle_engine("hf", OFFSETS_CHOICE.format(model=tok.model))
+                tok.restore_engine(*self.decisions.engine, self.run.threads)
+            return clock.time("tokenize", tokenize_rows, tok.encode_offsets, rendered)
         if self.encode is not None:
             return clock.time("tokenize", tokenize_rows, self.encode, rendered)
         # The first rows choose the engine, checking it on a sample of them.
-        tok = self.run.tok
         first = functools.partial(tok.use_engine, self.run.config.tokenizer.engine,
                                   sample_size=_engine_sample_size(rendered), threads=self.run.threads)
         tokens = clock.time("tokenize", tokenize_rows, first, rendered)
@@ -310,17 +330,26 @@ def mask_rows(run: RunContext, rendered: list[RenderedRow], tokens: Encoded) -> 
     has_spans = np.diff(span_offsets) > 0
 
     ids_d, offsets_d = backend.asarray(ids), backend.asarray(token_offsets)
-    if run.tok.token_bytes is None:
-        positions = xp.zeros(len(ids) + 1, dtype=xp.int64)
+    has_spans_d = backend.asarray(has_spans)
+    if tokens.starts is not None:  # the tokenizer's own offsets, in characters
+        piece_chars = np.fromiter((len(p) for r in rendered for p in r.pieces), np.int64, num_pieces)
+        places, ordered = offset_places(xp, backend.asarray(tokens.starts), backend.asarray(tokens.ends),
+                                        backend.asarray(tokens_per_piece), backend.asarray(piece_chars),
+                                        backend.asarray(piece_offsets))
+        valid = ordered | ~has_spans_d
     else:
-        positions = offsets_from_lengths(xp, backend.asarray(run.tok.token_bytes)[ids_d])
-    # Rows masked by byte spans must be covered byte for byte by their tokens; rows masked by pieces need not.
-    covered = positions[offsets_d[1:]] - positions[offsets_d[:-1]]
-    valid = (covered == backend.asarray(row_bytes)) | ~backend.asarray(has_spans)
+        if run.tok.token_bytes is None:
+            positions = xp.zeros(len(ids) + 1, dtype=xp.int64)
+        else:
+            positions = offsets_from_lengths(xp, backend.asarray(run.tok.token_bytes)[ids_d])
+        places = contiguous_places(xp, positions, offsets_d)
+        # Rows masked by byte spans must be covered byte for byte by their tokens; rows masked by pieces need not.
+        covered = positions[offsets_d[1:]] - positions[offsets_d[:-1]]
+        valid = (covered == backend.asarray(row_bytes)) | ~has_spans_d
     span_offsets_d = backend.asarray(span_offsets)
-    first, stop = span_tokens(xp, positions, offsets_d, backend.asarray(spans[:, 0].copy()),
-                              backend.asarray(spans[:, 1].copy()), span_offsets_d)
-    by_span = mask_from_ranges(xp, positions, first, stop)
+    first, stop = span_tokens(xp, places, backend.asarray(spans[:, 0].copy()), backend.asarray(spans[:, 1].copy()),
+                              span_offsets_d)
+    by_span = mask_from_ranges(xp, places, first, stop)
     if piece_trained.all():  # pretraining text: every token counts
         loss_mask = xp.ones(len(ids), dtype=xp.int8)
     elif piece_trained.any():
