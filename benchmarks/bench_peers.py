@@ -183,7 +183,7 @@ def setup_gpu_prep(ws: Workspace) -> Job:
     # stop looking it up there, the load would silently land inside the clock: refuse instead.
     if not hasattr(gpu_prep.pipeline, "load_tokenizer"):
         raise SystemExit("gpu_prep.pipeline no longer has load_tokenizer: update setup_gpu_prep")
-    gpu_prep.pipeline.load_tokenizer = lambda spec: tok
+    gpu_prep.pipeline.load_tokenizer = lambda spec, revision=None: tok
     lengths = {"max_seq_len": 1 << 30, "deduplicate": False, "min_chars": 0, "max_chars": 1 << 40}
     config = parse_config({
         "tokenizer": str(ws.tokenizer), "device": os.environ.get("BENCH_DEVICE", "auto"),

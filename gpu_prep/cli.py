@@ -227,7 +227,8 @@ def _show_samples(output: Path, domain: str | None, samples: int, start: int, id
     try:
         dataset = gpu_prep.open_dataset(output)
         manifest = json.loads((output / "manifest.json").read_text(encoding="utf-8"))
-        tok = load_tokenizer(manifest["tokenizer"]["directory"])
+        # The copy of the tokenizer that made the shards, which travels with them.
+        tok = load_tokenizer(str(output / manifest["tokenizer"]["files"]))
     except (OSError, KeyError, ValueError) as exc:
         raise _fail(GpuPrepError(f"{output}: cannot inspect it: {exc}")) from None
     except GpuPrepError as exc:

@@ -57,7 +57,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, options:
     if options.resume and (out_dir / MANIFEST).exists():  # finished already: nothing to do
         return json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
     check_output(out_dir, options.overwrite, options.resume)
-    tok = clock.time("load tokenizer", load_tokenizer, options.tokenizer_for(config))
+    tok = clock.time("load tokenizer", load_tokenizer, options.tokenizer_for(config), config.tokenizer.revision)
     clock.time("load tokenizer", tok.prepare_engines, config.tokenizer.engine)
     # On a cluster this process only decides, accounts and writes: the workers take the GPUs.
     device = options.device_for(config)
@@ -95,7 +95,7 @@ def _process(run: RunContext, out_dir: Path, options: Options, checkpoints: Chec
     acct = Accounting(run.files, rejects=rejects, strict=options.strict, state=resumed.get("accounting"))
     split = config.preprocessing.max_seq_len if config.preprocessing.truncation == "split" else None
     writer = DatasetWriter(out_dir, Storage.from_config(config, run.render.vocab_size),
-                           config.output.max_tokens_per_shard, split)
+                           config.output.max_tokens_per_shard, split, about={"tokenizer": run.tok.summary()})
     writer.restore(resumed.get("writer", []))
     dedup = Deduplicator(checkpoints.seen()) if config.preprocessing.deduplicate else None
     commit = Committer(run, acct, writer, checkpoints, decisions, options.progress)
@@ -114,4 +114,6 @@ def _process(run: RunContext, out_dir: Path, options: Options, checkpoints: Chec
         raise
     acct.close()
     outcome.domains = clock.time("write", writer.finish)
+    template = run.render.template
+    clock.time("write", run.tok.copy_to, out_dir, template.source if template is not None else None)
     return outcome

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,20 @@ import orjson
 
 from gpu_prep.engines import NORMAL_FORMS, HfEngine, build_fast_engine, choose_engine
 from gpu_prep.errors import ConfigError
+from gpu_prep.hub import looks_like_model_id, resolve_model_id
 from gpu_prep.templates import tokenizer_templates
 
 # End-of-turn tokens of the common template families; those present in the vocabulary, plus the eos token,
 # close a turn (and are trained with a trained turn).
 KNOWN_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>", "<|end_of_turn|>",
                      "<｜end▁of▁sentence｜>", "<|endoftext|>", "</s>")
+
+
+# The files of a tokenizer folder that describe the tokenizer (copied beside the shards).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json", "tokenizer.model", "vocab.txt", "vocab.json",
+                   "merges.txt")
+COPY_DIR = "tokenizer"  # the output folder that holds them
 
 
 def _token_text(value: Any) -> str | None:
@@ -40,10 +49,6 @@ def _contains_type(node: Any, kind: str) -> bool:
     if isinstance(node, list):
         return any(_contains_type(v, kind) for v in node)
     return False
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @dataclass
@@ -61,6 +66,7 @@ class Tokenizer:
     spec: dict[str, Any] = field(default_factory=dict, repr=False)  # the parts of tokenizer.json in use
     active: Any = None  # the engine encode() runs: HF until use_engine() picks
     engine_choice: str = "hf: default"
+    source: str = ""  # what the run was told: a directory, "bundled <name>", or "<model id>@<commit>"
 
     def __post_init__(self) -> None:
         if self.active is None:
@@ -156,19 +162,52 @@ class Tokenizer:
     def decode(self, ids: Any) -> str:
         return self.engine.decode([int(i) for i in ids], skip_special_tokens=False)
 
+    def files(self) -> list[Path]:
+        """The tokenizer's own files in its folder (never model weights), in a fixed order."""
+        found = [self.directory / name for name in TOKENIZER_FILES if (self.directory / name).is_file()]
+        return found + sorted((self.directory / "additional_chat_templates").glob("*.jinja"))
+
+    def special_ids(self) -> dict[str, int | None]:
+        """The ids of bos, eos, pad and unk (None where the tokenizer has none), and eod, which ends a
+        document in Megatron-style packing: the eos token."""
+        ids = {f"{key}_id": self.engine.token_to_id(self.special_tokens[f"{key}_token"])
+               if f"{key}_token" in self.special_tokens else None for key in ("bos", "eos", "pad", "unk")}
+        return {**ids, "eod_id": ids["eos_id"]}
+
+    def summary(self) -> dict[str, Any]:
+        """What meta.json says of the tokenizer: where it came from, one sha256 over its files, its size and
+        special ids. The files themselves are copied beside the shards (copy_to)."""
+        digest = hashlib.sha256()
+        for path in self.files():
+            digest.update(path.relative_to(self.directory).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+        return {"source": self.source or self.name, "sha256": digest.hexdigest(), "files": COPY_DIR,
+                "vocab_size": int(self.engine.get_vocab_size(with_added_tokens=True)), **self.special_ids()}
+
     def identity(self) -> dict[str, Any]:
         return {
+            **self.summary(),
             "name": self.name,
-            "directory": str(self.directory),
-            "tokenizer_json_sha256": _sha256(self.directory / "tokenizer.json"),
-            "tokenizer_config_sha256": _sha256(self.directory / "tokenizer_config.json"),
             "model": self.model,
             "engine": self.active.name,
             "engine_choice": self.engine_choice,
             "byte_level": self.token_bytes is not None,
-            "vocab_size": int(self.engine.get_vocab_size(with_added_tokens=True)),
             "normalization": self.normalization,
         }
+
+    def copy_to(self, out_dir: Path, template: str | None) -> None:
+        """The tokenizer's files into out_dir/tokenizer, so a trainer loads the exact tokenizer that made the
+        shards; the chat template the run used goes in as chat_template.jinja, where it is not the tokenizer's."""
+        target, staging = out_dir / COPY_DIR, out_dir / f".{COPY_DIR}.partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        for path in self.files():
+            destination = staging / path.relative_to(self.directory)
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, destination)
+        if template is not None and template != self.chat_template:
+            (staging / "chat_template.jinja").write_text(template, encoding="utf-8")
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
 
 
 def _byte_lengths(spec: dict[str, Any], engine: Any) -> np.ndarray | None:
@@ -214,19 +253,23 @@ def _added_around(engine: Any) -> tuple[list[int], list[int]]:
     return [], []
 
 
-def load_tokenizer(spec: str) -> Tokenizer:
-    """A tokenizer directory, or the name of a bundled tokenizer (gpu_prep.bundled)."""
+def load_tokenizer(spec: str, revision: str | None = None) -> Tokenizer:
+    """A tokenizer directory, the name of a bundled tokenizer (gpu_prep.bundled), or a model id in the
+    Hugging Face hub cache (at revision, else main)."""
     from tokenizers import Tokenizer as Engine
 
     from gpu_prep.bundled import bundled_names, bundled_tokenizer_dir
 
-    directory = Path(spec)
+    directory, source = Path(spec), spec
     if not directory.is_dir():
         if spec in bundled_names():
-            directory = bundled_tokenizer_dir(spec)
+            directory, source = bundled_tokenizer_dir(spec), f"bundled {spec}"
+        elif looks_like_model_id(spec):
+            directory, commit = resolve_model_id(spec, revision)
+            source = f"{spec}@{commit}"
         else:
-            raise ConfigError(f"tokenizer {spec!r}: no such directory, and not a bundled tokenizer "
-                              f"({', '.join(bundled_names())})")
+            raise ConfigError(f"tokenizer {spec!r}: no such directory, not a bundled tokenizer "
+                              f"({', '.join(bundled_names())}) and not a model id (organisation/name)")
     files = {name: directory / name for name in ("tokenizer.json", "tokenizer_config.json")}
     for name, path in files.items():
         if not path.is_file():
@@ -241,7 +284,8 @@ def load_tokenizer(spec: str) -> Tokenizer:
         raise ConfigError(f"tokenizer {spec!r}: cannot load {directory}: {exc}") from None
     tokenizer_spec = _outline(engine)
     prefix_ids, suffix_ids = _added_around(engine)
-    special = {key: text for key in ("bos_token", "eos_token", "pad_token", "unk_token")
+    special = {key: text for key in ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token",
+                                     "mask_token")
                if (text := _token_text(config.get(key))) is not None}
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     return Tokenizer(
@@ -253,4 +297,5 @@ def load_tokenizer(spec: str) -> Tokenizer:
         suffix_text="".join(engine.id_to_token(i) for i in suffix_ids),
         special_tokens=special,
         spec=tokenizer_spec,
+        source=source,
     )

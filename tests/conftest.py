@@ -58,8 +58,8 @@ def fast_tokenizer(qwen, monkeypatch: pytest.MonkeyPatch):
     import gpu_prep.pipeline
     from gpu_prep.tokenizer import load_tokenizer
 
-    def load(spec: str):
-        return qwen if spec == "qwen2.5" else load_tokenizer(spec)
+    def load(spec: str, revision: str | None = None):
+        return qwen if spec == "qwen2.5" else load_tokenizer(spec, revision)
 
     monkeypatch.setattr(gpu_prep.pipeline, "load_tokenizer", load)
     return qwen

@@ -219,7 +219,7 @@ def test_tokenizer_option_overrides_the_config(tmp_path: Path) -> None:
     result = _run_sft(tmp_path, "-o", out, "--tokenizer", directory)
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["tokenizer"]["directory"] == str(directory)
+    assert manifest["tokenizer"]["source"] == str(directory)
     assert manifest["totals"]["rows_written"] > 0
 
 

@@ -20,8 +20,8 @@ from gpu_prep.config import load_config, parse_config
 from gpu_prep.pipeline import Options, run
 from helpers import REPO, write_jsonl
 
-PINNED = "778bd5a0ed45ee0038c408c5edb0d8231afc88fd9d5db454118550e90e4ade86"
-PINNED_EXAMPLE = "89800b1f046099abe54f8bdcc5bb67369c9c222767eb40e50a0cca11d743d00c"
+PINNED = "4f63b8cf3129c9801bfd8deb4b3c10c77739e9f68255cb4857a39411530c3b57"
+PINNED_EXAMPLE = "ad288106e36107de3430ac1aeac8c87203b74c418b4141d57bb1df7b0b36b0d0"
 MANIFEST_KEYS = ("totals", "domains", "packing")  # what the manifest says that no path or timing enters
 
 

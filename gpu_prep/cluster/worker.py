@@ -34,7 +34,7 @@ def worker_context(job: Job) -> RunContext:
     if job.threads is not None:  # read by HF tokenizers' thread pool when it starts
         os.environ.setdefault("RAYON_NUM_THREADS", str(job.threads))
     load_plugins(list(job.plugins))
-    tok = load_tokenizer(job.tokenizer)
+    tok = load_tokenizer(job.tokenizer, job.config.tokenizer.revision)
     tok.prepare_engines(job.config.tokenizer.engine)
     backend = select_backend(job.device)  # a dask-cuda worker's GPU memory is set up by dask-cuda
     run = build_context(job.config, tok, backend, job.files, datasets_of(job.config, job.files, job.dataset_files),

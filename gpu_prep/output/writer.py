@@ -26,7 +26,7 @@ from gpu_prep.output.parquet import ParquetShard
 from gpu_prep.output.shards import LOSS_MASK_MEANING, OFFSET_DTYPE, RawShard, Storage, shard_cuts
 
 _MAX_NAME = 64
-RESERVED_NAMES = {"manifest.json"}  # what a run writes beside its domain directories
+RESERVED_NAMES = {"manifest.json", "tokenizer"}  # what a run writes beside its domain directories
 
 
 def safe_dir_name(name: str) -> str:
@@ -45,8 +45,9 @@ SHARDS: dict[str, type[RawShard]] = {"bin": BinShard, "h5": H5Shard, "megatron":
 class DomainWriter:
     """Appends samples of one domain, opening a new shard whenever the current one is full."""
 
-    def __init__(self, directory: Path, name: str, storage: Storage, max_tokens_per_shard: int) -> None:
-        self.directory, self.name = directory, name
+    def __init__(self, directory: Path, name: str, storage: Storage, max_tokens_per_shard: int,
+                 about: dict[str, Any] | None = None) -> None:
+        self.directory, self.name, self.about = directory, name, about or {}
         self.storage, self.cap = storage, max_tokens_per_shard
         self.shards: list[dict[str, Any]] = []
         self.current: RawShard | None = None
@@ -65,8 +66,9 @@ class DomainWriter:
                 "open": None if self.current is None else self.current.lengths()}
 
     @classmethod
-    def restore(cls, out_dir: Path, state: dict[str, Any], storage: Storage, cap: int) -> DomainWriter:
-        writer = cls(out_dir / state["directory"], state["name"], storage, cap)
+    def restore(cls, out_dir: Path, state: dict[str, Any], storage: Storage, cap: int,
+                about: dict[str, Any] | None = None) -> DomainWriter:
+        writer = cls(out_dir / state["directory"], state["name"], storage, cap, about)
         writer.shards = state["shards"]
         writer.fill_tokens, writer.fill_samples, writer.fill_trained = state["fill"]
         if state["open"] is not None:
@@ -120,6 +122,7 @@ class DomainWriter:
             "num_tokens": tokens,
             "num_trained_tokens": sum(s["num_trained_tokens"] for s in self.shards),
             **self._packing_meta(),
+            **self.about,
             "shards": self.shards,
         }
         failpoint("meta")
@@ -141,9 +144,10 @@ class DatasetWriter:
     """One DomainWriter per domain; domain values are made safe and kept distinct as directory names."""
 
     def __init__(self, out_dir: Path, storage: Storage | str, max_tokens_per_shard: int,
-                 window: int | None = None) -> None:
-        """window: samples longer than this many tokens are cut into samples of that many (and a last one)."""
-        self.out_dir, self.window = out_dir, window
+                 window: int | None = None, about: dict[str, Any] | None = None) -> None:
+        """window: samples longer than this many tokens are cut into samples of that many (and a last one);
+        about: more that every domain's meta.json says (the tokenizer that made the shards)."""
+        self.out_dir, self.window, self.about = out_dir, window, about or {}
         self.storage = Storage(storage) if isinstance(storage, str) else storage
         self.cap = max_tokens_per_shard
         self.domains: dict[str, DomainWriter] = {}
@@ -162,7 +166,8 @@ class DatasetWriter:
         if self.window is not None:
             offsets = split_offsets(np, offsets, self.window)
         if domain not in self.domains:
-            self.domains[domain] = DomainWriter(self.out_dir / self._dir_for(domain), domain, self.storage, self.cap)
+            self.domains[domain] = DomainWriter(self.out_dir / self._dir_for(domain), domain, self.storage, self.cap,
+                                                self.about)
         self.domains[domain].append(ids, loss_mask, offsets)
 
     def state(self) -> list[dict[str, Any]]:
@@ -170,7 +175,8 @@ class DatasetWriter:
 
     def restore(self, state: list[dict[str, Any]]) -> None:
         for domain in state:
-            self.domains[domain["name"]] = DomainWriter.restore(self.out_dir, domain, self.storage, self.cap)
+            self.domains[domain["name"]] = DomainWriter.restore(self.out_dir, domain, self.storage, self.cap,
+                                                                self.about)
             self.taken[domain["directory"]] = domain["name"]
 
     def remove_obsolete(self) -> None:

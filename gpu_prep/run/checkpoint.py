@@ -42,7 +42,7 @@ def run_identity(config_sha256: str, files: list[Any], tokenizer: dict[str, Any]
         stat = os.stat(f.path)
         inputs.append([f.path, stat.st_size, stat.st_mtime_ns])
     return {"format": FORMAT, "config_sha256": config_sha256, "inputs": inputs,
-            "tokenizer": [tokenizer["tokenizer_json_sha256"], tokenizer["tokenizer_config_sha256"]]}
+            "tokenizer": tokenizer["sha256"]}
 
 
 def _kept_files(state: dict[str, Any]) -> set[str]:

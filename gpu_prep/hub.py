@@ -1,0 +1,59 @@
+"""Model ids ("Qwen/Qwen2.5-7B-Instruct") as tokenizer folders, through the Hugging Face hub cache.
+
+The cache is read first, as transformers reads it (HF_HOME, HF_HUB_CACHE; HF_TOKEN for gated models), so a
+machine that has the model needs no network; with HF_HUB_OFFLINE=1 nothing else is tried. Otherwise only the
+tokenizer's files are downloaded, never weights. huggingface_hub comes with the `hub` extra.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from gpu_prep.errors import ConfigError
+
+# What a tokenizer folder holds (no weights): the files transformers reads to build a tokenizer.
+TOKENIZER_PATTERNS = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                      "chat_template.jinja", "chat_template.json", "tokenizer.model", "vocab.txt", "vocab.json",
+                      "merges.txt", "additional_chat_templates/*.jinja"]
+_MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def looks_like_model_id(spec: str) -> bool:
+    return _MODEL_ID.match(spec) is not None
+
+
+def resolve_model_id(model_id: str, revision: str | None = None) -> tuple[Path, str]:
+    """The local folder of a model id's tokenizer files and the commit it is at."""
+    try:
+        from huggingface_hub import constants, snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError:
+        raise ConfigError(f"tokenizer {model_id!r} is a model id, which needs huggingface_hub: "
+                          'pip install "gpu-prep[hub]"') from None
+    where = f"tokenizer {model_id!r}" + (f" at revision {revision!r}" if revision else "")
+    # Read from the environment now (huggingface_hub reads it once, when first imported).
+    cache = os.environ.get("HF_HUB_CACHE") or (os.path.join(os.environ["HF_HOME"], "hub") if os.environ.get("HF_HOME")
+                                               else constants.HF_HUB_CACHE)
+    offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE") or constants.HF_HUB_OFFLINE
+    try:
+        folder = snapshot_download(model_id, revision=revision, allow_patterns=TOKENIZER_PATTERNS, cache_dir=cache,
+                                   local_files_only=True)
+    except LocalEntryNotFoundError:
+        if offline:
+            raise ConfigError(f"{where}: not in the hub cache ({cache}) and HF_HUB_OFFLINE is set; "
+                              f"on a machine with network run `hf download {model_id} --include 'tokenizer*' "
+                              "'*.jinja'` (or point HF_HOME / HF_HUB_CACHE at a cache that has it)") from None
+        try:
+            folder = snapshot_download(model_id, revision=revision, allow_patterns=TOKENIZER_PATTERNS, cache_dir=cache,
+                                       token=os.environ.get("HF_TOKEN") or None)
+        except Exception as exc:  # noqa: BLE001  network, authentication, unknown repository: one message
+            raise ConfigError(f"{where}: not in the hub cache ({cache}) and not downloadable "
+                              f"({type(exc).__name__}: {exc}); for a gated model set HF_TOKEN, or download it "
+                              f"where there is network with `hf download {model_id}`") from None
+    folder = Path(folder)
+    if not (folder / "tokenizer.json").is_file():
+        raise ConfigError(f"{where}: the hub cache's snapshot {folder} has no tokenizer.json; download the "
+                          f"tokenizer files with `hf download {model_id} --include 'tokenizer*' '*.jinja'`")
+    return folder, folder.name
