@@ -28,7 +28,34 @@ _tracking = threading.local()  # the rendering in progress on this thread that r
 class _Tracker:
     def __init__(self) -> None:
         self.length = 0  # characters the template has written so far
-        self.spans: list[tuple[int, int]] = []
+        self.spans: list[tuple[int, int, int | None]] = []  # start, end, the message it was writing
+        self.message: int | None = None  # the message the template last read from
+
+
+class _Message(dict):
+    """A message that tells the tracker when the template reads it (so a generation span is known to be
+    that message's, even where the template writes no content for it, as for a tool call)."""
+
+    # Underscored, so the sandbox hides it: a template reads only the message's own keys.
+    __slots__ = ("_gpu_prep_index",)
+
+
+class _Environment(ImmutableSandboxedEnvironment):
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        if type(obj) is _Message:
+            _read(obj)
+        return super().getitem(obj, argument)
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if type(obj) is _Message:
+            _read(obj)
+        return super().getattr(obj, attribute)
+
+
+def _read(message: _Message) -> None:
+    tracker = getattr(_tracking, "tracker", None)
+    if tracker is not None:
+        tracker.message = message._gpu_prep_index
 
 
 class _GenerationTag(Extension):
@@ -47,7 +74,7 @@ class _GenerationTag(Extension):
         body = caller()
         tracker = getattr(_tracking, "tracker", None)
         if tracker is not None:
-            tracker.spans.append((tracker.length, tracker.length + len(body)))
+            tracker.spans.append((tracker.length, tracker.length + len(body), tracker.message))
         return body
 
 
@@ -86,13 +113,33 @@ def _strftime_now(fmt: str) -> str:
 
 @lru_cache(maxsize=16)
 def compile_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(
+    env = _Environment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, "jinja2.ext.loopcontrols"]
     )
     env.filters["tojson"] = _tojson
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, dict=dict,
                        namespace=_Namespace)
     return env.from_string(source)
+
+
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transformers' names for a message's reasoning
+
+
+def _as_transformers_passes(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as transformers hands it to a template: keys whose value is None left out, and its
+    reasoning under `thinking` and `reasoning_content` both (templates read one or the other)."""
+    if any(v is None for v in message.values()):
+        message = {k: v for k, v in message.items() if v is not None}
+    reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k) is not None), None)
+    if reasoning is not None:
+        message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+    return message
+
+
+def _message(message: dict[str, Any], index: int) -> _Message:
+    tracked = _Message(message)
+    tracked._gpu_prep_index = index
+    return tracked
 
 
 def has_generation_markers(source: str) -> bool:
@@ -111,7 +158,7 @@ class ChatTemplate:
 
     def _arguments(self, messages: list[dict[str, Any]], tools: list[Any] | None, documents: list[Any] | None,
                    add_generation_prompt: bool) -> dict[str, Any]:
-        return {"messages": messages, "tools": tools, "documents": documents,
+        return {"messages": [_as_transformers_passes(m) for m in messages], "tools": tools, "documents": documents,
                 "add_generation_prompt": add_generation_prompt, **self.variables}
 
     def render(self, messages: list[dict[str, Any]], tools: list[Any] | None = None,
@@ -119,12 +166,15 @@ class ChatTemplate:
         return self.template.render(**self._arguments(messages, tools, documents, add_generation_prompt))
 
     def render_marked(self, messages: list[dict[str, Any]], tools: list[Any] | None = None,
-                      documents: list[Any] | None = None) -> tuple[str, list[tuple[int, int]]]:
-        """The rendering and the character spans its {% generation %} blocks wrote, in order."""
+                      documents: list[Any] | None = None) -> tuple[str, list[tuple[int, int, int | None]]]:
+        """The rendering and the character spans its {% generation %} blocks wrote, in order, each with the
+        index of the message the template last read from when the block ended (None: none)."""
+        arguments = self._arguments(messages, tools, documents, False)
+        arguments["messages"] = [_message(m, i) for i, m in enumerate(arguments["messages"])]
         tracker = _tracking.tracker = _Tracker()
         blocks = []
         try:
-            for block in self.template.generate(**self._arguments(messages, tools, documents, False)):
+            for block in self.template.generate(**arguments):
                 blocks.append(block)
                 tracker.length += len(block)
         finally:

@@ -136,7 +136,7 @@ def _render(template: ChatTemplate, messages: list[dict], conv: Conversation) ->
 
 
 def _marked(template: ChatTemplate, messages: list[dict], conv: Conversation, marked: bool = True
-            ) -> tuple[str, list[tuple[int, int]]]:
+            ) -> tuple[str, list[tuple[int, int, int | None]]]:
     """The rendering of these messages with the row's tools and documents (and, when marked, the spans its
     {% generation %} blocks wrote); a template that raises drops the row with its own message."""
     try:
@@ -226,7 +226,7 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
         conv = dataclasses.replace(conv, messages=[
             {**m, "reasoning_content": ctx.first_tokens(m["reasoning_content"], limit)}
             if isinstance(m.get("reasoning_content"), str) else m for m in conv.messages])
-    generated: list[tuple[int, int]] = []
+    generated: list[tuple[int, int, int | None]] = []
     template = ctx.template_for(conv)
     marked = ctx.generation and template.marked
     if ctx.affix is not None and ctx.affix.covers(conv.messages, conv.tools) and not conv.documents:
@@ -277,21 +277,25 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
     return real, spans, left_out, ()
 
 
-def _generation_spans(real: str, generated: list[tuple[int, int]], regions: list[tuple[int, int, int]],
+def _generation_spans(real: str, generated: list[tuple[int, int, int | None]], regions: list[tuple[int, int, int]],
                       labels: list[str | bool], conv: Conversation, ctx: RenderContext) -> list[Span]:
-    """The template's {% generation %} spans, each labelled with the message it belongs to (the first whose
-    content ends at or after the span's start: the span holds that message's header, reasoning, content or
-    end-of-turn text), so role rules, training flags and training detail still narrow them."""
+    """The template's {% generation %} spans, each labelled with the message it belongs to, so role rules,
+    training flags and training detail still narrow them: the message the template was reading when it
+    wrote the span, else the first whose content ends at or after the span's start (the span holds that
+    message's header, reasoning, content or end-of-turn text)."""
     ends = [end for _, _, end in regions]
+    where = {i: (start, end) for i, start, end in regions}
+    key = ctx.config.input.message_training_detail_key
     spans: list[Span] = []
-    for start, end in generated:
-        k = min(bisect.bisect_left(ends, start), len(regions) - 1)
-        i, content_start, content_end = regions[k]
+    for start, end, reading in generated:
+        i = reading if reading is not None else regions[min(bisect.bisect_left(ends, start), len(regions) - 1)][0]
         message = conv.messages[i]
-        key = ctx.config.input.message_training_detail_key
-        detail = _detail(message, i, real[content_start:content_end], key) if key else []
-        shift = content_start - start  # detail ranges count from the content's start
-        detail = [(max(a + shift, 0), min(b + shift, end - start), train) for a, b, train in detail]
+        detail: list[tuple[int, int, bool]] = []
+        if key and message.get(key) is not None and i in where:
+            content_start, content_end = where[i]
+            shift = content_start - start  # detail ranges count from the content's start
+            detail = [(max(a + shift, 0), min(b + shift, end - start), train)
+                      for a, b, train in _detail(message, i, real[content_start:content_end], key)]
         spans.extend(_split(start, end, labels[i], message["role"], [d for d in detail if d[1] > d[0]]))
     return spans
 

