@@ -1,4 +1,4 @@
-"""The independent reference for chat masks, shared by tests/test_reference_masks.py and bench_peers.py.
+"""The independent reference for chat masks and real tokenizers built for it, shared by the tests and benchmarks.
 
 transformers marks what `{% generation %}` encloses when asked for `return_assistant_tokens_mask`; this
 ChatML template encloses exactly what gpu-prep's default policy trains (an assistant turn's content and its
@@ -50,3 +50,23 @@ def hf_tokenizer(directory: Path) -> Any:
     return PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"),
                                    chat_template=config["chat_template"], eos_token=config["eos_token"],
                                    pad_token=config["pad_token"])
+
+
+def convert_sentencepiece(model_file: str, work: Path) -> Path:
+    """A SentencePiece model shipped in mistral-common (tokenizer.model.v1 is Mistral 7B v0.1's), converted
+    to a tokenizer.json folder as transformers converts it (Metaspace, byte fallback); needs the
+    sentencepiece and protobuf packages."""
+    import mistral_common
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from transformers import AutoTokenizer
+
+    source = work / f"{model_file}-spm"
+    source.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(Path(mistral_common.__file__).parent / "data" / model_file, source / "tokenizer.model")
+    (source / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "LlamaTokenizer", "legacy": False, "bos_token": "<s>", "eos_token": "</s>",
+         "unk_token": "<unk>"}))
+    target = work / f"{model_file}-converted"
+    AutoTokenizer.from_pretrained(str(source)).save_pretrained(str(target))
+    return target

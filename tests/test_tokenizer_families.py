@@ -28,6 +28,7 @@ import pytest
 import gpu_prep
 from gpu_prep.config import parse_config
 from gpu_prep.pipeline import Options, run
+from reference import convert_sentencepiece
 from test_reference_masks import first_difference, handwritten_conversations, sharegpt_conversations
 
 SHAREGPT_ROWS = 80
@@ -71,21 +72,9 @@ def gemma2() -> str:
 
 
 def _spm_dir(model_file: str, work: Path) -> Path:
-    """A SentencePiece model from mistral-common as transformers converts it: Metaspace, byte fallback."""
     pytest.importorskip("sentencepiece")
-    mistral_common = pytest.importorskip("mistral_common")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from transformers import AutoTokenizer
-
-    source = work / f"{model_file}-spm"
-    source.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(Path(mistral_common.__file__).parent / "data" / model_file, source / "tokenizer.model")
-    (source / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "LlamaTokenizer", "legacy": False, "bos_token": "<s>", "eos_token": "</s>",
-         "unk_token": "<unk>"}))
-    target = work / f"{model_file}-converted"
-    AutoTokenizer.from_pretrained(str(source)).save_pretrained(str(target))
-    return target
+    pytest.importorskip("mistral_common")
+    return convert_sentencepiece(model_file, work)
 
 
 def _with(source: Path, target: Path, template: str, normalizer: Any = "keep", pre_tokenizer: Any = "keep") -> Path:
@@ -213,3 +202,57 @@ def test_ids_and_masks_equal_transformers(cases: dict[str, Case], name: str, met
                     f"gpu-prep {gi[at:at + 8]} {gm[at:at + 8]}, transformers {ei[at:at + 8]} {em[at:at + 8]}; "
                     f"{json.dumps(rows[k], ensure_ascii=False)[:400]}")
     assert manifest["tokenizer"]["engine"] == "hf"
+
+
+# ---------------------------------------------------------------- offsets themselves
+
+
+def _texts() -> list[str]:
+    return [m["content"] for conv in conversations(True) for m in conv if m["content"]]
+
+
+def test_byte_level_offsets_with_ignore_merges_name_each_tokens_own_text(qwen: Any) -> None:
+    """Llama-3's tokenizer.json sets ignore_merges; tokenizers before 0.20.1 then reported empty offsets
+    (huggingface/tokenizers#1553, #1688). Every token whose bytes are whole characters must be given
+    exactly the characters it spells."""
+    from tokenizers import Tokenizer
+
+    from gpu_prep.engines import _byte_decoder
+
+    spec = json.loads((Path(qwen.directory) / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["model"]["ignore_merges"] = True
+    spec["normalizer"] = None  # as Llama-3's: every token's characters are the text's own
+    tok = Tokenizer.from_str(json.dumps(spec))
+    decode = _byte_decoder()
+    checked = 0
+    for text in _texts():
+        encoding = tok.encode(text, add_special_tokens=False)
+        for token, (start, end) in zip(encoding.tokens, encoding.offsets):
+            try:
+                spelled = token.translate(decode).encode("latin-1").decode("utf-8")
+            except (UnicodeDecodeError, UnicodeEncodeError):
+                continue  # part of a character: its offsets name the whole character
+            assert text[start:end] == spelled, (token, text[start:end])
+            checked += 1
+    assert checked > 10_000
+
+
+def test_sentencepiece_offsets_name_each_pieces_own_text(cases: dict[str, Case]) -> None:
+    """Metaspace pieces spell their text with ▁ for a space; the space Metaspace prepends to a text is in
+    none of its characters (a piece that is only that space is given the first character). Byte-fallback
+    pieces (<0x..>) share their character's offsets."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(cases["sentencepiece-bpe"].folder / "tokenizer.json"))
+    checked = 0
+    for text in _texts():
+        encoding = tok.encode(text, add_special_tokens=False)
+        for token, (start, end) in zip(encoding.tokens, encoding.offsets):
+            if token.startswith("<0x"):
+                assert end - start == 1, (token, start, end)
+                continue
+            spelled = token.replace("\u2581", " ")
+            assert text[start:end] == spelled or (start == 0 and spelled in (" ", " " + text[start:end])), \
+                (token, text[start:end])
+            checked += 1
+    assert checked > 10_000
