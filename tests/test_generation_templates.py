@@ -109,3 +109,57 @@ def test_generation_markers_are_followed_as_transformers_does(case: str, tmp_pat
     assert manifest["totals"]["rows_dropped"].get("no_trained_tokens", 0) == len(accepted) - len(kept)
     bad = [k for k, got in zip(kept, samples) if got != expected[k]]
     assert not bad, f"{len(bad)} of {len(kept)} rows differ from transformers; first: row {bad[0]}"
+
+
+MARKED = ("{% for m in messages %}<|im_start|>{{ m.role }}\n"
+          "{% if m.role == 'assistant' %}{% generation %}{{ m.content }}<|im_end|>{% endgeneration %}"
+          "{% else %}{{ m.content }}<|im_end|>{% endif %}\n{% endfor %}")
+CHAT = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
+
+
+def _run(tmp_path: Path, settings: dict[str, Any], data: list[Any], name: str = "r") -> tuple[dict, Path]:
+    from helpers import run_rows
+
+    folder = write_tokenizer_dir(tmp_path / f"tok-{name}", MARKED)
+    config = {"tokenizer": str(folder), "mask": {"assistant": "train"}, **settings,
+              "input": {"type": "chat", **settings.get("input", {})}}
+    out = run_rows(tmp_path, config, data, name=name, rejects=tmp_path / f"{name}-rejects.jsonl")
+    return json.loads((out / "manifest.json").read_text()), out
+
+
+def test_a_trained_role_the_markers_never_mark_is_reported(tmp_path: Path) -> None:
+    from helpers import gpu_prep_cli
+
+    manifest, _ = _run(tmp_path, {"mask": {"assistant": "train", "user": "train"}}, [{"messages": CHAT}])
+    assert manifest["totals"]["parse_report"]["trained_roles_not_marked_by_template"] == {"user": 1}
+    assert manifest["totals"]["trained_tokens_by_role"].keys() == {"assistant"}
+    folder = write_tokenizer_dir(tmp_path / "tok-cli", MARKED)
+    (tmp_path / "c.json").write_text(json.dumps({"tokenizer": str(folder), "input": {"type": "chat"},
+                                                 "mask": {"assistant": "train", "user": "train"}}))
+    (tmp_path / "d.jsonl").write_text(json.dumps({"messages": CHAT}) + "\n")
+    result = gpu_prep_cli("run", "-c", tmp_path / "c.json", tmp_path / "d.jsonl", "-o", tmp_path / "o")
+    assert result.returncode == 0, result.stderr
+    assert "the mask rules train role 'user', but the chat template's {% generation %} markers never mark it" \
+        in " ".join(result.stderr.split())
+
+
+def test_role_span_options_under_markers_are_an_error_not_ignored(tmp_path: Path) -> None:
+    from gpu_prep.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="input.train_on_eos would be ignored: set input.mask_method to roles"):
+        _run(tmp_path, {"input": {"train_on_eos": "all"}}, [{"messages": CHAT}])
+    manifest, _ = _run(tmp_path, {"input": {"train_on_eos": "all", "mask_method": "roles"}}, [{"messages": CHAT}],
+                       name="roles")
+    assert manifest["chat_template"]["mask_method"] == "roles"
+    with pytest.raises(ConfigError, match="input.mask_method is generation, but the chat template has no"):
+        _run(tmp_path, {"chat_template": "chatml", "input": {"mask_method": "generation"}}, [{"messages": CHAT}],
+             name="unmarked")
+
+
+def test_a_template_that_raises_drops_the_row_with_its_own_message(tmp_path: Path) -> None:
+    rows = [{"messages": CHAT}, {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Hey"},
+                                              {"role": "assistant", "content": "Hi."}]}]
+    manifest, _ = _run(tmp_path, {"chat_template": "gemma"}, rows)
+    assert manifest["totals"]["rows_dropped"] == {"template_error": 1}
+    [reject] = [json.loads(line) for line in (tmp_path / "r-rejects.jsonl").read_text().splitlines()]
+    assert reject["line"] == 2 and reject["detail"] == "the chat template refused the row: System role not supported"
