@@ -70,3 +70,30 @@ def convert_sentencepiece(model_file: str, work: Path) -> Path:
     target = work / f"{model_file}-converted"
     AutoTokenizer.from_pretrained(str(source)).save_pretrained(str(target))
     return target
+
+
+def train_unigram(work: Path, chats: list[dict[str, Any]]) -> Path:
+    """A SentencePiece Unigram tokenizer (T5's kind: Precompiled normalizer, whitespace dropped, Metaspace)
+    trained here on these conversations, converted to a tokenizer.json as transformers converts T5's. No
+    package on the index ships a Unigram vocabulary, so this one is made; needs sentencepiece and protobuf."""
+    import sentencepiece
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from transformers import AutoTokenizer
+
+    work.mkdir(parents=True, exist_ok=True)
+    text = "\n".join(m["content"].replace("\n", " ") for chat in chats for m in chat["messages"])
+    (work / "corpus.txt").write_text(text, encoding="utf-8")
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(work / "corpus.txt"), model_prefix=str(work / "unigram"), vocab_size=8000, model_type="unigram",
+        character_coverage=0.9995, pad_id=0, eos_id=1, unk_id=2, bos_id=-1, shuffle_input_sentence=False,
+        minloglevel=2)
+    source = work / "spm"
+    source.mkdir(exist_ok=True)
+    shutil.copyfile(work / "unigram.model", source / "spiece.model")
+    (source / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "T5Tokenizer", "extra_ids": 0, "eos_token": "</s>", "unk_token": "<unk>",
+         "pad_token": "<pad>"}))
+    target = work / "converted"
+    AutoTokenizer.from_pretrained(str(source)).save_pretrained(str(target))
+    return target

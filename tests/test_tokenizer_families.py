@@ -7,6 +7,10 @@ assistant writes. transformers' `apply_chat_template(..., return_assistant_token
 reference: gpu-prep must write the same ids and the same mask, token for token, on real ShareGPT
 conversations and hand-written ones (unicode, leading and trailing whitespace, empty turns).
 
+No package on the index ships a Unigram vocabulary, so the Unigram case is a SentencePiece Unigram model
+trained here on ShareGPT text and converted as transformers converts T5's (a Precompiled normalizer,
+whitespace dropped, Metaspace).
+
 The normalizer cases change only the tokenizer.json's normalizer (the legacy Llama-2 Prepend + Replace
 form, Lowercase, Strip, NFKC): masks come from the offsets the tokenizer reports, so none of them may
 break exactness. Both mask methods run where the markers enclose what the role-span method trains (an
@@ -28,7 +32,7 @@ import pytest
 import gpu_prep
 from gpu_prep.config import parse_config
 from gpu_prep.pipeline import Options, run
-from reference import convert_sentencepiece
+from reference import convert_sentencepiece, train_unigram
 from test_reference_masks import first_difference, handwritten_conversations, sharegpt_conversations
 
 SHAREGPT_ROWS = 80
@@ -120,6 +124,8 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Case]:
                                                                   "strip_right": True}), True, True),
         "nfkc-metaspace": Case(_with(v1, work / "nfkc", gemma2(), {"type": "NFKC"}, metaspace), False, False),
     }
+    unigram = train_unigram(work / "unigram", [{"messages": conv} for conv in sharegpt_conversations(600)])
+    found["unigram"] = Case(_with(unigram, work / "unigram-chat", phi3()), True, True, ("<|end|>",))
     try:
         from gpu_prep.bundled import bundled_tokenizer_dir
 
@@ -175,7 +181,7 @@ def run_gpu_prep(folder: Path, rows: list, work: Path, method: str, end_of_turn:
 
 
 CASES = ("sentencepiece-bpe", "sentencepiece-bpe-control-tokens", "legacy-prepend-replace", "lowercase", "strip",
-         "nfkc-metaspace", "wordpiece")
+         "nfkc-metaspace", "unigram", "wordpiece")
 
 
 @pytest.mark.parametrize("method", ["generation", "roles"])
