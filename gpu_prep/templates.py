@@ -1,8 +1,8 @@
 """Which chat template renders a run's conversations (the config's `chat_template`).
 
-- "tokenizer_default": the tokenizer's own, found where transformers looks: chat_template.jinja in the
-  tokenizer folder, else `chat_template` in tokenizer_config.json (a string, or a list of named templates);
-  more named ones may sit in additional_chat_templates/<name>.jinja. `chat_template_name` picks a named
+- "tokenizer_default": the tokenizer's own, found where transformers looks: template files in the
+  tokenizer folder (chat_template.jinja, additional_chat_templates/<name>.jinja) where there are any, else
+  `chat_template` in tokenizer_config.json (a string, or a list of named templates). `chat_template_name` picks a named
   one; without it, "default", and rows with tools take "tool_use" where the tokenizer has one, as
   transformers' apply_chat_template does.
 - "tokenizer_default_fallback_chatml": the tokenizer's own, or ChatML when it has none;
@@ -61,9 +61,19 @@ def _is_jinja(text: str) -> bool:
 
 
 def tokenizer_templates(directory: Path, config: dict[str, Any]) -> dict[str, tuple[str, str]]:
-    """A tokenizer folder's templates, by name ("default" for the main one): name -> (text, where it
-    was found), in transformers' order: chat_template.jinja wins over tokenizer_config.json."""
+    """A tokenizer folder's templates, by name ("default" for the main one): name -> (text, where it was
+    found). As transformers loads them: template files (chat_template.jinja, additional_chat_templates/)
+    where there are any, and then tokenizer_config.json's entries are not read at all."""
     found: dict[str, tuple[str, str]] = {}
+    jinja = directory / "chat_template.jinja"
+    if jinja.is_file():
+        found["default"] = (jinja.read_text(encoding="utf-8"), "chat_template.jinja")
+    extra = directory / "additional_chat_templates"
+    if extra.is_dir():
+        for path in sorted(extra.glob("*.jinja")):
+            found[path.stem] = (path.read_text(encoding="utf-8"), f"additional_chat_templates/{path.name}")
+    if found:
+        return found
     own = config.get("chat_template")
     if isinstance(own, str):
         found["default"] = (own, "tokenizer_config.json chat_template")
@@ -71,13 +81,6 @@ def tokenizer_templates(directory: Path, config: dict[str, Any]) -> dict[str, tu
         for entry in own:
             if isinstance(entry, dict) and isinstance(entry.get("name"), str) and isinstance(entry.get("template"), str):
                 found[entry["name"]] = (entry["template"], f"tokenizer_config.json chat_template {entry['name']!r}")
-    extra = directory / "additional_chat_templates"
-    if extra.is_dir():
-        for path in sorted(extra.glob("*.jinja")):
-            found[path.stem] = (path.read_text(encoding="utf-8"), f"additional_chat_templates/{path.name}")
-    jinja = directory / "chat_template.jinja"
-    if jinja.is_file():
-        found["default"] = (jinja.read_text(encoding="utf-8"), "chat_template.jinja")
     return found
 
 

@@ -104,22 +104,25 @@ def test_unknown_or_missing_templates_are_config_errors(tmp_path: Path) -> None:
 
 
 def test_template_sources_follow_transformers_order(tmp_path: Path) -> None:
-    """chat_template.jinja beats tokenizer_config.json; a list of named templates and the
-    additional_chat_templates folder give named ones; rows with tools take tool_use unless a name is asked."""
+    """Template files (chat_template.jinja, additional_chat_templates/) replace tokenizer_config.json's
+    entries, as transformers loads them; a list of named templates gives named ones; rows with tools take
+    tool_use unless a name is asked."""
     folder = tmp_path / "tok"
     (folder / "additional_chat_templates").mkdir(parents=True)
     config = {"chat_template": [{"name": "default", "template": "LIST-DEFAULT"},
                                 {"name": "tool_use", "template": "LIST-TOOLS"}]}
     assert {k: v[0] for k, v in tokenizer_templates(folder, config).items()} == \
         {"default": "LIST-DEFAULT", "tool_use": "LIST-TOOLS"}
+    listed = resolve_template("tokenizer_default", None, tokenizer_templates(folder, config))
+    assert (listed.text, listed.tool_text) == ("LIST-DEFAULT", "LIST-TOOLS")
+    assert resolve_template("tokenizer_default", "tool_use", tokenizer_templates(folder, config)).tool_text is None
     (folder / "additional_chat_templates" / "rag.jinja").write_text("RAG")
     (folder / "chat_template.jinja").write_text("FILE")
     own = tokenizer_templates(folder, config)
-    assert {k: v[0] for k, v in own.items()} == {"default": "FILE", "tool_use": "LIST-TOOLS", "rag": "RAG"}
+    assert {k: v[0] for k, v in own.items()} == {"default": "FILE", "rag": "RAG"}
     chosen = resolve_template("tokenizer_default", None, own)
-    assert (chosen.text, chosen.tool_text, chosen.source) == ("FILE", "LIST-TOOLS", "tokenizer chat_template.jinja")
+    assert (chosen.text, chosen.tool_text, chosen.source) == ("FILE", None, "tokenizer chat_template.jinja")
     assert resolve_template("tokenizer_default", "rag", own).text == "RAG"
-    assert resolve_template("tokenizer_default", "tool_use", own).tool_text is None
     assert {k: v[0] for k, v in tokenizer_templates(folder, {"chat_template": "STRING"}).items()}["default"] == "FILE"
 
 
