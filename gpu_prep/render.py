@@ -1,11 +1,9 @@
-"""render: a canonical row -> text pieces to tokenize + the byte spans that are trained.
+"""render: a canonical row -> text pieces to tokenize + the spans that are trained.
 
 A conversation is rendered ONCE with the real chat template, and the position of every message's content
-in that rendering is found exactly: the template is rendered a second time with each content replaced by
-a sentinel, which gives the template's own text between the contents (headers, end-of-turn tokens, glue).
-When substituting the contents back reproduces the real rendering, the content spans are exact; when the
-template changes a content (trim, reasoning moved), the glue is matched in order in the real rendering and
-whatever the template wrote in a content's place is that content's span.
+in that rendering is found exactly (locate.py). What is trained is then said by the template's
+{% generation %} markers where it has them (as transformers reads them), else by role spans: a trained
+message's content and the end-of-turn token that closes it (or its whole turn).
 
 Spans are labelled with the role (or field); the mask rules then pick the trained ones. For byte-level BPE,
 positions are UTF-8 byte offsets into the text the tokenizer sees, after the tokenizer's Unicode
@@ -29,9 +27,10 @@ from typing import TYPE_CHECKING
 import jinja2
 import numpy as np
 
-from gpu_prep.affix import SENTINEL, SENTINEL_RE, AffixTemplate
+from gpu_prep.affix import AffixTemplate
 from gpu_prep.errors import ConfigError, Drop
 from gpu_prep.format import Conversation, RowError, Segments, Shape, Tokens
+from gpu_prep.locate import locate_contents, render_marked, render_text
 
 if TYPE_CHECKING:
     from gpu_prep.chat_template import ChatTemplate
@@ -99,93 +98,6 @@ class RenderedRow:
     given: tuple[np.ndarray, np.ndarray] | None = None  # a pre-tokenized row's ids and loss mask (one empty piece)
 
 
-def _content_regions(real: str, skeleton: str, contents: dict[int, str], exact_only: bool = False
-                     ) -> list[tuple[int, int, int]] | None:
-    """[(message index, start, end)] of every content in the real rendering (None: not exact, when asked)."""
-    parts = SENTINEL_RE.split(skeleton)
-    literals, order = parts[0::2], [int(i) for i in parts[1::2]]
-    # Contents may come out of order (a template that moves the system prompt into the last user turn);
-    # written twice, no single place would be the message's.
-    if len(set(order)) < len(order):
-        raise RowError(Drop.TEMPLATE_ERROR, "the chat template writes a message's content more than once")
-    rebuilt = literals[0] + "".join(contents[i] + lit for i, lit in zip(order, literals[1:]))
-    regions = []
-    pos = len(literals[0])
-    if rebuilt == real:
-        for i, lit in zip(order, literals[1:]):
-            regions.append((i, pos, pos + len(contents[i])))
-            pos += len(contents[i]) + len(lit)
-        return regions
-    if exact_only:
-        return None
-    # The template transformed some content: match the glue between contents in order.
-    if not real.startswith(literals[0]):
-        raise RowError(Drop.TEMPLATE_ERROR, "cannot align the chat template's output with the messages")
-    for k, (i, lit) in enumerate(zip(order, literals[1:])):
-        last = k == len(order) - 1
-        end = len(real) - len(lit) if last else (real.find(lit, pos) if lit else -1)
-        if end < pos or (last and not real.endswith(lit)):
-            raise RowError(Drop.TEMPLATE_ERROR, f"cannot align the chat template's output with message {i}")
-        regions.append((i, pos, end))
-        pos = end + len(lit)
-    return regions
-
-
-def _render(template: ChatTemplate, messages: list[dict], conv: Conversation) -> str:
-    return _marked(template, messages, conv, marked=False)[0]
-
-
-def _marked(template: ChatTemplate, messages: list[dict], conv: Conversation, marked: bool = True
-            ) -> tuple[str, list[tuple[int, int, int | None]]]:
-    """The rendering of these messages with the row's tools and documents (and, when marked, the spans its
-    {% generation %} blocks wrote); a template that raises drops the row with its own message."""
-    try:
-        if marked:
-            return template.render_marked(messages, conv.tools, conv.documents)
-        return template.render(messages, conv.tools, conv.documents), []
-    except jinja2.exceptions.TemplateError as exc:
-        raise RowError(Drop.TEMPLATE_ERROR, f"the chat template refused the row: {exc}") from None
-
-
-def _locate_contents(real: str, conv: Conversation, template: ChatTemplate) -> list[tuple[int, int, int]]:
-    """Content regions of every message; an empty content gets an empty region (its end-of-turn token can
-    still be trained) unless the template renders empty contents differently, then it gets none."""
-    def skeleton(indices: dict[int, str]) -> str:
-        masked = [{**m, "content": SENTINEL.format(i)} if i in indices else m for i, m in enumerate(conv.messages)]
-        return _render(template, masked, conv)
-
-    every = {i: m["content"] for i, m in enumerate(conv.messages)}
-    non_empty = {i: c for i, c in every.items() if c}
-    if len(non_empty) == len(every):
-        return _content_regions(real, skeleton(every), every)
-    with_every = skeleton(every)
-    regions = _content_regions(real, with_every, every, exact_only=True)
-    if regions is not None:
-        return regions
-    return _place_empty(real, with_every, _content_regions(real, skeleton(non_empty), non_empty))
-
-
-def _place_empty(real: str, with_every: str, regions: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    """Empty regions for the empty contents of a template that writes them differently (Qwen3 starts a
-    tool call on a new line only after some content): an empty content sits where the text the template
-    writes before a content (its header) ends, counted from the end of the content before it."""
-    parts = SENTINEL_RE.split(with_every)
-    located = {i: (start, end) for i, start, end in regions}
-    starts = sorted(start for start, _ in located.values())
-    placed, previous_end = list(regions), 0
-    for before, index in zip(parts[0::2], (int(i) for i in parts[1::2])):
-        if index in located:
-            previous_end = located[index][1]
-            continue
-        at = previous_end + len(before)
-        following = next((s for s in starts if s >= previous_end), len(real))
-        if not real.startswith(before, previous_end) or at > following:
-            continue  # not where a content would be: left out, as the template wrote nothing for it
-        placed.append((index, at, at))
-        previous_end = at
-    return sorted(placed, key=lambda region: (region[1], region[0]))
-
-
 def _after_eot(text: str, eot: re.Pattern[str], last: bool) -> int | None:
     """Where the first (or last) end-of-turn token in text ends, newlines after it included."""
     matches = list(eot.finditer(text)) if last else [m] if (m := eot.search(text)) else []
@@ -232,8 +144,8 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
     if ctx.affix is not None and ctx.affix.covers(conv.messages, conv.tools) and not conv.documents:
         real, regions = ctx.affix.render(conv.messages)
     else:
-        real, generated = _marked(template, conv.messages, conv, marked=marked)
-        regions = _locate_contents(real, conv, template)
+        real, generated = render_marked(template, conv.messages, conv, marked=marked)
+        regions = locate_contents(real, conv, template)
     roles = [m["role"] for m in conv.messages]
     located = {i for i, _, _ in regions}
     left_out = tuple(roles[i] for i, m in enumerate(conv.messages) if m["content"] and i not in located)
@@ -463,7 +375,7 @@ def _structured(conv: Conversation, ctx: RenderContext) -> tuple[Conversation, t
     limit = ctx.config.preprocessing.max_seq_len
 
     def fits(messages: list[dict]) -> bool:
-        text = _render(ctx.template_for(conv), messages, conv)
+        text = render_text(ctx.template_for(conv), messages, conv)
         return len(text.encode("utf-8")) <= limit or ctx.count_tokens(text) <= limit  # a token is >= 1 byte
 
     messages = conv.messages

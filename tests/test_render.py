@@ -61,3 +61,21 @@ def test_the_jinja_free_rendering_agrees_with_jinja(qwen: Any) -> None:
     ctx = _ctx(qwen, mask={"assistant": "train"})
     assert ctx.affix is not None  # Qwen2.5's template is plain concatenation for these rows
     assert affix_disagreement([Conversation(CHAT), Conversation(CHAT[1:3])], ctx) is None
+
+
+def test_contents_are_located_out_of_order_but_not_when_written_twice() -> None:
+    from gpu_prep.chat_template import ChatTemplate
+    from gpu_prep.locate import locate_contents
+
+    # The system prompt written inside the last user turn, after the turns that follow it.
+    moving = ChatTemplate("{% for m in messages[1:] %}[{{ m.role }}]{% if loop.last %}{{ messages[0].content }}|"
+                          "{% endif %}{{ m.content }}{% endfor %}", {})
+    conv = Conversation([{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+                         {"role": "assistant", "content": "A"}, {"role": "user", "content": "V"}])
+    real = moving.render(conv.messages)
+    assert real == "[user]U[assistant]A[user]S|V"
+    regions = locate_contents(real, conv, moving)
+    assert [(i, real[a:b]) for i, a, b in regions] == [(1, "U"), (2, "A"), (0, "S"), (3, "V")]
+    twice = ChatTemplate("{% for m in messages %}{{ m.content }}{{ m.content }}{% endfor %}", {})
+    with pytest.raises(RowError, match="more than once"):
+        locate_contents(twice.render(conv.messages), conv, twice)

@@ -18,6 +18,7 @@ import pytest
 
 from gpu_prep.bundled import bundled_tokenizer_dir
 from gpu_prep.errors import ConfigError
+from gpu_prep.hub import looks_like_model_id
 from gpu_prep.tokenizer import load_tokenizer
 from helpers import gpu_prep_cli, run_rows, samples
 
@@ -108,3 +109,8 @@ def test_a_missing_model_id_says_which_and_how_to_get_it(tmp_path: Path, offline
     result = gpu_prep_cli("run", "-c", "configs/sft.json", "examples/chat.jsonl", "-o", tmp_path / "o",
                           "--tokenizer", "nobody/nothing", env={"HF_HUB_CACHE": str(offline_cache), "HF_HUB_OFFLINE": "1"})
     assert result.returncode != 0 and "nobody/nothing" in result.stderr and "hf download" in result.stderr
+
+
+def test_what_reads_as_a_model_id() -> None:
+    assert looks_like_model_id("Qwen/Qwen2.5-7B-Instruct") and looks_like_model_id("meta-llama/Llama-3.1-8B")
+    assert not any(looks_like_model_id(s) for s in ("qwen2.5", "./tok", "/abs/tok", "a/b/c", "org/", "../x"))

@@ -1,0 +1,113 @@
+"""Where each message's content lies in a conversation's rendering.
+
+The template is rendered a second time with each content replaced by a sentinel, which gives the
+template's own text between the contents (headers, end-of-turn tokens, glue). When substituting the
+contents back reproduces the real rendering, the content positions are exact; when the template changed a
+content (trim, reasoning moved), the glue is matched in order in the real rendering and whatever the
+template wrote in a content's place is that content's region. Contents may come out of order (a template
+that moves the system prompt into the last user turn); one written twice has no single place, and the
+row is dropped.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from typing import TYPE_CHECKING
+
+import jinja2
+
+from gpu_prep.affix import SENTINEL, SENTINEL_RE
+from gpu_prep.errors import Drop
+from gpu_prep.format import Conversation, RowError
+
+if TYPE_CHECKING:
+    from gpu_prep.chat_template import ChatTemplate
+
+Region = tuple[int, int, int]  # message index, content start, content end (characters of the rendering)
+
+
+def _content_regions(real: str, skeleton: str, contents: dict[int, str], exact_only: bool = False
+                     ) -> list[tuple[int, int, int]] | None:
+    """[(message index, start, end)] of every content in the real rendering (None: not exact, when asked)."""
+    parts = SENTINEL_RE.split(skeleton)
+    literals, order = parts[0::2], [int(i) for i in parts[1::2]]
+    # Contents may come out of order (a template that moves the system prompt into the last user turn);
+    # written twice, no single place would be the message's.
+    if len(set(order)) < len(order):
+        raise RowError(Drop.TEMPLATE_ERROR, "the chat template writes a message's content more than once")
+    rebuilt = literals[0] + "".join(contents[i] + lit for i, lit in zip(order, literals[1:]))
+    regions = []
+    pos = len(literals[0])
+    if rebuilt == real:
+        for i, lit in zip(order, literals[1:]):
+            regions.append((i, pos, pos + len(contents[i])))
+            pos += len(contents[i]) + len(lit)
+        return regions
+    if exact_only:
+        return None
+    # The template transformed some content: match the glue between contents in order.
+    if not real.startswith(literals[0]):
+        raise RowError(Drop.TEMPLATE_ERROR, "cannot align the chat template's output with the messages")
+    for k, (i, lit) in enumerate(zip(order, literals[1:])):
+        last = k == len(order) - 1
+        end = len(real) - len(lit) if last else (real.find(lit, pos) if lit else -1)
+        if end < pos or (last and not real.endswith(lit)):
+            raise RowError(Drop.TEMPLATE_ERROR, f"cannot align the chat template's output with message {i}")
+        regions.append((i, pos, end))
+        pos = end + len(lit)
+    return regions
+
+
+def render_text(template: ChatTemplate, messages: list[dict], conv: Conversation) -> str:
+    return render_marked(template, messages, conv, marked=False)[0]
+
+
+def render_marked(template: ChatTemplate, messages: list[dict], conv: Conversation, marked: bool = True
+            ) -> tuple[str, list[tuple[int, int, int | None]]]:
+    """The rendering of these messages with the row's tools and documents (and, when marked, the spans its
+    {% generation %} blocks wrote); a template that raises drops the row with its own message."""
+    try:
+        if marked:
+            return template.render_marked(messages, conv.tools, conv.documents)
+        return template.render(messages, conv.tools, conv.documents), []
+    except jinja2.exceptions.TemplateError as exc:
+        raise RowError(Drop.TEMPLATE_ERROR, f"the chat template refused the row: {exc}") from None
+
+
+def locate_contents(real: str, conv: Conversation, template: ChatTemplate) -> list[tuple[int, int, int]]:
+    """Content regions of every message; an empty content gets an empty region (its end-of-turn token can
+    still be trained) unless the template renders empty contents differently, then it gets none."""
+    def skeleton(indices: dict[int, str]) -> str:
+        masked = [{**m, "content": SENTINEL.format(i)} if i in indices else m for i, m in enumerate(conv.messages)]
+        return render_text(template, masked, conv)
+
+    every = {i: m["content"] for i, m in enumerate(conv.messages)}
+    non_empty = {i: c for i, c in every.items() if c}
+    if len(non_empty) == len(every):
+        return _content_regions(real, skeleton(every), every)
+    with_every = skeleton(every)
+    regions = _content_regions(real, with_every, every, exact_only=True)
+    if regions is not None:
+        return regions
+    return _place_empty(real, with_every, _content_regions(real, skeleton(non_empty), non_empty))
+
+
+def _place_empty(real: str, with_every: str, regions: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Empty regions for the empty contents of a template that writes them differently (Qwen3 starts a
+    tool call on a new line only after some content): an empty content sits where the text the template
+    writes before a content (its header) ends, counted from the end of the content before it."""
+    parts = SENTINEL_RE.split(with_every)
+    located = {i: (start, end) for i, start, end in regions}
+    starts = sorted(start for start, _ in located.values())
+    placed, previous_end = list(regions), 0
+    for before, index in zip(parts[0::2], (int(i) for i in parts[1::2])):
+        if index in located:
+            previous_end = located[index][1]
+            continue
+        at = previous_end + len(before)
+        following = next((s for s in starts if s >= previous_end), len(real))
+        if not real.startswith(before, previous_end) or at > following:
+            continue  # not where a content would be: left out, as the template wrote nothing for it
+        placed.append((index, at, at))
+        previous_end = at
+    return sorted(placed, key=lambda region: (region[1], region[0]))
