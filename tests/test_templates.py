@@ -167,3 +167,15 @@ def test_chat_template_kwargs_reach_the_template(tmp_path: Path, qwen: Any) -> N
               "chat_template_kwargs": {"today": "26 Jul 2024"}, "input": {"type": "chat"}, "mask": {"assistant": "train"}}
     [(ids, _)] = samples(run_rows(tmp_path, custom, rows, name="custom"))
     assert qwen.decode(ids) == "26 Jul 2024|Hi thereHello."
+
+
+def test_a_rows_documents_reach_the_template(tmp_path: Path, qwen: Any) -> None:
+    """RAG templates (Command-R, Granite) read `documents`, as apply_chat_template(documents=...) passes them."""
+    template = ("{% for d in documents or [] %}<doc {{ d.title }}>{{ d.text }}</doc>{% endfor %}"
+                "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}")
+    config = {"chat_template": template, "input": {"type": "chat"}, "mask": {"assistant": "train"}}
+    rows = [{"messages": CONVERSATION[1:3], "documents": [{"title": "t1", "text": "Paris is in France."}]},
+            {"messages": CONVERSATION[3:5]}]
+    out = run_rows(tmp_path, config, rows)
+    assert [qwen.decode(ids) for ids, _ in samples(out)] == [
+        "<doc t1>Paris is in France.</doc>[user]Hi there[assistant]Hello.", "[user]Bye[assistant]Goodbye."]
