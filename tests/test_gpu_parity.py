@@ -66,6 +66,14 @@ def test_wordpiece_text_matches(tmp_path: Path) -> None:
     _assert_same(*_both(config, [str(data)], tmp_path, chunk_rows=61))
 
 
+def test_chat_masks_by_offsets_match(tmp_path: Path) -> None:
+    # A tokenizer that is not byte-level BPE: spans are placed on tokens by the offsets HF reports, on the device.
+    data = write_jsonl(tmp_path / "chat.jsonl", sharegpt_chats(300))
+    config = parse_config({"tokenizer": "bert-uncased", "chat_template": "chatml", "input": {"type": "chat"},
+                           "mask": {"assistant": "train"}, "preprocessing": {"max_seq_len": 256}})
+    _assert_same(*_both(config, [str(data)], tmp_path, chunk_rows=61))
+
+
 def test_cudf_reader_matches_the_exact_reader(tmp_path: Path) -> None:
     # cudf.read_json on byte ranges, with the traps of test_columnar_read.py among clean rows.
     from test_columnar_read import _corpus

@@ -101,12 +101,15 @@ def _drive(run: RunContext, dedup: Deduplicator | None, decisions: Decisions, ro
         target = max(1, -(-sum(rows) // max(1, len(parts))))
         positions, ranges, rest = positions_and_ranges(job, rows, config, rows_done, target)
         found = []  # the dedup shuffle, under way while the driver decides below
+        # Held to the end of the run (digests only: small): a worker that dies holding a bucket's result
+        # has it recomputed from these, where a released key would be "already forgotten".
+        held = [scans]
         if buckets:
             positions_f = client.scatter(positions, broadcast=True)
             for b in range(buckets):
                 pieces = [client.submit(bucket_of, s, b, pure=False) for s in scans]
+                held.append(pieces)
                 found.append(client.submit(first_occurrences, positions_f, *pieces, pure=False))
-        del scans
         # The first rows' decisions, on the rows and chunks a single process makes them on.
         here = dataclasses.replace(run, threads=threads)
         chunks = read_chunks([], options.chunk_rows, rows=range_rows(here, job, Plan(rows, first_line, {}), rest))
