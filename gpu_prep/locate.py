@@ -11,7 +11,6 @@ row is dropped.
 
 from __future__ import annotations
 
-from itertools import pairwise
 from typing import TYPE_CHECKING
 
 import jinja2
