@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -62,6 +63,11 @@ class InputConfig(_Frozen):
     prompt_key: str = "prompt"
     response_key: str = "response"
     text_key: str = "text"
+    # gpu-prep's own: a .txt input is one row (file) or a row per non-blank line (line), under text_key.
+    text_rows: Literal["file", "line"] = "file"
+    # gpu-prep's own: the split a DatasetDict folder (datasets' save_to_disk) is read from (null: train,
+    # or its only split).
+    split: str | None = None
     # gpu-prep's own: the keys inside one chat message.
     role_key: str = "role"
     content_key: str = "content"
@@ -245,7 +251,8 @@ class DatasetConfig(_Frozen):
 
     name: str
     data_paths: list[str] = Field(min_length=1)  # files, folders or globs, read in order
-    builder: Literal["json", "jsonl", "parquet"] | None = None  # for files without a known extension
+    # The format of files without a known extension (a file with one must hold what it says).
+    builder: Literal["jsonl", "json", "csv", "tsv", "txt", "parquet", "arrow", "feather"] | None = None
     sampling: float | None = Field(None, ge=0.0, le=1.0)
     data_handlers: list[DataHandlerConfig] = []
     domain: str | None = None  # the domain of its rows when output.domain_key does not give one
@@ -419,4 +426,28 @@ def load_config(path: str | Path) -> PipelineConfig:
         data = yaml.safe_load(text) if is_yaml else json.loads(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: not valid {'YAML' if is_yaml else 'JSON'}: {exc}") from None
-    return parse_config(data, str(path))
+    return parse_config(_from_folder(data, path.parent), str(path))
+
+
+def _from_folder(data: Any, folder: Path) -> Any:
+    """Paths written in a config file are the config file's: its datasets' data_paths and a chat template
+    file always, a tokenizer folder when one is there (else it is a bundled name or a model id)."""
+    if not isinstance(data, dict):
+        return data
+
+    def here(value: Any) -> Any:
+        return os.path.normpath(folder / value) if isinstance(value, str) and value and not os.path.isabs(value) else value
+
+    data = dict(data)
+    if isinstance(data.get("datasets"), list):
+        data["datasets"] = [{**d, "data_paths": [here(p) for p in d["data_paths"]]}
+                            if isinstance(d, dict) and isinstance(d.get("data_paths"), list) else d
+                            for d in data["datasets"]]
+    template = data.get("chat_template")
+    if isinstance(template, str) and template.endswith((".jinja", ".j2")) and "{" not in template:
+        data["chat_template"] = here(template)
+    tokenizer = data.get("tokenizer")
+    name = tokenizer.get("name") if isinstance(tokenizer, dict) else tokenizer
+    if isinstance(name, str) and not os.path.isabs(name) and (folder / name).is_dir():
+        data["tokenizer"] = {**tokenizer, "name": here(name)} if isinstance(tokenizer, dict) else here(name)
+    return data

@@ -146,6 +146,13 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
     if key not in record:
         raise RowError(Drop.MISSING_FIELD, f"field {key!r} is missing")
     raw = record[key]
+    notes: list[str] = []
+    if isinstance(raw, str) and raw.lstrip().startswith("["):  # JSON text (a CSV or Parquet column of it)
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise RowError(Drop.WRONG_TYPE, f"field {key!r} is a string but not JSON: {exc}") from None
+        notes.append("messages_parsed_from_string")
     if not isinstance(raw, list):
         raise RowError(Drop.WRONG_TYPE, f"field {key!r} must be a list of messages, got {_type_name(raw)}")
     if not raw:
@@ -156,7 +163,6 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
         and not inp.extract_think_tags
     sources = {role_key, content_key, *renames.values(), *inp.reasoning_keys}  # row keys not copied as they are
     messages = []
-    notes: list[str] = []
     for i, message in enumerate(raw):
         # The common case, a {"role": str, "content": str} message, is taken as it is (never modified).
         if plain and type(message) is dict and tuple(message) == ("role", "content") \

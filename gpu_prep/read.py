@@ -1,14 +1,14 @@
 """read: input files -> bounded chunks of raw rows, each keeping its (file, line).
 
-JSON Lines (.jsonl, .json with one object per line), a JSON array file (.json starting with "["), and
-Parquet. A line that is not valid JSON, or not an object, becomes a row that carries its drop reason, so
-it is counted and never takes its neighbours with it. Blank lines are not rows.
+Which format a file is, checked against its content, and the readers of the formats beyond JSON Lines
+live in sources.py. A JSON Lines line that is not valid JSON, or not an object, becomes a row that carries
+its drop reason, so it is counted and never takes its neighbours with it. Blank lines are not rows. Rows
+of the columnar formats are numbered from 1 in the file, CSV rows by their line (the header is line 1).
 """
 
 from __future__ import annotations
 
 import glob
-import gzip
 import io
 import mmap
 import os
@@ -21,9 +21,9 @@ from typing import Any
 import orjson
 
 from gpu_prep.errors import ConfigError, Drop, InputError
+from gpu_prep.sources import (KNOWN, arrow_rows, check_file, csv_rows, dataset_folder_files, json_array_rows, open_bytes,
+                              split_name, text_rows)
 
-SUFFIXES = (".jsonl", ".json", ".parquet")
-COMPRESSIONS = (".gz", ".zst")  # of JSON Lines and JSON files: read as streams, never unpacked to disk
 # A JSON Lines chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so
 # memory stays bounded whatever the rows' sizes (Parquet and JSON-array rows count rows only).
 CHUNK_BYTES = 4 << 20
@@ -40,10 +40,22 @@ class InputFile:
     index: int
     path: str
     size_bytes: int
-    builder: str | None = None  # json | jsonl | parquet: how to read a file whose name does not say
+    # How it is read (sources.check_file): jsonl, json, csv, tsv, txt, parquet, arrow-file, arrow-stream.
+    layout: str = "jsonl"
+    compression: str | None = None  # gzip, bz2, xz, zstd
+    text_key: str = "text"  # .txt rows: the field their text goes in
+    text_per_line: bool = False  # .txt: a row per line (else the file is one row)
 
 
-BUILDERS = {"json": ".json", "jsonl": ".jsonl", "parquet": ".parquet"}
+@dataclass(frozen=True)
+class ReadAs:
+    """How a run's inputs are read beyond their names: the format of files whose name does not say (a
+    dataset's builder), a DatasetDict folder's split, and where plain text goes."""
+
+    builder: str | None = None
+    split: str | None = None
+    text_key: str = "text"
+    text_per_line: bool = False
 
 
 @dataclass
@@ -75,12 +87,17 @@ def is_message_list(record: Any) -> bool:
     return isinstance(record, list) and bool(record) and all(isinstance(m, dict) for m in record)
 
 
-def expand_inputs(patterns: list[str]) -> list[InputFile]:
-    """Files, globs and folders -> input files in a fixed order (as given; globs and folders sorted)."""
+def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: int = 0) -> list[InputFile]:
+    """Files, globs and folders -> input files in a fixed order (as given; globs and folders sorted), each
+    checked to be what its name (or how.builder) says. A save_to_disk or DatasetDict folder is its Arrow
+    files. Nothing unknown is taken: a ConfigError names the file and what it holds."""
+    how = how or ReadAs()
     paths: list[str] = []
     for pattern in patterns:
         if os.path.isdir(pattern):
-            found = sorted(str(p) for p in Path(pattern).rglob("*") if file_kind(str(p)) and p.is_file())
+            found = dataset_folder_files(Path(pattern), how.split)
+            if found is None:
+                found = sorted(str(p) for p in Path(pattern).rglob("*") if p.is_file() and split_name(str(p))[0])
         elif glob.has_magic(pattern):
             found = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
         else:
@@ -94,7 +111,15 @@ def expand_inputs(patterns: list[str]) -> list[InputFile]:
             raise ConfigError(f"input {path!r}: no such file")
         if not os.access(path, os.R_OK):
             raise ConfigError(f"input {path!r}: not readable")
-        files.append(InputFile(len(files), path, os.path.getsize(path)))
+        fmt, compression = split_name(path)
+        if how.builder is not None and fmt is None:
+            fmt = how.builder
+        if fmt is None:
+            raise ConfigError(f"input {path!r}: not a format gpu-prep reads by its name (it reads {KNOWN}); "
+                              "rename it, or name its format with a dataset's builder")
+        layout = check_file(path, fmt, compression)
+        files.append(InputFile(first_index + len(files), path, os.path.getsize(path), layout, compression,
+                               how.text_key, how.text_per_line))
     return files
 
 
@@ -147,49 +172,15 @@ def _bounded_lines(handle: Any, cap: int, first_line: int = 1) -> Iterator[tuple
         yield line_no, size + len(rest)
 
 
-def file_kind(path: str) -> str | None:
-    """".jsonl", ".json" or ".parquet" for a file gpu-prep reads (compressed JSON included), else None."""
-    for compression in COMPRESSIONS:
-        if path.endswith(compression):
-            path = path[: -len(compression)]
-            return next((s for s in SUFFIXES[:2] if path.endswith(s)), None)
-    return next((s for s in SUFFIXES if path.endswith(s)), None)
-
-
-class _Raw(io.RawIOBase):
-    """A pyarrow input stream as a raw file, so a BufferedReader can read lines from it."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.stream.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        self.stream.close()
-        super().close()
-
-
-def open_input(path: str) -> Any:
-    """A binary file object over the input's bytes, decompressed as they are read (.gz, .zst)."""
-    if path.endswith(".gz"):
-        return gzip.open(path, "rb")
-    if path.endswith(".zst"):
-        import pyarrow as pa
-
-        return io.BufferedReader(_Raw(pa.input_stream(path, compression="zstd")), 1 << 20)
-    return open(path, "rb")  # noqa: SIM115  the caller closes it
+def open_input(file: InputFile) -> Any:
+    """A binary file object over the input's bytes, decompressed as they are read."""
+    return open_bytes(file.path, file.compression)
 
 
 def _jsonl_rows(file: InputFile, cap: int) -> Iterator[Row]:
     line_no = 0
     try:
-        with open_input(file.path) as handle:
+        with open_input(file) as handle:
             for row in _exact_rows(_bounded_lines(handle, cap), cap):
                 line_no = row[0]
                 yield row
@@ -270,17 +261,6 @@ def _columnar_rows(file: InputFile, fields: tuple[str, ...], read_range: ReadRan
             offset, first_line = end, first_line + len(lines)
 
 
-def _json_array_rows(file: InputFile) -> Iterator[Row]:
-    with open_input(file.path) as handle:
-        raw = handle.read().removeprefix(b"\xef\xbb\xbf")
-    data, error = _parse_line(raw)
-    if error is not None:
-        yield 1, None, error, len(raw)
-        return
-    for index, record in enumerate(data, start=1):
-        yield index, record, None, 0
-
-
 def _parquet_rows(file: InputFile) -> Iterator[Row]:
     import pyarrow.parquet as pq
 
@@ -291,12 +271,6 @@ def _parquet_rows(file: InputFile) -> Iterator[Row]:
             yield row, record, None, 0
 
 
-def _is_json_array(path: str) -> bool:
-    with open_input(path) as handle:
-        head = handle.read(64).removeprefix(b"\xef\xbb\xbf").lstrip()
-    return head.startswith(b"[")
-
-
 @dataclass(frozen=True)
 class Columnar:
     """Read JSON Lines as columns: only these string fields, each range by read_range."""
@@ -305,22 +279,20 @@ class Columnar:
     read_range: ReadRange
 
 
-def _layout(file: InputFile) -> str:
-    """How a file is read: "parquet", "json array", or (JSON Lines, possibly compressed) "lines"."""
-    kind = file_kind(file.path) or BUILDERS.get(file.builder or "")
-    if kind == ".parquet":
-        return "parquet"
-    return "json array" if kind == ".json" and _is_json_array(file.path) else "lines"
-
-
 def file_rows(file: InputFile, columnar: Columnar | None = None, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[Row]:
     """(line or row number, record, error, bytes of JSON) for every row of one file."""
-    layout = _layout(file)
+    layout = file.layout
     if layout == "parquet":
         return _parquet_rows(file)
-    if layout == "json array":
-        return _json_array_rows(file)
-    if columnar is not None and not file.path.endswith(COMPRESSIONS):  # byte ranges need the bytes as stored
+    if layout.startswith("arrow"):
+        return arrow_rows(file.path, layout)
+    if layout in ("csv", "tsv"):
+        return csv_rows(file.path, file.compression, "," if layout == "csv" else "\t")
+    if layout == "txt":
+        return text_rows(file.path, file.compression, file.text_key, file.text_per_line)
+    if layout == "json":
+        return json_array_rows(file.path, file.compression, _parse_line)
+    if columnar is not None and file.compression is None:  # byte ranges need the bytes as stored
         return _columnar_rows(file, columnar.fields, columnar.read_range, max_row_bytes)
     return _jsonl_rows(file, max_row_bytes)
 
@@ -337,8 +309,8 @@ class Part:
 
 def split_file(file: InputFile, part_bytes: int) -> list[Part]:
     """The file cut into parts of about part_bytes, each ending at a line's end. Only uncompressed JSON
-    Lines can be cut; Parquet, JSON arrays and compressed files are one part each."""
-    if file.size_bytes <= part_bytes or file.path.endswith(COMPRESSIONS) or _layout(file) != "lines":
+    Lines can be cut; other formats and compressed files are one part each."""
+    if file.size_bytes <= part_bytes or file.compression is not None or file.layout != "jsonl":
         return [Part(file)]
     cuts = [0]
     with open(file.path, "rb") as handle:

@@ -158,7 +158,7 @@ def test_compressed_inputs_read_like_plain_ones(tmp_path: Path) -> None:
     with pa.output_stream(str(tmp_path / "data" / "c.jsonl.zst"), compression="zstd") as out:
         out.write(data)
     (tmp_path / "data" / "d.json.gz").write_bytes(gzip.compress(json.dumps(OPENAI * 3).encode()))
-    (tmp_path / "data" / "notes.txt").write_text("not an input")
+    (tmp_path / "data" / "notes.md").write_text("not an input: a folder gives only the files it can read")
     config = parse_config({**CHAT, "preprocessing": {"deduplicate": False}})
     manifest = run(config, [str(tmp_path / "data")], tmp_path / "out")
     assert [Path(f["path"]).name for f in manifest["inputs"]] == ["a.jsonl", "b.jsonl.gz", "c.jsonl.zst", "d.json.gz"]

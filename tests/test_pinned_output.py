@@ -20,7 +20,7 @@ from gpu_prep.config import load_config, parse_config
 from gpu_prep.pipeline import Options, run
 from helpers import REPO, write_jsonl
 
-PINNED = "4f63b8cf3129c9801bfd8deb4b3c10c77739e9f68255cb4857a39411530c3b57"
+PINNED = "b55f67cadeb1cb8f3b4446095d4f0592cfcc337a184b48504487c42af36ee211"
 PINNED_EXAMPLE = "ad288106e36107de3430ac1aeac8c87203b74c418b4141d57bb1df7b0b36b0d0"
 MANIFEST_KEYS = ("totals", "domains", "packing")  # what the manifest says that no path or timing enters
 

@@ -1,6 +1,8 @@
 """The reader and the row builders never raise on what they are fed: random bytes, random JSON values and
 random chat-shaped rows each become a row or a named drop. Reading as columns (the GPU backend's path)
-gives the strict parser's rows on the same soup."""
+gives the strict parser's rows on the same soup. Whether a file is JSON Lines at all is checked before it
+is read (sources.check_file): on random bytes that check takes the file or refuses it with a ConfigError,
+nothing else; the reader is fed the bytes directly."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from hypothesis import strategies as st
 from gpu_prep.config import parse_config
 from gpu_prep.errors import Drop
 from gpu_prep.format import RowError, get_builder
-from gpu_prep.read import Columnar, as_read, expand_inputs, read_chunks
+from gpu_prep.errors import ConfigError
+from gpu_prep.read import Columnar, InputFile, as_read, read_chunks
+from gpu_prep.sources import check_file
 from test_columnar_read import lenient_read_range
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -32,11 +36,24 @@ def _read(data: bytes, columnar: Columnar | None = None, chunk_rows: int = 3) ->
         path = Path(tmp) / "fuzz.jsonl"
         path.write_bytes(data)
         rows = []
-        for chunk in read_chunks(expand_inputs([str(path)]), chunk_rows, columnar=columnar, max_row_bytes=300):
+        files = [InputFile(0, str(path), len(data))]  # read as JSON Lines whatever the content check says
+        for chunk in read_chunks(files, chunk_rows, columnar=columnar, max_row_bytes=300):
             for i, record in enumerate(chunk.records):
                 assert (record is None) == (i in chunk.errors)
                 rows.append((chunk.line[i], chunk.errors.get(i), as_read(record)))
         return rows
+
+
+@FUZZ
+@given(st.binary(max_size=3000), st.sampled_from(["jsonl", "json", "csv", "txt", "parquet", "arrow"]))
+def test_the_content_check_takes_or_refuses_random_bytes(data: bytes, fmt: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"fuzz.{fmt}"
+        path.write_bytes(data)
+        try:
+            check_file(str(path), fmt, None)
+        except ConfigError as exc:
+            assert str(path) in str(exc)
 
 
 @FUZZ

@@ -22,8 +22,9 @@ from gpu_prep.output.files import finish_file, temporary_path
 EXAMPLES_PER_REASON = 3
 # The parse report's counts (besides unknown roles): rows with tools, and what building chat rows did.
 PIECES = "(whole pieces)"  # trained_tokens_by_role's key for rows trained piece by piece, not by message
-PARSE_COUNTS = ("rows_with_tools", "tools_parsed_from_string", "moved_reasoning_keys", "extracted_think_from_content",
-                "dropped_think_messages", "structured_dropped_turns", "structured_dropped_reasoning")
+PARSE_COUNTS = ("rows_with_tools", "tools_parsed_from_string", "messages_parsed_from_string", "moved_reasoning_keys",
+                "extracted_think_from_content", "dropped_think_messages", "structured_dropped_turns",
+                "structured_dropped_reasoning")
 
 
 @dataclass

@@ -16,7 +16,7 @@ from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError
 from gpu_prep.format import string_fields
 from gpu_prep.mix import HANDLERS, Dataset, with_tokenizer
-from gpu_prep.read import Columnar, InputFile, expand_inputs, file_kind
+from gpu_prep.read import Columnar, InputFile, ReadAs, expand_inputs
 from gpu_prep.render import RenderContext
 from gpu_prep.templates import resolve_template
 from gpu_prep.tokenizer import Tokenizer
@@ -171,25 +171,26 @@ def mask_method(config: PipelineConfig, template: ChatTemplate | None) -> bool:
 
 
 def run_inputs(config: PipelineConfig, inputs: list[str]) -> tuple[list[InputFile], list[Dataset] | None]:
-    """The run's input files, and its datasets when the config names them (their files, in order)."""
+    """The run's input files, and its datasets when the config names them (their files, in order), each
+    file checked to be what its name says before anything is written."""
     if not config.datasets:
         if not inputs:
             raise ConfigError("no input: give files, folders or globs, or a config with datasets")
-        return expand_inputs(inputs), None
+        return expand_inputs(inputs, read_as(config)), None
     if inputs:
         raise ConfigError("the config's datasets name the inputs: give none on the command line")
     files: list[InputFile] = []
     datasets = []
-    for spec in config.datasets:
-        own = []
-        for found in expand_inputs(spec.data_paths):
-            if spec.builder is None and file_kind(found.path) is None:
-                raise ConfigError(f"dataset {spec.name!r}: {found.path} has no known extension; "
-                                  "name its format with the dataset's builder (json, jsonl or parquet)")
-            own.append(InputFile(len(files) + len(own), found.path, found.size_bytes, spec.builder))
+    for k, spec in enumerate(config.datasets):
+        own = expand_inputs(spec.data_paths, read_as(config.dataset_config(k), spec.builder), len(files))
         files.extend(own)
         datasets.append(Dataset(spec.name, own, dataset_handlers(spec)))
     return files, datasets
+
+
+def read_as(config: PipelineConfig, builder: str | None = None) -> ReadAs:
+    inp = config.input
+    return ReadAs(builder, inp.split, inp.text_key, inp.text_rows == "line")
 
 
 def datasets_of(config: PipelineConfig, files: list[InputFile], dataset_files: list[list[int]] | None

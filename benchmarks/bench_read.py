@@ -1,0 +1,122 @@
+"""Reading throughput per input format: gpu-prep's reader beside pyarrow's own reader of the same file.
+
+    python benchmarks/bench_read.py --rows 20000 --repeat 3
+
+The same text rows (ShareGPT messages) are written as JSON Lines (plain and gzip), a JSON array, Parquet,
+Arrow IPC (stream, as datasets writes it), Feather, CSV and TSV. Timed in one process, best of --repeat:
+gpu-prep's read stage (read.read_chunks: every row as a Python record, in chunks, with its file and line)
+and pyarrow reading the file into a table and then into Python rows (to_pylist), which is what any
+row-wise consumer of pyarrow's reader must do; the table alone is printed beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.corpora import sharegpt_chats  # noqa: E402
+from gpu_prep.read import expand_inputs, read_chunks  # noqa: E402
+
+
+def rows(n: int) -> list[dict[str, str]]:
+    out = []
+    for chat in sharegpt_chats(n):
+        out.extend({"text": m["content"]} for m in chat["messages"])
+        if len(out) >= n:
+            break
+    return out[:n]
+
+
+def write_all(data: list[dict[str, str]], folder: Path) -> dict[str, Path]:
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist(data)
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in data).encode()
+    paths = {"jsonl": folder / "d.jsonl", "jsonl.gz": folder / "d.jsonl.gz", "json array": folder / "d.json",
+             "parquet": folder / "d.parquet", "arrow stream": folder / "d.arrow", "feather": folder / "d.feather",
+             "csv": folder / "d.csv", "tsv": folder / "d.tsv"}
+    paths["jsonl"].write_bytes(lines)
+    paths["jsonl.gz"].write_bytes(gzip.compress(lines, 6))
+    paths["json array"].write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    pq.write_table(table, paths["parquet"])
+    with pa.OSFile(str(paths["arrow stream"]), "wb") as sink, ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=1000)
+    with pa.OSFile(str(paths["feather"]), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=1000)
+    pacsv.write_csv(table, paths["csv"])
+    pacsv.write_csv(table, paths["tsv"], write_options=pacsv.WriteOptions(delimiter="\t"))
+    return paths
+
+
+def pyarrow_reader(kind: str) -> Callable[[Path], Any]:
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.ipc as ipc
+    import pyarrow.json as pajson
+    import pyarrow.parquet as pq
+
+    return {
+        "jsonl": lambda p: pajson.read_json(p),
+        "jsonl.gz": lambda p: pajson.read_json(p),  # pyarrow decompresses by the extension
+        "json array": None,  # pyarrow reads JSON Lines only
+        "parquet": lambda p: pq.read_table(p),
+        "arrow stream": lambda p: ipc.open_stream(pa.memory_map(str(p))).read_all(),
+        "feather": lambda p: ipc.open_file(pa.memory_map(str(p))).read_all(),
+        # Quoted cells hold newlines: pyarrow must be told, as gpu-prep tells it.
+        "csv": lambda p: pacsv.read_csv(p, parse_options=pacsv.ParseOptions(newlines_in_values=True)),
+        "tsv": lambda p: pacsv.read_csv(p, parse_options=pacsv.ParseOptions(delimiter="\t", newlines_in_values=True)),
+    }[kind]
+
+
+def best(repeat: int, fn: Callable[[], Any]) -> float:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=20000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    data = rows(args.rows)
+    folder = Path(tempfile.mkdtemp(prefix="bench-read-"))
+    paths = write_all(data, folder)
+    mb = len("".join(r["text"] for r in data).encode()) / 1e6
+    print(f"{len(data):,} text rows, {mb:.1f} MB of text")
+    print(f"{'format':14} {'file MB':>8} {'gpu-prep s':>11} {'MB/s':>7} {'pyarrow table s':>16} "
+          f"{'+ to_pylist s':>14} {'gpu-prep / pyarrow rows':>24}")
+    for kind, path in paths.items():
+        files = expand_inputs([str(path)])
+
+        def ours() -> None:
+            assert sum(len(c) for c in read_chunks(files, 4096)) == len(data)
+
+        ours_s = best(args.repeat, ours)
+        reader = pyarrow_reader(kind)
+        if reader is None:
+            table_s = rows_s = float("nan")
+        else:
+            table_s = best(args.repeat, lambda: reader(path))
+            rows_s = best(args.repeat, lambda: reader(path).to_pylist())
+        ratio = f"{ours_s / rows_s:.2f}x" if reader is not None else "(no pyarrow reader)"
+        print(f"{kind:14} {path.stat().st_size / 1e6:8.1f} {ours_s:11.3f} {mb / ours_s:7.1f} {table_s:16.3f} "
+              f"{rows_s:14.3f} {ratio:>24}")
+
+
+if __name__ == "__main__":
+    main()

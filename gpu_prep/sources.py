@@ -1,0 +1,290 @@
+"""What an input file is, checked against its content, and the readers of the formats beyond JSON Lines.
+
+A file's format comes from its extension (or, for a file without a known one, a dataset's `builder`) and
+is then checked against its first bytes: a Parquet file starts with PAR1, an Arrow IPC file with ARROW1
+and an Arrow stream with its continuation marker, a compressed file with its codec's magic, and text
+formats must be text. An unknown extension or content that is not what the name says stops the run
+before anything is written, naming the file and what was found: nothing is ever read as JSON Lines by
+default.
+
+Formats: JSON Lines, JSON arrays (streamed element by element, so memory stays bounded on a multi-GB
+array), Parquet, Arrow IPC (file and stream, as the HF datasets cache and save_to_disk write them),
+Feather, CSV and TSV (a header row names the columns; every cell is read as text), plain text (a document
+per file, or per line with input.text_rows "line"); the text formats also gzip-, bz2-, xz- or
+zstd-compressed, decompressed as they are read. A `save_to_disk` folder (state.json + .arrow files) is its
+Arrow files in order; a DatasetDict folder (dataset_dict.json) is one split's (input.split).
+"""
+
+from __future__ import annotations
+
+import bz2
+import codecs
+import gzip
+import io
+import json
+import lzma
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from gpu_prep.errors import ConfigError
+
+TEXT_FORMATS = ("jsonl", "json", "csv", "tsv", "txt")
+FORMATS = (*TEXT_FORMATS, "parquet", "arrow", "feather")
+EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv", ".txt": "txt",
+              ".parquet": "parquet", ".arrow": "arrow", ".feather": "feather"}
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd", ".zstd": "zstd"}
+_MAGIC = {"gzip": b"\x1f\x8b", "bz2": b"BZh", "xz": b"\xfd7zXZ\x00", "zstd": b"\x28\xb5\x2f\xfd"}
+KNOWN = ", ".join(sorted(EXTENSIONS)) + " (the text ones also " + ", ".join(sorted(COMPRESSIONS)) + ")"
+
+
+def split_name(path: str) -> tuple[str | None, str | None]:
+    """(format, compression) by the file's name; (None, None) for a name gpu-prep does not know."""
+    name = path.lower()
+    compression = next((c for suffix, c in COMPRESSIONS.items() if name.endswith(suffix)), None)
+    if compression is not None:
+        name = name[: name.rindex(".")]
+    fmt = next((f for suffix, f in EXTENSIONS.items() if name.endswith(suffix)), None)
+    if compression is not None and fmt not in TEXT_FORMATS:
+        return None, None
+    return fmt, compression
+
+
+def open_bytes(path: str, compression: str | None) -> Any:
+    """A binary file object over the file's bytes, decompressed as they are read."""
+    if compression == "gzip":
+        return gzip.open(path, "rb")
+    if compression == "bz2":
+        return bz2.open(path, "rb")
+    if compression == "xz":
+        return lzma.open(path, "rb")
+    if compression == "zstd":
+        import pyarrow as pa
+
+        return io.BufferedReader(_Raw(pa.input_stream(path, compression="zstd")), 1 << 20)
+    return open(path, "rb")  # noqa: SIM115  the caller closes it
+
+
+class _Raw(io.RawIOBase):
+    """A pyarrow input stream as a raw file, so a BufferedReader can read lines from it."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.stream.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.stream.close()
+        super().close()
+
+
+def _what(head: bytes) -> str:
+    """What some first bytes look like, for an error message."""
+    if head.startswith(b"PAR1"):
+        return "Parquet"
+    if head.startswith(b"ARROW1"):
+        return "an Arrow IPC file"
+    if head.startswith(b"\xff\xff\xff\xff"):
+        return "an Arrow IPC stream"
+    for codec, magic in _MAGIC.items():
+        if head.startswith(magic):
+            return f"{codec}-compressed data"
+    if b"\x00" in head:
+        return "binary data"
+    text = head.decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
+    return f"text starting {text[:40]!r}" if text else "an empty file"
+
+
+def check_file(path: str, fmt: str, compression: str | None) -> str:
+    """The file's layout once its first bytes agree with its format ("arrow" files: "arrow-file" or
+    "arrow-stream"); a ConfigError naming the file and what was found when they do not."""
+    with open(path, "rb") as handle:
+        raw = handle.read(64)
+    if compression is not None and raw and not raw.startswith(_MAGIC[compression]):
+        raise ConfigError(f"input {path!r}: named as {compression}-compressed, but it holds {_what(raw)}")
+    if compression is not None:
+        try:
+            with open_bytes(path, compression) as handle:
+                raw = handle.read(4096)
+        except (OSError, EOFError, ValueError, lzma.LZMAError) as exc:
+            raise ConfigError(f"input {path!r}: cannot decompress it as {compression}: {exc}") from None
+    else:
+        with open(path, "rb") as handle:
+            raw = handle.read(4096)
+    if fmt == "parquet":
+        if not raw.startswith(b"PAR1"):
+            raise ConfigError(f"input {path!r}: named as Parquet, but it holds {_what(raw)}")
+        return fmt
+    if fmt in ("arrow", "feather"):
+        if raw.startswith(b"ARROW1"):
+            return "arrow-file"
+        if raw.startswith(b"\xff\xff\xff\xff") and fmt == "arrow":
+            return "arrow-stream"
+        raise ConfigError(f"input {path!r}: named as {'Arrow' if fmt == 'arrow' else 'Feather'}, but it holds {_what(raw)}")
+    binary = raw.startswith((b"PAR1", b"ARROW1", b"\xff\xff\xff\xff", *_MAGIC.values())) or b"\x00" in raw
+    if binary:
+        raise ConfigError(f"input {path!r}: named as {fmt.upper()} text, but it holds {_what(raw)}")
+    if fmt in ("jsonl", "json"):
+        text = raw.decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
+        if text and text[0] not in "{[":
+            raise ConfigError(f"input {path!r}: named as JSON, but it holds {_what(raw)}; name its format "
+                              "with a dataset's builder, or give it the extension of what it is")
+        if fmt == "json" and text.startswith("{"):
+            return "jsonl"  # one object per line, named .json
+    return fmt
+
+
+# ---------------------------------------------------------------- folders written by datasets
+
+
+def dataset_folder_files(folder: Path, split: str | None) -> list[str] | None:
+    """The Arrow files of a `save_to_disk` folder (of one split of a DatasetDict folder), in order; None
+    for a folder that is neither."""
+    if (folder / "dataset_dict.json").is_file():
+        splits = json.loads((folder / "dataset_dict.json").read_text(encoding="utf-8")).get("splits", [])
+        chosen = split or ("train" if "train" in splits or len(splits) != 1 else splits[0])
+        if chosen not in splits:
+            raise ConfigError(f"input {str(folder)!r}: a DatasetDict with the splits {', '.join(splits)}; "
+                              f"{'input.split ' + repr(split) + ' is not one of them' if split else 'name one with input.split'}")
+        folder = folder / chosen
+    if not (folder / "state.json").is_file():
+        return None
+    state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+    return [str(folder / entry["filename"]) for entry in state.get("_data_files", [])]
+
+
+# ---------------------------------------------------------------- rows of each format
+
+Row = tuple[int, Any, "tuple[str, str, Any] | None", int]  # as read.py: number, record, error, bytes
+
+
+def arrow_rows(path: str, layout: str) -> Iterator[Row]:
+    """Arrow IPC (file or stream) and Feather: record batch by record batch."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    row = 0
+    with pa.memory_map(path) as source:
+        if layout == "arrow-stream":
+            batches: Any = ipc.open_stream(source)
+        else:
+            reader = ipc.open_file(source)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+        for batch in batches:
+            for record in batch.to_pylist():
+                row += 1
+                yield row, record, None, 0
+
+
+def csv_rows(path: str, compression: str | None, delimiter: str) -> Iterator[Row]:
+    """CSV or TSV: the header row names the columns, every cell is text; row n is line n + 1 (the header
+    is line 1) unless a quoted cell spans lines."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    with open_bytes(path, compression) as handle:
+        header = pacsv.open_csv(handle, parse_options=pacsv.ParseOptions(delimiter=delimiter)).schema.names
+    types = {name: pa.string() for name in header}
+    options = pacsv.ConvertOptions(column_types=types, strings_can_be_null=False, quoted_strings_can_be_null=False)
+    row = 1
+    with open_bytes(path, compression) as handle:
+        reader = pacsv.open_csv(handle, read_options=pacsv.ReadOptions(block_size=4 << 20),
+                                parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True),
+                                convert_options=options)
+        for batch in reader:
+            for record in batch.to_pylist():
+                row += 1
+                yield row, record, None, 0
+
+
+def text_rows(path: str, compression: str | None, key: str, per_line: bool) -> Iterator[Row]:
+    """Plain text: the whole file as one row {key: text}, or (per_line) each non-blank line as one."""
+    with open_bytes(path, compression) as handle:
+        stream = io.TextIOWrapper(handle, encoding="utf-8", errors="strict", newline="")
+        if not per_line:
+            text = stream.read().removeprefix("\ufeff")
+            if text.strip():
+                yield 1, {key: text}, None, len(text)
+            return
+        for line_no, line in enumerate(stream, start=1):
+            if line_no == 1:
+                line = line.removeprefix("\ufeff")
+            line = line.rstrip("\r\n")
+            if line.strip():
+                yield line_no, {key: line}, None, len(line)
+
+
+def json_array_rows(path: str, compression: str | None, parse: Any, block: int = 1 << 20) -> Iterator[Row]:
+    """A JSON array, element by element: the text is decoded block by block and each element's end found
+    with the standard decoder, then the element parsed by `parse` (the strict parser). Memory holds a
+    block and the largest element, not the file. A file that is not an array is one row, parsed whole."""
+    from gpu_prep.errors import Drop
+
+    finder = json.JSONDecoder()
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    with open_bytes(path, compression) as handle:
+        buffer, pos, done = "", 0, False
+
+        def more() -> bool:
+            nonlocal buffer, pos, done
+            if done:
+                return False
+            data = handle.read(block)
+            done = not data
+            buffer = buffer[pos:] + decoder.decode(data, final=done)
+            pos = 0
+            return bool(data) or bool(buffer)
+
+        def skip(chars: str) -> None:
+            nonlocal pos
+            while True:
+                while pos < len(buffer) and buffer[pos] in chars:
+                    pos += 1
+                if pos < len(buffer) or not more():
+                    return
+
+        more()
+        buffer = buffer.removeprefix("\ufeff")
+        skip(" \t\r\n")
+        if not buffer.startswith("[", pos):
+            rest = buffer[pos:] + "".join(decoder.decode(chunk) for chunk in iter(lambda: handle.read(block), b""))
+            record, error = parse(rest.encode("utf-8"))
+            yield 1, record, error, len(rest)
+            return
+        pos += 1
+        index = 0
+        while True:
+            skip(" \t\r\n")
+            if buffer.startswith("]", pos):
+                return
+            while True:  # the element's end; a block boundary may cut it (or a number) short
+                try:
+                    end: int | None = finder.raw_decode(buffer, pos)[1]
+                except json.JSONDecodeError:
+                    end = None
+                if end is not None and (end < len(buffer) or done):
+                    break
+                if not more():
+                    if end is not None:
+                        break
+                    yield index + 1, None, (Drop.MALFORMED_JSON, f"element {index + 1} of the array is not valid "
+                                            "JSON (the rest of the file is not read)", buffer[pos:pos + 200]), 0
+                    return
+            index += 1
+            text = buffer[pos:end]
+            record, error = parse(text.encode("utf-8"))
+            yield index, record, error, len(text)
+            pos = end
+            skip(" \t\r\n")
+            if buffer.startswith(",", pos):
+                pos += 1
+            elif not buffer.startswith("]", pos):
+                yield index + 1, None, (Drop.MALFORMED_JSON, f"after element {index} the array goes on with "
+                                        f"{buffer[pos:pos + 40]!r} (the rest of the file is not read)", None), 0
+                return

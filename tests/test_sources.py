@@ -1,0 +1,270 @@
+"""Every input format gpu-prep reads gives the shards the same rows give as JSON Lines, byte for byte; a
+file whose name gpu-prep does not know, or whose content is not what its name says, stops the run before
+anything is written; paths inside a config file are the config file's.
+
+The formats are written here with the libraries users write them with: pyarrow (Parquet, Arrow IPC file
+and stream, Feather, CSV), the standard library (gzip, bz2, xz; TSV; plain text) and datasets
+(save_to_disk folders and a DatasetDict).
+"""
+
+from __future__ import annotations
+
+import bz2
+import csv
+import gzip
+import json
+import lzma
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from corpora import sharegpt_chats
+from gpu_prep.config import load_config, parse_config
+from gpu_prep.errors import ConfigError
+from gpu_prep.pipeline import Options, run
+from gpu_prep.sources import check_file, split_name
+from helpers import REPO, write_jsonl
+
+ROWS = 120
+
+
+def chat_rows() -> list[dict[str, Any]]:
+    return [{"messages": c["messages"]} for c in sharegpt_chats(ROWS)]
+
+
+def instruction_rows() -> list[dict[str, Any]]:
+    return [{"prompt": c["messages"][0]["content"], "response": c["messages"][1]["content"]}
+            for c in sharegpt_chats(ROWS) if len(c["messages"]) > 1 and c["messages"][0]["role"] == "user"]
+
+
+def text_rows() -> list[dict[str, Any]]:
+    return [{"text": m["content"]} for c in sharegpt_chats(ROWS) for m in c["messages"][:2]]
+
+
+KINDS = {
+    "chat": ({"input": {"type": "chat"}, "mask": {"assistant": "train"}}, chat_rows),
+    "instruction": ({"input": {"type": "instruction"}, "mask": {"prompt": "mask", "response": "train"}}, instruction_rows),
+    "text": ({"input": {"type": "text"}, "preprocessing": {"min_chars": 1}}, text_rows),
+}
+
+
+def _flat(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Rows as string columns (messages as JSON text), for the formats that hold text only."""
+    return [{k: v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for k, v in r.items()} for r in rows]
+
+
+def _table(rows: list[dict[str, Any]]) -> Any:
+    import pyarrow as pa
+
+    return pa.Table.from_pylist(rows)
+
+
+def _write_compressed(opener: Callable, suffix: str) -> Callable:
+    def write(rows: list[dict[str, Any]], folder: Path) -> list[str]:
+        path = folder / f"data.jsonl{suffix}"
+        with opener(path, "wt", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        return [str(path)]
+    return write
+
+
+def _zstd(rows: list[dict[str, Any]], folder: Path) -> list[str]:
+    import pyarrow as pa
+
+    path = folder / "data.jsonl.zst"
+    with pa.output_stream(str(path), compression="zstd") as out:
+        out.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode())
+    return [str(path)]
+
+
+def _json_array(rows: list[dict[str, Any]], folder: Path) -> list[str]:
+    path = folder / "data.json.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        json.dump(rows, handle, ensure_ascii=False, indent=2)
+    return [str(path)]
+
+
+def _parquet(rows: list[dict[str, Any]], folder: Path) -> list[str]:
+    import pyarrow.parquet as pq
+
+    pq.write_table(_table(rows), folder / "data.parquet", row_group_size=37)
+    return [str(folder / "data.parquet")]
+
+
+def _arrow(stream: bool, suffix: str) -> Callable:
+    def write(rows: list[dict[str, Any]], folder: Path) -> list[str]:
+        import pyarrow as pa
+        import pyarrow.ipc as ipc
+
+        table = _table(rows)
+        path = folder / f"data{suffix}"
+        with pa.OSFile(str(path), "wb") as sink:
+            writer = (ipc.new_stream if stream else ipc.new_file)(sink, table.schema)
+            writer.write_table(table, max_chunksize=29)
+            writer.close()
+        return [str(path)]
+    return write
+
+
+def _csv(delimiter: str, suffix: str, opener: Callable = open) -> Callable:
+    def write(rows: list[dict[str, Any]], folder: Path) -> list[str]:
+        path = folder / f"data{suffix}"
+        flat = _flat(rows)
+        with opener(path, "wt", encoding="utf-8", newline="") as handle:
+            out = csv.DictWriter(handle, fieldnames=list(flat[0]), delimiter=delimiter)
+            out.writeheader()
+            out.writerows(flat)
+        return [str(path)]
+    return write
+
+
+def _save_to_disk(rows: list[dict[str, Any]], folder: Path) -> list[str]:
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_list(rows).save_to_disk(str(folder / "saved"), max_shard_size="20KB")
+    return [str(folder / "saved")]
+
+
+def _dataset_dict(rows: list[dict[str, Any]], folder: Path) -> list[str]:
+    datasets = pytest.importorskip("datasets")
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows),
+                          "test": datasets.Dataset.from_list(rows[:3])}).save_to_disk(str(folder / "dict"))
+    return [str(folder / "dict")]
+
+
+WRITERS = {
+    "jsonl.gz": _write_compressed(gzip.open, ".gz"),
+    "jsonl.bz2": _write_compressed(bz2.open, ".bz2"),
+    "jsonl.xz": _write_compressed(lzma.open, ".xz"),
+    "jsonl.zst": _zstd,
+    "json-array.gz": _json_array,
+    "parquet": _parquet,
+    "arrow-stream": _arrow(True, ".arrow"),
+    "arrow-file": _arrow(False, ".arrow"),
+    "feather": _arrow(False, ".feather"),
+    "csv": _csv(",", ".csv"),
+    "tsv.gz": _csv("\t", ".tsv.gz", gzip.open),
+    "save_to_disk": _save_to_disk,
+    "dataset_dict": _dataset_dict,
+}
+
+
+def _shards(manifest: dict[str, Any]) -> dict[str, list[str]]:
+    return {name: [s["sha256"] for s in meta["shards"]] for name, meta in manifest["domains"].items()}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+def test_every_format_writes_the_shards_json_lines_does(kind: str, fmt: str, tmp_path: Path) -> None:
+    settings, make = KINDS[kind]
+    rows = make()
+    config = parse_config({**settings, "preprocessing": {**settings.get("preprocessing", {}), "deduplicate": False}})
+    want = run(config, [str(write_jsonl(tmp_path / "rows.jsonl", rows))], tmp_path / "want", Options(chunk_rows=50))
+    folder = tmp_path / fmt
+    folder.mkdir()
+    inputs = WRITERS[fmt](rows, folder)
+    got = run(config, inputs, tmp_path / "got", Options(chunk_rows=50))
+    assert got["totals"]["rows_read"] == want["totals"]["rows_read"] == len(rows)
+    assert got["totals"]["rows_dropped"] == want["totals"]["rows_dropped"]
+    assert _shards(got) == _shards(want)
+
+
+def test_plain_text_a_document_per_file_or_per_line(tmp_path: Path) -> None:
+    docs = [r["text"] for r in text_rows()[:40]]
+    config = parse_config({"input": {"type": "text"}, "preprocessing": {"min_chars": 1, "deduplicate": False}})
+    for k, doc in enumerate(docs):
+        (tmp_path / f"doc{k:03d}.txt").write_text(doc, encoding="utf-8")
+    want = run(config, [str(write_jsonl(tmp_path / "docs.jsonl", [{"text": d} for d in docs]))], tmp_path / "want")
+    got = run(config, [str(tmp_path / "doc*.txt")], tmp_path / "got")
+    assert _shards(got) == _shards(want)
+    lines = [line for d in docs for line in d.splitlines() if line.strip()]
+    with bz2.open(tmp_path / "lines.txt.bz2", "wt", encoding="utf-8") as handle:
+        handle.write("\n".join(docs))
+    per_line = parse_config({"input": {"type": "text", "text_rows": "line", "text_key": "content"},
+                             "preprocessing": {"min_chars": 1, "deduplicate": False}})
+    got = run(per_line, [str(tmp_path / "lines.txt.bz2")], tmp_path / "lines")
+    want = run(per_line, [str(write_jsonl(tmp_path / "l.jsonl", [{"content": line} for line in lines]))],
+               tmp_path / "lines-want")
+    assert _shards(got) == _shards(want) and got["totals"]["rows_written"] == len(lines)
+
+
+def test_a_dataset_dict_reads_the_split_asked_for(tmp_path: Path) -> None:
+    rows = text_rows()
+    _dataset_dict(rows, tmp_path)
+    config = {"input": {"type": "text"}, "preprocessing": {"min_chars": 1, "deduplicate": False}}
+    test = run(parse_config({**config, "input": {"type": "text", "split": "test"}}), [str(tmp_path / "dict")], tmp_path / "t")
+    assert test["totals"]["rows_read"] == 3
+    with pytest.raises(ConfigError, match="the splits train, test; input.split 'dev' is not one of them"):
+        run(parse_config({**config, "input": {"type": "text", "split": "dev"}}), [str(tmp_path / "dict")], tmp_path / "d")
+
+
+# ---------------------------------------------------------------- refusing what cannot be read
+
+
+def _refused(tmp_path: Path, name: str, content: bytes, match: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+    out = tmp_path / f"out-{name}"
+    with pytest.raises(ConfigError, match=match) as caught:
+        run(parse_config({"input": {"type": "text"}}), [str(path)], out)
+    assert str(path) in str(caught.value)
+    assert not out.exists(), "a refused input must leave nothing behind"
+
+
+def test_unknown_and_mislabelled_files_stop_the_run_naming_the_file(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    pq.write_table(_table([{"text": "a"}]), tmp_path / "real.parquet")
+    parquet = (tmp_path / "real.parquet").read_bytes()
+    _refused(tmp_path, "data.xlsx", b"PK\x03\x04", "not a format gpu-prep reads by its name")
+    _refused(tmp_path, "data", b'{"text": "no extension"}\n', "not a format gpu-prep reads by its name")
+    _refused(tmp_path, "table.jsonl", parquet, "named as JSON.*holds Parquet")
+    _refused(tmp_path, "export.csv", parquet, "named as CSV text, but it holds Parquet")
+    _refused(tmp_path, "rows.jsonl", b"name,age\nann,3\n", "named as JSON, but it holds text starting 'name,age")
+    _refused(tmp_path, "cache.arrow", b'{"text": "json"}\n', "named as Arrow, but it holds text")
+    _refused(tmp_path, "data.parquet", b'{"text": "json"}\n', "named as Parquet, but it holds text")
+    _refused(tmp_path, "rows.jsonl.gz", b'{"text": "not compressed"}\n', "named as gzip-compressed, but it holds text")
+    _refused(tmp_path, "rows.jsonl.zst", gzip.compress(b'{"a": 1}\n'), "named as zstd-compressed, but it holds gzip")
+    _refused(tmp_path, "data.parquet.gz", gzip.compress(parquet), "not a format gpu-prep reads by its name")
+
+
+def test_formats_by_name() -> None:
+    assert split_name("a/b.JSONL.GZ") == ("jsonl", "gzip")
+    assert split_name("x.tsv.xz") == ("tsv", "xz") and split_name("x.arrow") == ("arrow", None)
+    assert split_name("x.parquet.zst") == (None, None) and split_name("x.csv.7z") == (None, None)
+
+
+def test_a_json_named_file_of_lines_is_read_as_lines(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "lines.json", [{"text": "one"}, {"text": "two"}])
+    assert check_file(str(path), "json", None) == "jsonl"
+
+
+# ---------------------------------------------------------------- paths inside a config
+
+
+def test_paths_in_a_config_are_the_config_files(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    write_jsonl(project / "data" / "a.jsonl", [{"text": "first document, long enough"}])
+    (project / "template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    config = {"chat_template": "template.jinja", "input": {"type": "text"}, "preprocessing": {"min_chars": 1},
+              "datasets": [{"name": "a", "data_paths": ["data/*.jsonl"]}]}
+    (project / "config.json").write_text(json.dumps(config))
+    loaded = load_config(project / "config.json")
+    assert loaded.datasets[0].data_paths == [str(project / "data" / "*.jsonl")]
+    assert loaded.chat_template == str(project / "template.jinja")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = subprocess.run([str(Path(sys.executable).parent / "gpu-prep"), "run", "-c", str(project / "config.json"),
+                             "-o", "out"], cwd=elsewhere, capture_output=True, text=True, timeout=300,
+                            env={**os.environ})
+    assert result.returncode == 0, result.stderr
+    assert json.loads((elsewhere / "out" / "manifest.json").read_text())["totals"]["rows_written"] == 1
+
+
+def test_the_shipped_dataset_configs_run_from_anywhere(tmp_path: Path) -> None:
+    loaded = load_config(REPO / "configs" / "mix.yaml")
+    assert all(Path(p).is_absolute() for d in loaded.datasets for p in d.data_paths)
