@@ -246,11 +246,24 @@ class DataHandlerConfig(_Frozen):
         return dict(self.arguments.get("fn_kwargs") or {})
 
 
+class HubDatasetConfig(_Frozen):
+    """A dataset read through the datasets library, streamed (datasets.load_dataset(..., streaming=True)):
+    a hub id ("org/name") or a folder datasets can load; needs the hub extra and datasets."""
+
+    name: str
+    config: str | None = None
+    split: str = "train"
+    revision: str | None = None
+    data_files: str | list[str] | dict[str, Any] | None = None
+
+
 class DatasetConfig(_Frozen):
     """One dataset of a multi-dataset run (seed data_config's `datasets` entries)."""
 
     name: str
-    data_paths: list[str] = Field(min_length=1)  # files, folders or globs, read in order
+    # Files, folders, globs or URLs (s3://, gs://, https://, hf://, ...), read in order; or `hub` instead.
+    data_paths: list[str] = []
+    hub: HubDatasetConfig | None = None
     # The format of files without a known extension (a file with one must hold what it says).
     builder: Literal["jsonl", "json", "csv", "tsv", "txt", "parquet", "arrow", "feather"] | None = None
     sampling: float | None = Field(None, ge=0.0, le=1.0)
@@ -307,6 +320,9 @@ class PipelineConfig(_Frozen):
     def _ratios(self) -> PipelineConfig:
         if not self.datasets:
             return self
+        for d in self.datasets:
+            if bool(d.data_paths) == (d.hub is not None):
+                raise ValueError(f"datasets: {d.name!r} needs data_paths or hub (one of them)")
         names = [d.name for d in self.datasets]
         if len(set(names)) < len(names):
             raise ValueError(f"datasets: names must be unique, got {names}")
@@ -436,7 +452,8 @@ def _from_folder(data: Any, folder: Path) -> Any:
         return data
 
     def here(value: Any) -> Any:
-        return os.path.normpath(folder / value) if isinstance(value, str) and value and not os.path.isabs(value) else value
+        local = isinstance(value, str) and value and not os.path.isabs(value) and "://" not in value
+        return os.path.normpath(folder / value) if local else value
 
     data = dict(data)
     if isinstance(data.get("datasets"), list):

@@ -68,7 +68,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, options:
     resumed = load_for_resume(out_dir, resume_identity, keep={RUN_MARKER}) if options.resume else None
     checkpoints = Checkpointer(out_dir, resume_identity, options.checkpoint_seconds, resumed)
     # The inputs' checksums are taken beside the run (hashing releases the GIL), not after it.
-    checksums = in_background(lambda: [sha256_file(Path(f.path)) for f in files])
+    checksums = in_background(lambda: [sha256_file(f.path) for f in files])
     try:
         run_ctx = build_context(config, tok, backend, files, datasets, options.workers)
         outcome = _process(run_ctx, out_dir, options, checkpoints, resumed or {}, clock)

@@ -21,8 +21,8 @@ from typing import Any
 import orjson
 
 from gpu_prep.errors import ConfigError, Drop, InputError
-from gpu_prep.sources import (KNOWN, arrow_rows, check_file, csv_rows, dataset_folder_files, json_array_rows, open_bytes,
-                              split_name, text_rows)
+from gpu_prep.sources import (KNOWN, arrow_rows, check_file, csv_rows, dataset_folder_files, file_size, is_url,
+                              hub_rows, json_array_rows, open_bytes, open_raw, remote_files, split_name, text_rows)
 
 # A JSON Lines chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so
 # memory stays bounded whatever the rows' sizes (Parquet and JSON-array rows count rows only).
@@ -45,6 +45,7 @@ class InputFile:
     compression: str | None = None  # gzip, bz2, xz, zstd
     text_key: str = "text"  # .txt rows: the field their text goes in
     text_per_line: bool = False  # .txt: a row per line (else the file is one row)
+    hub: str | None = None  # layout "hub": the datasets.load_dataset arguments, as JSON
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,9 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
     how = how or ReadAs()
     paths: list[str] = []
     for pattern in patterns:
-        if os.path.isdir(pattern):
+        if is_url(pattern):
+            found = remote_files(pattern)
+        elif os.path.isdir(pattern):
             found = dataset_folder_files(Path(pattern), how.split)
             if found is None:
                 found = sorted(str(p) for p in Path(pattern).rglob("*") if p.is_file() and split_name(str(p))[0])
@@ -107,9 +110,9 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
         paths.extend(found)
     files = []
     for path in paths:
-        if not os.path.isfile(path):
+        if not is_url(path) and not os.path.isfile(path):
             raise ConfigError(f"input {path!r}: no such file")
-        if not os.access(path, os.R_OK):
+        if not is_url(path) and not os.access(path, os.R_OK):
             raise ConfigError(f"input {path!r}: not readable")
         fmt, compression = split_name(path)
         if how.builder is not None and fmt is None:
@@ -118,7 +121,7 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
             raise ConfigError(f"input {path!r}: not a format gpu-prep reads by its name (it reads {KNOWN}); "
                               "rename it, or name its format with a dataset's builder")
         layout = check_file(path, fmt, compression)
-        files.append(InputFile(first_index + len(files), path, os.path.getsize(path), layout, compression,
+        files.append(InputFile(first_index + len(files), path, file_size(path), layout, compression,
                                how.text_key, how.text_per_line))
     return files
 
@@ -265,7 +268,7 @@ def _parquet_rows(file: InputFile) -> Iterator[Row]:
     import pyarrow.parquet as pq
 
     row = 0
-    for batch in pq.ParquetFile(file.path).iter_batches(batch_size=4096):
+    for batch in pq.ParquetFile(open_raw(file.path) if is_url(file.path) else file.path).iter_batches(batch_size=4096):
         for record in batch.to_pylist():
             row += 1
             yield row, record, None, 0
@@ -292,7 +295,9 @@ def file_rows(file: InputFile, columnar: Columnar | None = None, max_row_bytes: 
         return text_rows(file.path, file.compression, file.text_key, file.text_per_line)
     if layout == "json":
         return json_array_rows(file.path, file.compression, _parse_line)
-    if columnar is not None and file.compression is None:  # byte ranges need the bytes as stored
+    if layout == "hub":
+        return hub_rows(orjson.loads(file.hub))
+    if columnar is not None and file.compression is None and not is_url(file.path):  # byte ranges of a local file
         return _columnar_rows(file, columnar.fields, columnar.read_range, max_row_bytes)
     return _jsonl_rows(file, max_row_bytes)
 
@@ -310,7 +315,7 @@ class Part:
 def split_file(file: InputFile, part_bytes: int) -> list[Part]:
     """The file cut into parts of about part_bytes, each ending at a line's end. Only uncompressed JSON
     Lines can be cut; other formats and compressed files are one part each."""
-    if file.size_bytes <= part_bytes or file.compression is not None or file.layout != "jsonl":
+    if file.size_bytes <= part_bytes or file.compression is not None or file.layout != "jsonl" or is_url(file.path):
         return [Part(file)]
     cuts = [0]
     with open(file.path, "rb") as handle:

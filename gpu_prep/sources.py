@@ -23,6 +23,7 @@ import gzip
 import io
 import json
 import lzma
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "c
               ".parquet": "parquet", ".arrow": "arrow", ".feather": "feather"}
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd", ".zstd": "zstd"}
 _MAGIC = {"gzip": b"\x1f\x8b", "bz2": b"BZh", "xz": b"\xfd7zXZ\x00", "zstd": b"\x28\xb5\x2f\xfd"}
+LINE_LAYOUTS = ("jsonl", "csv", "tsv", "txt")  # their rows are numbered by line
 KNOWN = ", ".join(sorted(EXTENSIONS)) + " (the text ones also " + ", ".join(sorted(COMPRESSIONS)) + ")"
 
 
@@ -50,19 +52,66 @@ def split_name(path: str) -> tuple[str | None, str | None]:
     return fmt, compression
 
 
+def is_url(path: str) -> bool:
+    """s3://, gs://, https://, hf://, memory://, file://, ...: read through fsspec."""
+    return "://" in path
+
+
+def filesystem(url: str) -> tuple[Any, str]:
+    """The fsspec filesystem of a URL and the path within it (a ConfigError when fsspec, or the package
+    that provides the URL's protocol, is not installed)."""
+    try:
+        import fsspec
+    except ImportError:
+        raise ConfigError(f"input {url!r}: URLs are read through fsspec: pip install \"gpu-prep[remote]\"") from None
+    try:
+        return fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as exc:
+        raise ConfigError(f"input {url!r}: fsspec cannot open it ({exc}); install the package for its protocol "
+                          "(s3fs, gcsfs, huggingface_hub, aiohttp)") from None
+
+
+def open_raw(path: str) -> Any:
+    """The file's bytes as stored: a local file, or a URL through fsspec (streamed, seekable)."""
+    if is_url(path):
+        fs, inner = filesystem(path)
+        return fs.open(inner, "rb")
+    return open(path, "rb")  # noqa: SIM115  the caller closes it
+
+
 def open_bytes(path: str, compression: str | None) -> Any:
     """A binary file object over the file's bytes, decompressed as they are read."""
+    raw = open_raw(path)
     if compression == "gzip":
-        return gzip.open(path, "rb")
+        return gzip.GzipFile(fileobj=raw, mode="rb")
     if compression == "bz2":
-        return bz2.open(path, "rb")
+        return bz2.BZ2File(raw, "rb")
     if compression == "xz":
-        return lzma.open(path, "rb")
+        return lzma.LZMAFile(raw, "rb")
     if compression == "zstd":
         import pyarrow as pa
 
-        return io.BufferedReader(_Raw(pa.input_stream(path, compression="zstd")), 1 << 20)
-    return open(path, "rb")  # noqa: SIM115  the caller closes it
+        return io.BufferedReader(_Raw(pa.input_stream(raw, compression="zstd")), 1 << 20)
+    return raw
+
+
+def remote_files(pattern: str) -> list[str]:
+    """A URL's files: itself, a folder's readable files, or a glob's matches, as URLs, sorted."""
+    fs, inner = filesystem(pattern)
+    if any(c in inner for c in "*?["):
+        found = fs.glob(inner)
+    elif fs.isdir(inner):
+        found = [p for p in fs.find(inner) if split_name(p)[0]]
+    else:
+        found = [inner] if fs.exists(inner) else []
+    return sorted(fs.unstrip_protocol(p) for p in found if not fs.isdir(p))
+
+
+def file_size(path: str) -> int:
+    if is_url(path):
+        fs, inner = filesystem(path)
+        return int(fs.size(inner) or 0)
+    return os.path.getsize(path)
 
 
 class _Raw(io.RawIOBase):
@@ -104,7 +153,7 @@ def _what(head: bytes) -> str:
 def check_file(path: str, fmt: str, compression: str | None) -> str:
     """The file's layout once its first bytes agree with its format ("arrow" files: "arrow-file" or
     "arrow-stream"); a ConfigError naming the file and what was found when they do not."""
-    with open(path, "rb") as handle:
+    with open_raw(path) as handle:
         raw = handle.read(64)
     if compression is not None and raw and not raw.startswith(_MAGIC[compression]):
         raise ConfigError(f"input {path!r}: named as {compression}-compressed, but it holds {_what(raw)}")
@@ -115,7 +164,7 @@ def check_file(path: str, fmt: str, compression: str | None) -> str:
         except (OSError, EOFError, ValueError, lzma.LZMAError) as exc:
             raise ConfigError(f"input {path!r}: cannot decompress it as {compression}: {exc}") from None
     else:
-        with open(path, "rb") as handle:
+        with open_raw(path) as handle:
             raw = handle.read(4096)
     if fmt == "parquet":
         if not raw.startswith(b"PAR1"):
@@ -170,7 +219,7 @@ def arrow_rows(path: str, layout: str) -> Iterator[Row]:
     import pyarrow.ipc as ipc
 
     row = 0
-    with pa.memory_map(path) as source:
+    with (pa.PythonFile(open_raw(path), mode="r") if is_url(path) else pa.memory_map(path)) as source:
         if layout == "arrow-stream":
             batches: Any = ipc.open_stream(source)
         else:
@@ -288,3 +337,59 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
                 yield index + 1, None, (Drop.MALFORMED_JSON, f"after element {index} the array goes on with "
                                         f"{buffer[pos:pos + 40]!r} (the rest of the file is not read)", None), 0
                 return
+
+
+def hub_dataset(arguments: dict[str, Any]) -> Any:
+    """A streamed datasets.IterableDataset (a ConfigError naming the dataset when it cannot be loaded)."""
+    name = arguments["name"]
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError(f"hub dataset {name!r}: needs the datasets library: pip install \"gpu-prep[hub]\"") from None
+    try:
+        return datasets.load_dataset(name, arguments.get("config"), split=arguments.get("split", "train"),
+                                     revision=arguments.get("revision"), data_files=arguments.get("data_files"),
+                                     streaming=True)
+    except Exception as exc:  # noqa: BLE001  not found, offline, gated, no such split: one message
+        raise ConfigError(f"hub dataset {name!r}: cannot load it ({type(exc).__name__}: {exc}); offline it must be "
+                          "in the datasets cache (HF_HOME), or give a local folder") from None
+
+
+def hub_rows(arguments: dict[str, Any]) -> Iterator[Row]:
+    """A hub dataset's rows, streamed, numbered from 1."""
+    for row, record in enumerate(hub_dataset(arguments), start=1):
+        yield row, dict(record), None, 0
+
+
+def _batch_rows(path: str, layout: str) -> list[int]:
+    """Rows in each Parquet row group or Arrow record batch of a file, in order."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
+
+    if layout == "parquet":
+        meta = pq.ParquetFile(open_raw(path) if is_url(path) else path).metadata
+        return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    with (pa.PythonFile(open_raw(path), mode="r") if is_url(path) else pa.memory_map(path)) as source:
+        if layout == "arrow-stream":
+            return [batch.num_rows for batch in ipc.open_stream(source)]
+        reader = ipc.open_file(source)
+        return [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
+
+
+def locator(path: str, layout: str, number: int, batches: dict[str, list[int]]) -> str:
+    """Where row `number` (as the reader numbers it) is, in the terms of its format: a line, an array
+    element, a row group and row (Parquet), a record batch and row (Arrow), both counted from 0 as pyarrow
+    counts them. batches caches each file's batch sizes."""
+    if layout in ("parquet", "arrow-file", "arrow-stream"):
+        sizes = batches.setdefault(path, _batch_rows(path, layout))
+        row = number - 1
+        for k, size in enumerate(sizes):
+            if row < size:
+                return f"{'row group' if layout == 'parquet' else 'record batch'} {k}, row {row}"
+            row -= size
+    if layout == "json":
+        return f"element {number}"
+    if layout == "hub":
+        return f"row {number}"
+    return f"line {number}"

@@ -268,3 +268,63 @@ def test_paths_in_a_config_are_the_config_files(tmp_path: Path) -> None:
 def test_the_shipped_dataset_configs_run_from_anywhere(tmp_path: Path) -> None:
     loaded = load_config(REPO / "configs" / "mix.yaml")
     assert all(Path(p).is_absolute() for d in loaded.datasets for p in d.data_paths)
+
+
+# ---------------------------------------------------------------- URLs and hub datasets
+
+
+def test_urls_are_read_through_fsspec_as_local_files_are(tmp_path: Path) -> None:
+    fsspec = pytest.importorskip("fsspec")
+    settings, make = KINDS["instruction"]
+    rows = make()
+    config = parse_config({**settings, "preprocessing": {"deduplicate": False}})
+    want = run(config, [str(write_jsonl(tmp_path / "rows.jsonl", rows))], tmp_path / "want")
+    local = tmp_path / "local"
+    local.mkdir()
+    memory = fsspec.filesystem("memory")
+    for fmt in ("jsonl.gz", "parquet", "arrow-stream", "csv"):
+        for path in WRITERS[fmt](rows, local):
+            memory.pipe(f"/bucket/{fmt}/{Path(path).name}", Path(path).read_bytes())
+    for fmt in ("jsonl.gz", "parquet", "arrow-stream", "csv"):
+        got = run(config, [f"memory://bucket/{fmt}/"], tmp_path / f"got-{fmt}")
+        assert _shards(got) == _shards(want), fmt
+        assert got["inputs"][0]["path"].startswith("memory://") and got["inputs"][0]["sha256"] is None
+    globbed = run(config, ["memory://bucket/*/data.parquet"], tmp_path / "glob")
+    assert _shards(globbed) == _shards(want)
+    with pytest.raises(ConfigError, match="memory://bucket/nothing.jsonl"):
+        run(config, ["memory://bucket/nothing.jsonl"], tmp_path / "none")
+
+
+def test_a_hub_dataset_entry_streams_through_datasets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("datasets")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    settings, make = KINDS["text"]
+    rows = make()
+    repo = tmp_path / "org-corpus"
+    (repo / "data").mkdir(parents=True)
+    write_jsonl(repo / "data" / "train.jsonl", rows)
+    write_jsonl(repo / "data" / "test.jsonl", rows[:5])
+    config = {**settings, "preprocessing": {"min_chars": 1, "deduplicate": False}}
+    want = run(parse_config(config), [str(repo / "data" / "train.jsonl")], tmp_path / "want")
+    hub = {"name": str(repo), "split": "train"}
+    got = run(parse_config({**config, "datasets": [{"name": "corpus", "hub": hub}]}), [], tmp_path / "got")
+    assert _shards(got) == _shards(want)
+    assert got["inputs"][0]["path"] == f"hub:{repo}:train"
+    with pytest.raises(ConfigError, match="hub dataset 'nobody/nothing': cannot load it"):
+        run(parse_config({**config, "datasets": [{"name": "x", "hub": {"name": "nobody/nothing"}}]}), [], tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_dropped_columnar_row_is_located_by_row_group_or_record_batch(tmp_path: Path) -> None:
+    rows = [{"text": f"row number {k} is long enough"} for k in range(100)]
+    rows[41] = {"text": None}  # a null text: wrong_type
+    files = _parquet(rows, tmp_path) + _arrow(True, ".arrow")(rows, tmp_path) + _json_array(rows, tmp_path)
+    config = parse_config({"input": {"type": "text"}, "preprocessing": {"min_chars": 1}})
+    for path, where in zip(files, ["row group 1, row 4", "record batch 1, row 12", "element 42"]):
+        out = tmp_path / f"out-{Path(path).name}"
+        rejects = tmp_path / f"{Path(path).name}.rejects.jsonl"
+        manifest = run(config, [path], out, Options(rejects=rejects))
+        [entry] = [json.loads(line) for line in rejects.read_text().splitlines()]
+        assert (entry["line"], entry["where"], entry["reason"]) == (42, where, "wrong_type"), path
+        assert manifest["totals"]["rows_written"] == 99

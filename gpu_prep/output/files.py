@@ -48,7 +48,11 @@ def write_json_atomic(path: Path, data: Any) -> None:
     finish_file(tmp, path)
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: Path | str) -> str | None:
+    """The file's sha256 (None for what is not a local file, a URL or a hub dataset: hashing it would read
+    it all a second time)."""
+    if not os.path.isfile(path):
+        return None
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):

@@ -17,6 +17,7 @@ from gpu_prep.run.checkpoint import reopen
 from gpu_prep.errors import Drop, InputError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.read import InputFile, as_read
+from gpu_prep.sources import LINE_LAYOUTS, locator
 from gpu_prep.output.files import finish_file, temporary_path
 
 EXAMPLES_PER_REASON = 3
@@ -54,6 +55,7 @@ class Accounting:
         self.trained_by_role: Counter = Counter()  # trained tokens by the role of their message (PIECES: rows
         # trained as whole pieces)
         self.strict = strict
+        self._batches: dict[str, list[int]] = {}  # row groups' / record batches' sizes, by file
         self.rejects_path = rejects
         self.rejects = None
         if rejects is not None:
@@ -111,14 +113,23 @@ class Accounting:
         self.counts[file_index].rows_written += 1
         self.counts[file_index].rows_truncated += int(truncated)
 
+    def _where(self, file: InputFile, line: int) -> str | None:
+        """Where a row of a file that is not read by lines is (row group and row, record batch and row,
+        array element); None for the line-based formats, whose line number says it."""
+        if file.layout in LINE_LAYOUTS:
+            return None
+        return locator(file.path, file.layout, line, self._batches)
+
     def dropped(self, file_index: int, line: int, reason: str, detail: str, row: Any = None) -> None:
-        where = f"{self.files[file_index].path}:{line}"
+        file = self.files[file_index]
+        where = self._where(file, line)
         if self.strict and reason in Drop.BAD_DATA:
-            raise InputError(f"{where}: {reason.replace('_', ' ')}: {detail} (--strict stops at the first bad row)")
+            raise InputError(f"{file.path}:{line}{f' ({where})' if where else ''}: {reason.replace('_', ' ')}: "
+                             f"{detail} (--strict stops at the first bad row)")
         self.counts[file_index].dropped[reason] += 1
         if self.rejects is not None:
-            entry = {"file": self.files[file_index].path, "line": line, "reason": reason, "detail": detail,
-                     "row": as_read(row)}
+            entry = {"file": file.path, "line": line, **({"where": where} if where else {}), "reason": reason,
+                     "detail": detail, "row": as_read(row)}
             self.rejects.write(orjson.dumps(entry, default=repr) + b"\n")
             failpoint("rejects")
         examples = self.examples.setdefault(reason, [])

@@ -39,6 +39,9 @@ def run_identity(config_sha256: str, files: list[Any], tokenizer: dict[str, Any]
     """What must be the same for a run to be resumed: the config, each input, the tokenizer's files."""
     inputs = []
     for f in files:
+        if not os.path.isfile(f.path):  # a URL or a hub dataset: its size is what can be told cheaply
+            inputs.append([f.path, f.size_bytes, None])
+            continue
         stat = os.stat(f.path)
         inputs.append([f.path, stat.st_size, stat.st_mtime_ns])
     return {"format": FORMAT, "config_sha256": config_sha256, "inputs": inputs,

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from gpu_prep.affix import detect_affix
 from gpu_prep.backend import Backend
 from gpu_prep.chat_template import ChatTemplate
@@ -17,6 +19,7 @@ from gpu_prep.errors import ConfigError
 from gpu_prep.format import string_fields
 from gpu_prep.mix import HANDLERS, Dataset, with_tokenizer
 from gpu_prep.read import Columnar, InputFile, ReadAs, expand_inputs
+from gpu_prep.sources import hub_dataset
 from gpu_prep.render import RenderContext
 from gpu_prep.templates import resolve_template
 from gpu_prep.tokenizer import Tokenizer
@@ -182,10 +185,20 @@ def run_inputs(config: PipelineConfig, inputs: list[str]) -> tuple[list[InputFil
     files: list[InputFile] = []
     datasets = []
     for k, spec in enumerate(config.datasets):
-        own = expand_inputs(spec.data_paths, read_as(config.dataset_config(k), spec.builder), len(files))
+        if spec.hub is not None:
+            own = [hub_input(spec.hub.model_dump(), len(files))]
+        else:
+            own = expand_inputs(spec.data_paths, read_as(config.dataset_config(k), spec.builder), len(files))
         files.extend(own)
         datasets.append(Dataset(spec.name, own, dataset_handlers(spec)))
     return files, datasets
+
+
+def hub_input(arguments: dict[str, Any], index: int) -> InputFile:
+    """A hub dataset as one input, loaded once here so that a wrong name fails before anything is written."""
+    hub_dataset(arguments)
+    where = f"hub:{arguments['name']}" + (f"/{arguments['config']}" if arguments.get("config") else "")
+    return InputFile(index, f"{where}:{arguments['split']}", 0, "hub", hub=orjson.dumps(arguments).decode())
 
 
 def read_as(config: PipelineConfig, builder: str | None = None) -> ReadAs:
