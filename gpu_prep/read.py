@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from gpu_prep.errors import ConfigError, Drop, InputError
-from gpu_prep.sources import (KNOWN, arrow_rows, check_file, csv_rows, dataset_folder_files, file_size, is_url,
+from gpu_prep.sources import (KNOWN, arrow_rows, batch_bytes, batch_rows, check_file, csv_rows, dataset_folder_files, file_size, is_url,
                               hub_rows, json_array_rows, open_bytes, open_raw, remote_files, split_name, text_rows)
 
 # A JSON Lines chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so
@@ -304,18 +304,32 @@ def file_rows(file: InputFile, columnar: Columnar | None = None, max_row_bytes: 
 
 @dataclass(frozen=True)
 class Part:
-    """A piece of one input file that a worker reads alone: whole lines [start, end) of an uncompressed
-    JSON Lines file, or (end None) the whole file."""
+    """A piece of one input file that a worker reads alone: whole lines, bytes [start, end), of an
+    uncompressed JSON Lines file; row groups or record batches [start, end) of a Parquet or Arrow file
+    (batches); or (end None) the whole file."""
 
     file: InputFile
     start: int = 0
     end: int | None = None
+    batches: bool = False
 
 
 def split_file(file: InputFile, part_bytes: int) -> list[Part]:
-    """The file cut into parts of about part_bytes, each ending at a line's end. Only uncompressed JSON
-    Lines can be cut; other formats and compressed files are one part each."""
-    if file.size_bytes <= part_bytes or file.compression is not None or file.layout != "jsonl" or is_url(file.path):
+    """The file cut into parts of about part_bytes: uncompressed JSON Lines at lines' ends, Parquet at row
+    groups, Arrow IPC files at record batches. Other formats, compressed files and URLs are one part each."""
+    if file.size_bytes <= part_bytes or file.compression is not None or is_url(file.path):
+        return [Part(file)]
+    if file.layout in ("parquet", "arrow-file"):
+        cuts, size = [0], 0
+        sizes = batch_bytes(file.path, file.layout)
+        for k, n in enumerate(sizes[:-1], start=1):
+            size += n
+            if size >= part_bytes:
+                cuts.append(k)
+                size = 0
+        cuts.append(len(sizes))
+        return [Part(file, a, b, batches=True) for a, b in zip(cuts, cuts[1:])] if len(cuts) > 2 else [Part(file)]
+    if file.layout != "jsonl":
         return [Part(file)]
     cuts = [0]
     with open(file.path, "rb") as handle:
@@ -346,6 +360,8 @@ def part_rows(part: Part, columnar: Columnar | None = None, max_row_bytes: int =
     data: the part's bytes when the caller has read them already."""
     if part.end is None:
         yield from file_rows(part.file, columnar, max_row_bytes)
+    elif part.batches:
+        yield from batch_rows(part.file.path, part.file.layout, part.start, part.end, first_line)
     elif columnar is not None:
         yield from _columnar_rows(part.file, columnar.fields, columnar.read_range, max_row_bytes, part, first_line)
     else:

@@ -393,3 +393,39 @@ def locator(path: str, layout: str, number: int, batches: dict[str, list[int]]) 
     if layout == "hub":
         return f"row {number}"
     return f"line {number}"
+
+
+def batch_bytes(path: str, layout: str) -> list[int]:
+    """The size of each Parquet row group (uncompressed) or Arrow record batch of a local file."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
+
+    if layout == "parquet":
+        meta = pq.ParquetFile(path).metadata
+        return [meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)]
+    with pa.memory_map(path) as source:
+        reader = ipc.open_file(source)
+        return [reader.get_batch(i).nbytes for i in range(reader.num_record_batches)]
+
+
+def batch_rows(path: str, layout: str, start: int, stop: int, first: int) -> Iterator[Row]:
+    """The rows of row groups or record batches [start, stop) of a local file, numbered from first."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
+
+    row = first - 1
+    if layout == "parquet":
+        batches: Any = pq.ParquetFile(path).iter_batches(batch_size=4096, row_groups=list(range(start, stop)))
+        for batch in batches:
+            for record in batch.to_pylist():
+                row += 1
+                yield row, record, None, 0
+        return
+    with pa.memory_map(path) as source:
+        reader = ipc.open_file(source)
+        for k in range(start, stop):
+            for record in reader.get_batch(k).to_pylist():
+                row += 1
+                yield row, record, None, 0

@@ -347,3 +347,26 @@ def test_a_run_killed_on_any_format_resumes_to_the_same_bytes(fmt: str, tmp_path
     run(load_config(config), [path], tmp_path / "out", Options(resume=True, chunk_rows=10))
     skip = ("tokenizer.engine_choice",)  # worded from the rows sampled, which a resumed run may not see again
     assert output_tree(tmp_path / "out", *skip) == output_tree(tmp_path / "want", *skip)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow-file"])
+def test_a_cluster_cuts_parquet_and_arrow_files_at_row_groups_and_batches(fmt: str, tmp_path: Path) -> None:
+    pytest.importorskip("distributed")
+    from gpu_prep.read import split_file, expand_inputs
+
+    settings, make = KINDS["chat"]
+    rows = make()
+    rows[50] = {"messages": []}  # dropped (empty) in a later part: its line must count across parts
+    [path] = WRITERS[fmt](rows, tmp_path)
+    [file] = expand_inputs([path])
+    parts = split_file(file, 20_000)
+    assert len(parts) >= 3 and all(p.batches for p in parts)
+    config = parse_config({**settings, "preprocessing": {"deduplicate": True}})
+    want = run(config, [path], tmp_path / "want", Options(chunk_rows=16, rejects=tmp_path / "want.jsonl"))
+    got = run(config, [path], tmp_path / "got", Options(chunk_rows=16, cluster="local:2", part_bytes=20_000,
+                                                       rejects=tmp_path / "got.jsonl"))
+    assert got["cluster"]["parts"] == len(parts)
+    assert _shards(got) == _shards(want) and got["totals"] == want["totals"]
+    assert (tmp_path / "got.jsonl").read_text() == (tmp_path / "want.jsonl").read_text()
+    entries = [json.loads(line) for line in (tmp_path / "got.jsonl").read_text().split("\n") if line]
+    assert [e["line"] for e in entries if e["reason"] == "empty"] == [51]

@@ -29,12 +29,13 @@ def scan(job: Job, p: int, buckets: int) -> Scan:
     hash-partitioned into `buckets`."""
     run = worker_context(job)
     part = job.parts[p]
-    data = read_part(part) if part.end is not None else None  # read once: its lines counted, its rows parsed
+    bytes_part = part.end is not None and not part.batches
+    data = read_part(part) if bytes_part else None  # read once: its lines counted, its rows parsed
     lines = count_lines(data) if data is not None else 0
     first_line = 1 if part.start == 0 else 2  # numbers do not matter here, but only line 1 may carry a BOM
     if not run.config.preprocessing.deduplicate:  # rows counted (a handler's drop is a row too)
-        rows = part_rows(part, run.columnar, run.config.input.max_row_bytes, first_line, data)
-        return Scan(sum(1 for _ in rows), lines, run.backend.name)
+        rows = sum(1 for _ in part_rows(part, run.columnar, run.config.input.max_row_bytes, first_line, data))
+        return Scan(rows, rows if part.batches else lines, run.backend.name)  # batches: rows are numbered
     recorder = _Recorder()
     where, at = [], 0
     for chunk in read_chunks([], job.chunk_rows, rows=part_rows_handled(run, job, p, first_line, data)):
@@ -45,7 +46,8 @@ def scan(job: Job, p: int, buckets: int) -> Scan:
     digests = np.frombuffer(b"".join(recorder.take_added()), np.uint8).reshape(-1, DIGEST)
     where = np.asarray(where, dtype=np.int64)
     bucket = digests[:, 0] % buckets
-    return Scan(at, lines, run.backend.name, [(where[bucket == b], digests[bucket == b]) for b in range(buckets)])
+    return Scan(at, at if part.batches else lines, run.backend.name,
+                [(where[bucket == b], digests[bucket == b]) for b in range(buckets)])
 
 
 class _Recorder(Deduplicator):
