@@ -88,11 +88,43 @@ def best(repeat: int, fn: Callable[[], Any]) -> float:
     return min(times)
 
 
+PEAK = """
+import resource, sys
+from gpu_prep.read import expand_inputs, read_chunks
+rows = sum(len(c) for c in read_chunks(expand_inputs([sys.argv[1]]), 4096))
+print(rows, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10)
+"""
+
+
+def big_array(mb: int) -> None:
+    """Peak memory reading a JSON array of about mb MB, in a process of its own, beside the import alone."""
+    import subprocess
+
+    path = Path(tempfile.mkdtemp(prefix="bench-array-")) / "big.json"
+    row = json.dumps({"text": "x" * 900 + " \u00e9"})
+    count = mb * (1 << 20) // (len(row) + 1)
+    with open(path, "w", encoding="utf-8") as handle:  # written row by row: this process stays small, and a
+        handle.write("[")  # child's peak counts from the size of the process it was forked from
+        for k in range(count):
+            handle.write(row if k == 0 else "," + row)
+        handle.write("]")
+    rows, peak = subprocess.run([sys.executable, "-c", PEAK, str(path)], capture_output=True, text=True,
+                                check=True).stdout.split()
+    base = subprocess.run([sys.executable, "-c", "import resource, gpu_prep.read; "
+                           "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10)"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    print(f"JSON array of {path.stat().st_size >> 20} MB, {int(rows):,} rows: peak RSS {peak} MB "
+          f"(the import alone: {base} MB)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=20000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--big-array-mb", type=int, default=0, help="also: peak memory reading a JSON array this big")
     args = parser.parse_args()
+    if args.big_array_mb:
+        big_array(args.big_array_mb)
     data = rows(args.rows)
     folder = Path(tempfile.mkdtemp(prefix="bench-read-"))
     paths = write_all(data, folder)
