@@ -291,6 +291,8 @@ def test_urls_are_read_through_fsspec_as_local_files_are(tmp_path: Path) -> None
         assert got["inputs"][0]["path"].startswith("memory://") and got["inputs"][0]["sha256"] is None
     globbed = run(config, ["memory://bucket/*/data.parquet"], tmp_path / "glob")
     assert _shards(globbed) == _shards(want)
+    by_file_url = run(config, [f"file://{local}/data.parquet"], tmp_path / "file-url")
+    assert _shards(by_file_url) == _shards(want)
     with pytest.raises(ConfigError, match="memory://bucket/nothing.jsonl"):
         run(config, ["memory://bucket/nothing.jsonl"], tmp_path / "none")
 
