@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.clock import best  # noqa: E402
 from benchmarks.corpora import sharegpt_chats, write_jsonl  # noqa: E402
 from gpu_prep.config import parse_config  # noqa: E402
 from gpu_prep.format import get_builder  # noqa: E402
@@ -51,15 +52,6 @@ def alternating(rows: int) -> list[dict]:
         if len(out) == rows:
             break
     return out
-
-
-def best(repeat: int, fn) -> float:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return min(times)
 
 
 def main() -> None:

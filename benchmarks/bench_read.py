@@ -16,12 +16,12 @@ import gzip
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.clock import best  # noqa: E402
 from benchmarks.corpora import sharegpt_chats  # noqa: E402
 from gpu_prep.read import expand_inputs, read_chunks  # noqa: E402
 
@@ -77,15 +77,6 @@ def pyarrow_reader(kind: str) -> Callable[[Path], Any]:
         "csv": lambda p: pacsv.read_csv(p, parse_options=pacsv.ParseOptions(newlines_in_values=True)),
         "tsv": lambda p: pacsv.read_csv(p, parse_options=pacsv.ParseOptions(delimiter="\t", newlines_in_values=True)),
     }[kind]
-
-
-def best(repeat: int, fn: Callable[[], Any]) -> float:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return min(times)
 
 
 PEAK = """
