@@ -40,7 +40,9 @@ QWEN_FIRST_ADDED_ID = 151643
 
 
 def cache_root() -> Path:
-    base = os.environ.get("GPU_PREP_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "gpu-prep")
+    """GPU_PREP_CACHE, else $XDG_CACHE_HOME/gpu-prep, else ~/.cache/gpu-prep."""
+    base = os.environ.get("GPU_PREP_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "gpu-prep")
     return Path(base)
 
 

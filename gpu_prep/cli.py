@@ -16,10 +16,11 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.markup import escape
 from rich.table import Table
 
 from gpu_prep.config import TEMPLATE_ROLES, load_config
-from gpu_prep.errors import ConfigError, GpuPrepError
+from gpu_prep.errors import ConfigError, GpuPrepError, Interrupted
 from gpu_prep.plugins import check_registered, load_plugins
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -31,9 +32,38 @@ ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Pipeline config
 PluginOpt = Annotated[Optional[list[str]], typer.Option("--plugin", help="A module or .py file that registers input types; repeatable.")]
 
 
+# Exit codes: 0 done; 1 the run failed (bad data under --strict, a damaged input, a cluster that gave up);
+# 2 a config, option or input that cannot be used; 3 the run finished but is not useful (no rows written,
+# a dataset of a mix that wrote none, more rows dropped than preprocessing.max_drop_share); 130 Ctrl-C.
+NOT_USEFUL, INTERRUPTED = 3, 130
+
+
 def _fail(exc: GpuPrepError) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {exc}", highlight=False)
+    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
     return typer.Exit(exc.exit_code)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from gpu_prep import __version__
+
+        out.print(f"gpu-prep {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                   help="Print the version and exit.")] = False) -> None:
+    """Turn raw LLM training data into token shards with exact loss masks."""
+
+
+def _resume_command() -> str:
+    """The command line that finishes this interrupted run: the same, with --resume (and no --overwrite)."""
+    import shlex
+    import sys
+
+    args = [a for a in sys.argv[1:] if a not in ("--overwrite", "--resume")]
+    return shlex.join(["gpu-prep", *args, "--resume"])
 
 
 def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
@@ -70,13 +100,13 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
                       f"dropped; {d['share_of_rows']:.1%} of rows, {d['share_of_tokens']:.1%} of tokens{asked}")
     out.print(table)
     for role, n in totals.get("parse_report", {}).get("unknown_roles", {}).items():
-        err.print(f"[yellow]warning:[/] {n:,} message(s) with role {role!r}, which is not one of "
+        err.print(f"[yellow]warning:[/] {n:,} message(s) with role {escape(repr(role))}, which is not one of "
                   f"{', '.join(TEMPLATE_ROLES)} (map it with input.roles)", highlight=False)
     for role, n in totals.get("messages_left_out_by_template", {}).items():
         err.print(f"[yellow]warning:[/] the chat template left out the content of {n:,} message(s) with role "
-                  f"{role!r} (a role it does not render); those rows were written without that text", highlight=False)
+                  f"{escape(repr(role))} (a role it does not render); those rows were written without that text", highlight=False)
     for role, n in totals.get("parse_report", {}).get("trained_roles_not_marked_by_template", {}).items():
-        err.print(f"[yellow]warning:[/] the mask rules train role {role!r}, but the chat template's {{% generation %}} "
+        err.print(f"[yellow]warning:[/] the mask rules train role {escape(repr(role))}, but the chat template's {{% generation %}} "
                   f"markers never mark it ({n:,} message(s) left untrained); set input.mask_method: roles to train "
                   "it by role spans", highlight=False)
 
@@ -101,6 +131,7 @@ def run(
     debug_samples: Annotated[int, typer.Option(min=0, help="After the run, show this many samples with their trained text marked.")] = 0,
     cluster: Annotated[Optional[str], typer.Option(help="Run on Dask: local:N starts N local workers (dask-cuda workers, one per GPU, with the GPU backend); tcp://host:port uses a running scheduler. The output is the same as without.")] = None,
     part_mb: Annotated[float, typer.Option(min=0.001, help="With --cluster: JSON Lines files are cut into parts of about this many MB; output does not depend on it.")] = 64.0,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: --set preprocessing.max_seq_len=4096 (the value is YAML: numbers, true, [a, b], {k: v}); repeatable, checked like the file.")] = None,
 ) -> None:
     """Run the pipeline described by CONFIG over INPUTS into OUTPUT."""
     import shutil
@@ -121,7 +152,7 @@ def run(
         os.environ["RAYON_NUM_THREADS"] = str(workers)
     try:
         load_plugins(plugin or [])
-        cfg = load_config(config)
+        cfg = load_config(config, set_ or [])
         check_registered(cfg, str(config))
         columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,} rows"),
                    TimeElapsedColumn())
@@ -135,7 +166,15 @@ def run(
                               part_bytes=int(part_mb * (1 << 20)))
             manifest = run_pipeline(cfg, inputs or [], output, options)
     except GpuPrepError as exc:
+        if isinstance(exc, Interrupted):
+            err.print(f"resume it with: {escape(_resume_command())}", highlight=False)
         raise _fail(exc) from None
+    except KeyboardInterrupt:
+        if stats_only:
+            raise typer.Exit(INTERRUPTED) from None
+        err.print(f"[yellow]interrupted[/]: what is done is kept; resume it with: {escape(_resume_command())}",
+                  highlight=False)
+        raise typer.Exit(INTERRUPTED) from None
     except OSError as exc:  # an unwritable output or rejects path, an unreadable input
         raise _fail(GpuPrepError(f"{exc.filename or ''}: {exc.strerror or exc}")) from None
     finally:
@@ -146,11 +185,31 @@ def run(
             stats(output)
         finally:
             shutil.rmtree(output.parent, ignore_errors=True)
+        from gpu_prep.run.manifest import drop_lines
+
+        for line in drop_lines(manifest):
+            out.print(f"dropped {escape(line)}", highlight=False)
+        _not_useful(manifest, cfg)
         return
     if not quiet:
         _summary(manifest, output)
     if debug_samples:
         _show_samples(output, None, debug_samples, 0, ids=True, plain=True)
+    _not_useful(manifest, cfg)
+
+
+def _not_useful(manifest: dict[str, Any], cfg: Any) -> None:
+    """Exit 3, saying why, when the run wrote nothing useful: each drop reason with its first example."""
+    from gpu_prep.run.manifest import drop_lines, run_problems
+
+    problems = run_problems(manifest, cfg)
+    if not problems:
+        return
+    for problem in problems:
+        err.print(f"[bold red]error:[/] {escape(problem)}", highlight=False)
+    for line in drop_lines(manifest):
+        err.print(f"  dropped {escape(line)}", highlight=False)
+    raise typer.Exit(NOT_USEFUL)
 
 
 @app.command()
@@ -163,7 +222,7 @@ def validate(config: ConfigOpt, plugin: PluginOpt = None) -> None:
     except GpuPrepError as exc:
         raise _fail(exc) from None
     out.print_json(json.dumps(cfg.model_dump(mode="json")))
-    out.print(f"[green]ok[/]: {config} is a valid config (sha256 {cfg.sha256()[:12]})")
+    out.print(f"[green]ok[/]: {escape(str(config))} is a valid config (sha256 {cfg.sha256()[:12]})", highlight=False)
 
 
 @app.command()
@@ -173,10 +232,10 @@ def verify(output: Annotated[Path, typer.Argument(help="A run's output directory
 
     faults = verify_output(output)
     for fault in faults:
-        err.print(f"[bold red]fault:[/] {fault}", highlight=False)
+        err.print(f"[bold red]fault:[/] {escape(fault)}", highlight=False)
     if faults:
         raise typer.Exit(1)
-    out.print(f"[green]ok[/]: {output} is complete and consistent")
+    out.print(f"[green]ok[/]: {escape(str(output))} is complete and consistent", highlight=False)
 
 
 @app.command()

@@ -163,6 +163,9 @@ class InputConfig(_Frozen):
 
 class PreprocessingConfig(_Frozen):
     max_seq_len: int = Field(2048, ge=1)
+    # gpu-prep's own: a run that drops more than this share of the rows it read ends with exit code 3 (its
+    # output is written all the same), as does one that writes no rows, or a dataset of a mix that writes none.
+    max_drop_share: float = Field(0.5, ge=0.0, le=1.0)
     # gpu-prep's own: what happens to a row of more than max_seq_len tokens. right: its first tokens are
     # kept; left: its last; drop: it is dropped (too_many_tokens); raise: the run stops, naming it; split:
     # it is cut into samples of max_seq_len tokens (pretraining text), none lost; structured (chat rows):
@@ -429,7 +432,8 @@ def parse_config(data: Any, source: str = "<config>") -> PipelineConfig:
         raise ConfigError(f"{source}: invalid config\n  " + "\n  ".join(lines)) from None
 
 
-def load_config(path: str | Path) -> PipelineConfig:
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
+    """The config file, with `key.path=value` overrides (values read as YAML) applied before it is checked."""
     path = Path(path)
     is_yaml = path.suffix.lower() in (".yaml", ".yml")
     try:
@@ -442,7 +446,28 @@ def load_config(path: str | Path) -> PipelineConfig:
         data = yaml.safe_load(text) if is_yaml else json.loads(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: not valid {'YAML' if is_yaml else 'JSON'}: {exc}") from None
+    for override in overrides:
+        data = _override(data, override, path)
     return parse_config(_from_folder(data, path.parent), str(path))
+
+
+def _override(data: Any, override: str, path: Path) -> Any:
+    key, sep, raw = override.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {override!r}: write it as key.path=value, e.g. preprocessing.max_seq_len=4096")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {override!r}: the value is not YAML: {exc}") from None
+    data = dict(data) if isinstance(data, dict) else {}
+    node = data
+    *parents, last = key.strip().split(".")
+    for name in parents:
+        child = node.get(name)
+        node[name] = dict(child) if isinstance(child, dict) else ({"name": child} if name == "tokenizer" and child else {})
+        node = node[name]
+    node[last] = value
+    return data
 
 
 def _from_folder(data: Any, folder: Path) -> Any:

@@ -1,7 +1,8 @@
 """Named points where a test can have the process killed, to prove that a run killed anywhere leaves no
 file that looks complete and that --resume finishes it byte for byte.
 
-GPU_PREP_FAILPOINT="name:n" sends SIGKILL to this process the n-th time it passes the point `name`. Unset
+GPU_PREP_FAILPOINT="name:n" sends SIGKILL (or GPU_PREP_FAILPOINT_SIGNAL, e.g. INT for a Ctrl-C) to this
+process the n-th time it passes the point `name`. Unset
 (always, outside tests) a point costs one dictionary lookup. With GPU_PREP_FAILPOINT_ONCE=path, only the
 process that creates that file first is killed: one worker of a cluster, and not the one started in its
 place.
@@ -22,7 +23,7 @@ def failpoint(name: str) -> None:
     if name in _ARMED:
         _ARMED[name] -= 1
         if _ARMED[name] == 0 and _first():
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), getattr(signal, "SIG" + os.environ.get("GPU_PREP_FAILPOINT_SIGNAL", "KILL")))
 
 
 def _first() -> bool:

@@ -37,7 +37,8 @@ from gpu_prep.run.commit import Committer
 from gpu_prep.run.context import Decisions, Options, RunContext, build_context, run_inputs
 from gpu_prep.run.local import run_chunks, run_here
 from gpu_prep.run.manifest import Outcome, build_manifest
-from gpu_prep.run.outdir import MANIFEST, RUN_MARKER, check_output, prepare_output, remove_partial_files
+from gpu_prep.run.outdir import (LOCK, MANIFEST, RUN_MARKER, check_lock, check_output, output_lock, prepare_output,
+                                 remove_partial_files)
 from gpu_prep.run.overlap import Stopwatch, in_background
 from gpu_prep.tokenizer import load_tokenizer
 
@@ -48,7 +49,8 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, options:
     """Run the whole pipeline and return the manifest (also written to OUT_DIR/manifest.json).
 
     With options.resume, the interrupted run in OUT_DIR is finished from its last checkpoint (a finished
-    run is returned as it is), byte for byte as an uninterrupted run would have written it."""
+    run is returned as it is), byte for byte as an uninterrupted run would have written it. One run at a
+    time writes a directory: another live run's lock is refused, a killed run's is taken over."""
     options = options or Options()
     started, clock = time.perf_counter(), Stopwatch()
     check_registered(config)
@@ -56,6 +58,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, options:
     out_dir = Path(out_dir)
     if options.resume and (out_dir / MANIFEST).exists():  # finished already: nothing to do
         return json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
+    check_lock(out_dir)
     check_output(out_dir, options.overwrite, options.resume)
     tok = clock.time("load tokenizer", load_tokenizer, options.tokenizer_for(config), config.tokenizer.revision)
     clock.time("load tokenizer", tok.prepare_engines, config.tokenizer.engine)
@@ -63,26 +66,27 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, options:
     device = options.device_for(config)
     backend = CPU if options.cluster is not None else select_backend(device, config.gpu.rmm_pool_size, config.gpu.spill)
     prepare_output(out_dir, options.overwrite, options.resume)
-    identity = {"config_sha256": config.sha256(), "tokenizer": tok.identity()}  # hashes files: once a run
-    resume_identity = run_identity(identity["config_sha256"], files, identity["tokenizer"])
-    resumed = load_for_resume(out_dir, resume_identity, keep={RUN_MARKER}) if options.resume else None
-    checkpoints = Checkpointer(out_dir, resume_identity, options.checkpoint_seconds, resumed)
-    # The inputs' checksums are taken beside the run (hashing releases the GIL), not after it.
-    checksums = in_background(lambda: [sha256_file(f.path) for f in files])
-    try:
-        run_ctx = build_context(config, tok, backend, files, datasets, options.workers)
-        outcome = _process(run_ctx, out_dir, options, checkpoints, resumed or {}, clock)
-    except BaseException as exc:
-        checkpoints.close()
-        if not isinstance(exc, (KeyboardInterrupt, Interrupted)):  # an interrupted run keeps what --resume needs
-            remove_partial_files(out_dir)
-        raise
-    hashes = clock.time("checksums", checksums)
-    seconds = {"total": time.perf_counter() - started, **clock.seconds}
-    manifest = build_manifest(run_ctx, outcome, identity, hashes, seconds)
-    failpoint("manifest")
-    write_json_atomic(out_dir / MANIFEST, manifest)
-    checkpoints.finish()
+    with output_lock(out_dir):
+        identity = {"config_sha256": config.sha256(), "tokenizer": tok.identity()}  # hashes files: once a run
+        resume_identity = run_identity(identity["config_sha256"], files, identity["tokenizer"])
+        resumed = load_for_resume(out_dir, resume_identity, keep={RUN_MARKER, LOCK}) if options.resume else None
+        checkpoints = Checkpointer(out_dir, resume_identity, options.checkpoint_seconds, resumed)
+        # The inputs' checksums are taken beside the run (hashing releases the GIL), not after it.
+        checksums = in_background(lambda: [sha256_file(f.path) for f in files])
+        try:
+            run_ctx = build_context(config, tok, backend, files, datasets, options.workers)
+            outcome = _process(run_ctx, out_dir, options, checkpoints, resumed or {}, clock)
+        except BaseException as exc:
+            checkpoints.close()
+            if not isinstance(exc, (KeyboardInterrupt, Interrupted)):  # an interrupted run keeps what --resume needs
+                remove_partial_files(out_dir)
+            raise
+        hashes = clock.time("checksums", checksums)
+        seconds = {"total": time.perf_counter() - started, **clock.seconds}
+        manifest = build_manifest(run_ctx, outcome, identity, hashes, seconds)
+        failpoint("manifest")
+        write_json_atomic(out_dir / MANIFEST, manifest)
+        checkpoints.finish()
     return manifest
 
 

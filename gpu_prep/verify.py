@@ -96,6 +96,8 @@ def verify(out_dir: str | Path) -> list[str]:
 
 def _verify(out_dir: Path, manifest: dict[str, Any]) -> list[str]:
     faults: list[str] = []
+    if manifest["totals"]["rows_written"] == 0:
+        faults.append(f"{out_dir}: the run wrote no rows (of {manifest['totals']['rows_read']:,} read): nothing to train on")
     tokens = 0
     for name, recorded in manifest["domains"].items():
         directory = out_dir / name

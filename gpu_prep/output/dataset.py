@@ -125,9 +125,17 @@ class Domain:
         local = i - int(self._starts[shard])
         return arrays, int(arrays.offsets[local]), int(arrays.offsets[local + 1])
 
-    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+    def __getitem__(self, i: int | slice) -> Any:
+        """Sample i as (ids, loss_mask); a slice gives a list of them."""
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
         arrays, lo, hi = self._locate(i)
         return np.asarray(arrays.sequence[lo:hi]), np.asarray(arrays.loss_mask[lo:hi])
+
+    def __repr__(self) -> str:
+        m = self.meta
+        return (f"Domain({self.name!r}: {len(self):,} samples, {m['num_tokens']:,} tokens, "
+                f"{m['num_trained_tokens']:,} trained, {self.num_shards} {m['storage_format']} shard(s))")
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         for i in range(len(self)):
@@ -161,10 +169,19 @@ class Dataset:
 
     def __init__(self, out_dir: str | Path) -> None:
         self.out_dir = Path(out_dir)
+        if not self.out_dir.is_dir():
+            raise FileNotFoundError(f"{self.out_dir}: no such output directory")
         self.domains = {p.parent.name: Domain(p.parent) for p in sorted(self.out_dir.glob("*/meta.json"))}
 
     def __getitem__(self, name: str) -> Domain:
+        if name not in self.domains:
+            raise KeyError(f"no domain {name!r} in {self.out_dir}; domains: {', '.join(self.domains) or 'none'}")
         return self.domains[name]
+
+    def __repr__(self) -> str:
+        t = self.totals()
+        return (f"Dataset({str(self.out_dir)!r}: {len(self)} domain(s) {list(self.domains)}, "
+                f"{t['num_samples']:,} samples, {t['num_tokens']:,} tokens)")
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.domains)

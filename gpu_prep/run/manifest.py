@@ -78,3 +78,32 @@ def dataset_totals(config: PipelineConfig, datasets: list[Dataset], acct: Accoun
                     "rows_dropped": dict(sorted(dropped.items())), "tokens": tokens,
                     "share_of_rows": written / rows_out, "share_of_tokens": tokens / tokens_out})
     return out
+
+
+def run_problems(manifest: dict[str, Any], config: PipelineConfig) -> list[str]:
+    """Why a finished run is not useful (empty: it is): no rows written, a dataset of a mix that wrote
+    none, or more rows dropped than preprocessing.max_drop_share allows."""
+    totals = manifest["totals"]
+    problems = []
+    if totals["rows_written"] == 0:
+        problems.append(f"no rows were written (of {totals['rows_read']:,} read)")
+    for d in manifest.get("datasets", []):
+        if d["rows_written"] == 0 and totals["rows_written"]:
+            problems.append(f"dataset {d['name']!r} wrote no rows (of {d['rows_read']:,} read; dropped: "
+                            + ", ".join(f"{r} {n:,}" for r, n in d["rows_dropped"].items()) + ")")
+    dropped = sum(totals["rows_dropped"].values())
+    limit = config.preprocessing.max_drop_share
+    if totals["rows_written"] and totals["rows_read"] and dropped / totals["rows_read"] > limit:
+        problems.append(f"{dropped / totals['rows_read']:.0%} of the rows read were dropped, over "
+                        f"preprocessing.max_drop_share {limit:g}")
+    return problems
+
+
+def drop_lines(manifest: dict[str, Any]) -> list[str]:
+    """Each drop reason with its count and its first example (file:line and the rule)."""
+    lines = []
+    for reason, n in manifest["totals"]["rows_dropped"].items():
+        example = (manifest["dropped_examples"].get(reason) or [{}])[0]
+        where = f"{example['file']}:{example['line']}: {example['detail']}" if example else ""
+        lines.append(f"{reason}: {n:,} row(s); first {where}")
+    return lines

@@ -1,0 +1,141 @@
+"""A newcomer's first mistakes fail loudly, through the CLI as a user runs it: exit codes and messages.
+
+Exit codes: 0 done, 1 the run failed, 2 a config, option or input that cannot be used, 3 the run finished
+but wrote nothing useful, 130 Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gpu_prep
+from helpers import REPO, gpu_prep_cli, write_jsonl
+
+CHATS = [{"messages": [{"role": "user", "content": f"Question {k}: how far is the moon?"},
+                       {"role": "assistant", "content": f"Answer {k}: about 384,400 km on average."}]}
+         for k in range(40)]
+
+
+def _config(tmp_path: Path, config: dict, name: str = "config.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_a_run_that_writes_nothing_ends_3_naming_each_reason_and_its_first_example(tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "chat.jsonl", CHATS)
+    config = _config(tmp_path, {"input": {"type": "instruction"}, "mask": {"response": "train"}})
+    result = gpu_prep_cli("run", "-c", config, data, "-o", tmp_path / "out", "-q")
+    assert result.returncode == 3, result.stderr
+    assert "no rows were written (of 40 read)" in result.stderr
+    assert f"dropped missing_field: 40 row(s); first {data}:1: field 'prompt' is missing" in result.stderr
+    verify = gpu_prep_cli("verify", tmp_path / "out")
+    assert verify.returncode == 1 and "the run wrote no rows" in verify.stderr
+
+
+def test_a_dataset_of_a_mix_that_writes_nothing_ends_3_naming_it(tmp_path: Path) -> None:
+    chat = write_jsonl(tmp_path / "chat.jsonl", CHATS)
+    text = write_jsonl(tmp_path / "text.jsonl", [{"body": "no text key here"}] * 3)
+    config = _config(tmp_path, {"input": {"type": "chat"}, "mask": {"assistant": "train"},
+                                "preprocessing": {"max_drop_share": 1.0},
+                                "datasets": [{"name": "chat", "data_paths": [str(chat)]},
+                                             {"name": "web", "data_paths": [str(text)], "input": {"type": "text"}}]})
+    result = gpu_prep_cli("run", "-c", config, "-o", tmp_path / "out", "-q")
+    assert result.returncode == 3, result.stderr
+    assert "dataset 'web' wrote no rows (of 3 read; dropped: missing_field 3)" in result.stderr
+
+
+def test_too_many_drops_end_3_and_the_share_is_a_setting(tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "chat.jsonl", CHATS[:10] + ["{broken"] * 15)
+    config = _config(tmp_path, {"input": {"type": "chat"}, "mask": {"assistant": "train"}})
+    result = gpu_prep_cli("run", "-c", config, data, "-o", tmp_path / "out", "-q")
+    assert result.returncode == 3 and "60% of the rows read were dropped, over preprocessing.max_drop_share 0.5" \
+        in result.stderr
+    assert (tmp_path / "out" / "manifest.json").exists()  # the output is written all the same
+    allowed = gpu_prep_cli("run", "-c", config, data, "-o", tmp_path / "out2", "-q",
+                           "--set", "preprocessing.max_drop_share=0.7")
+    assert allowed.returncode == 0, allowed.stderr
+
+
+def test_ctrl_c_keeps_the_work_and_prints_the_command_that_resumes(tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "chat.jsonl", CHATS * 5)
+    config = _config(tmp_path, {"input": {"type": "chat"}, "mask": {"assistant": "train"},
+                                "preprocessing": {"deduplicate": False}})
+    args = ["run", "-c", config, data, "-o", tmp_path / "out", "--chunk-rows", 20, "--checkpoint-every", 0]
+    result = gpu_prep_cli(*args, env={"GPU_PREP_FAILPOINT": "tokenize:4", "GPU_PREP_FAILPOINT_SIGNAL": "INT"})
+    assert result.returncode == 130, result.stderr
+    line = next(l for l in result.stderr.splitlines() if "resume it with:" in l)
+    command = line.split("resume it with: ", 1)[1].split()
+    assert command[0] == "gpu-prep" and command[-1] == "--resume" and str(tmp_path / "out") in command
+    resumed = gpu_prep_cli(*command[1:])
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["totals"]["rows_written"] == 200
+
+
+def test_one_run_per_output_folder_and_a_stale_lock_is_taken_over(tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "chat.jsonl", CHATS)
+    config = _config(tmp_path, {"input": {"type": "chat"}, "mask": {"assistant": "train"}})
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".gpu-prep-run").write_text("a gpu-prep run\n")
+    (out / ".gpu-prep-lock").write_text(f"{os.getpid()}\n")  # this test process: alive
+    busy = gpu_prep_cli("run", "-c", config, data, "-o", out, "--overwrite", "-q")
+    assert busy.returncode == 2 and f"is being written by another gpu-prep run (pid {os.getpid()})" in busy.stderr
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (out / ".gpu-prep-lock").write_text(f"{dead.pid}\n")
+    taken = gpu_prep_cli("run", "-c", config, data, "-o", out, "--overwrite", "-q")
+    assert taken.returncode == 0, taken.stderr
+    assert not (out / ".gpu-prep-lock").exists()
+    mine = tmp_path / "not-a-run"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work")
+    refused = gpu_prep_cli("run", "-c", config, data, "-o", mine, "--overwrite", "-q")
+    assert refused.returncode == 2 and (mine / "thesis.tex").read_text() == "years of work"
+
+
+def test_version_set_and_the_cache_folder(tmp_path: Path) -> None:
+    version = gpu_prep_cli("--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"gpu-prep {gpu_prep.__version__}"
+    bad = gpu_prep_cli("run", "-c", REPO / "configs" / "sft.json", REPO / "examples" / "chat.jsonl", "-o",
+                       tmp_path / "o", "--set", "preprocessing.max_seq_len=-3")
+    assert bad.returncode == 2 and "preprocessing.max_seq_len" in bad.stderr
+    typo = gpu_prep_cli("run", "-c", REPO / "configs" / "sft.json", REPO / "examples" / "chat.jsonl", "-o",
+                        tmp_path / "o", "--set", "preprocessing.max_seq_length=4096")
+    assert typo.returncode == 2 and "max_seq_length" in typo.stderr
+    env = {k: v for k, v in os.environ.items() if k != "GPU_PREP_CACHE"}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    code = "from gpu_prep.bundled import cache_root; print(cache_root())"
+    where = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert where.stdout.strip() == str(tmp_path / "xdg" / "gpu-prep")
+
+
+def test_messages_keep_the_brackets_they_quote(tmp_path: Path) -> None:
+    from gpu_prep.backend import gpu_missing_reason
+
+    if gpu_missing_reason() is None:
+        pytest.skip("a GPU is available here")
+    result = gpu_prep_cli("run", "-c", REPO / "configs" / "sft.json", REPO / "examples" / "chat.jsonl", "-o",
+                          tmp_path / "o", "--device", "gpu")
+    assert result.returncode == 2 and 'pip install "gpu-prep[gpu]"' in result.stderr
+
+
+def test_the_reader_says_what_is_missing(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no such output directory"):
+        gpu_prep.open(tmp_path / "absent")
+    data = write_jsonl(tmp_path / "chat.jsonl", CHATS)
+    config = _config(tmp_path, {"input": {"type": "chat"}, "mask": {"assistant": "train"}})
+    assert gpu_prep_cli("run", "-c", config, data, "-o", tmp_path / "out", "-q").returncode == 0
+    ds = gpu_prep.open(tmp_path / "out")
+    with pytest.raises(KeyError, match="no domain 'train'.*domains: __default__"):
+        ds["train"]
+    domain = ds["__default__"]
+    assert len(domain) == 40 and [ids.tolist() for ids, _ in domain[2:4]] == [domain[2][0].tolist(),
+                                                                            domain[3][0].tolist()]
+    assert repr(domain).startswith("Domain('__default__': 40 samples,") and "__default__" in repr(ds)
