@@ -13,8 +13,10 @@ from rich.progress import (
     BarColumn,
     Progress,
     SpinnerColumn,
+    TaskProgressColumn,
     TextColumn,
     TimeElapsedColumn,
+    TimeRemainingColumn,
 )
 from rich.markup import escape
 from rich.table import Table
@@ -55,6 +57,46 @@ def _version(value: bool) -> None:
 def _options(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                                    help="Print the version and exit.")] = False) -> None:
     """Turn raw LLM training data into token shards with exact loss masks."""
+
+
+class Reporter:
+    """Progress while a run goes: on a terminal a bar (share of the input read, rows/s, tokens/s, ETA); off
+    one, a plain line every `interval` seconds; nothing with --quiet."""
+
+    def __init__(self, quiet: bool, interval: float) -> None:
+        import time
+
+        self.quiet, self.interval, self.clock = quiet, interval, time.monotonic
+        self.terminal = err.is_terminal
+        self.started = self.last = self.clock()
+        columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                   TimeRemainingColumn(), TimeElapsedColumn())
+        self.bar = Progress(*columns, console=err, disable=quiet or not self.terminal, transient=True)
+        self.task = self.bar.add_task("reading", total=100)
+
+    def __enter__(self) -> Reporter:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.bar.__exit__(*exc)
+
+    def __call__(self, rows: int, tokens: int, fraction: float | None) -> None:
+        now = self.clock()
+        seconds = max(now - self.started, 1e-9)
+        rates = f"{rows:,} rows ({rows / seconds:,.0f}/s), {tokens:,} tokens ({tokens / seconds:,.0f}/s)"
+        if self.terminal:
+            self.bar.update(self.task, completed=100 * (fraction or 0), description=rates)
+            return
+        if self.quiet or now - self.last < self.interval:
+            return
+        self.last = now
+        if fraction:
+            left = seconds * (1 - fraction) / fraction
+            eta = f", ETA {int(left // 3600)}:{int(left % 3600 // 60):02d}:{int(left % 60):02d}"
+            err.print(f"progress: {fraction:.0%} of the input, {rates}{eta}", highlight=False)
+        else:
+            err.print(f"progress: {rates}", highlight=False)
 
 
 def _resume_command() -> str:
@@ -131,6 +173,7 @@ def run(
     debug_samples: Annotated[int, typer.Option(min=0, help="After the run, show this many samples with their trained text marked.")] = 0,
     cluster: Annotated[Optional[str], typer.Option(help="Run on Dask: local:N starts N local workers (dask-cuda workers, one per GPU, with the GPU backend); tcp://host:port uses a running scheduler. The output is the same as without.")] = None,
     part_mb: Annotated[float, typer.Option(min=0.001, help="With --cluster: JSON Lines files are cut into parts of about this many MB; output does not depend on it.")] = 64.0,
+    progress_interval: Annotated[float, typer.Option(min=0.1, help="Off a terminal: seconds between plain progress lines.")] = 10.0,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: --set preprocessing.max_seq_len=4096 (the value is YAML: numbers, true, [a, b], {k: v}); repeatable, checked like the file.")] = None,
 ) -> None:
     """Run the pipeline described by CONFIG over INPUTS into OUTPUT."""
@@ -154,14 +197,11 @@ def run(
         load_plugins(plugin or [])
         cfg = load_config(config, set_ or [])
         check_registered(cfg, str(config))
-        columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,} rows"),
-                   TimeElapsedColumn())
-        with Progress(*columns, console=err, disable=quiet, transient=True) as bar:
-            task = bar.add_task("preprocessing", total=None)
+        with Reporter(quiet, progress_interval) as report:
             announce = None if quiet else lambda link: err.print(f"Dask dashboard: {link}", highlight=False)
             options = Options(tokenizer=tokenizer, device=device, chunk_rows=chunk_rows, workers=workers,
                               overwrite=overwrite, resume=resume, rejects=rejects, strict=strict,
-                              checkpoint_seconds=checkpoint_every, progress=lambda n: bar.advance(task, n),
+                              checkpoint_seconds=checkpoint_every, progress=report,
                               cluster=cluster, announce=announce, plugins=tuple(plugin or []),
                               part_bytes=int(part_mb * (1 << 20)))
             manifest = run_pipeline(cfg, inputs or [], output, options)

@@ -68,6 +68,7 @@ class RawChunk:
     line: list[int] = field(default_factory=list)
     records: list[dict[str, Any] | None] = field(default_factory=list)
     errors: dict[int, tuple[str, str, Any]] = field(default_factory=dict)  # reason, detail, the row as read
+    size: int = 0  # bytes of JSON text its rows were read from (0 for the columnar formats): for progress
 
     def __len__(self) -> int:
         return len(self.records)
@@ -390,6 +391,7 @@ def read_chunks(files: list[InputFile], chunk_rows: int, max_items: int | None =
             continue
         chunk.add(file_index, line, record, error)
         size += nbytes
+        chunk.size = size
         if len(chunk) >= chunk_rows or size >= limit:
             yield chunk
             chunk, size, limit = RawChunk(), 0, min(chunk_bytes, 2 * limit)

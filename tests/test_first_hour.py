@@ -139,3 +139,21 @@ def test_the_reader_says_what_is_missing(tmp_path: Path) -> None:
     assert len(domain) == 40 and [ids.tolist() for ids, _ in domain[2:4]] == [domain[2][0].tolist(),
                                                                             domain[3][0].tolist()]
     assert repr(domain).startswith("Domain('__default__': 40 samples,") and "__default__" in repr(ds)
+
+
+def test_off_a_terminal_progress_is_a_plain_line_every_interval(tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "chat.jsonl", CHATS * 25)
+    config = _config(tmp_path, {"input": {"type": "chat"}, "mask": {"assistant": "train"},
+                                "preprocessing": {"deduplicate": False}})
+    result = gpu_prep_cli("run", "-c", config, data, "-o", tmp_path / "out", "--chunk-rows", 50,
+                          "--progress-interval", 0.1, env={"GPU_PREP_FAILPOINT": "never:1"})
+    assert result.returncode == 0, result.stderr
+    lines = [l for l in result.stderr.splitlines() if l.startswith("progress: ")]
+    assert lines, result.stderr
+    shares = [int(l.split("progress: ")[1].split("%")[0]) for l in lines]
+    assert shares == sorted(shares) and all(0 < s <= 100 for s in shares)
+    assert all("rows (" in l and "tokens (" in l and "ETA" in l for l in lines)
+    assert "rows written" in result.stdout  # the closing summary
+    quiet = gpu_prep_cli("run", "-c", config, data, "-o", tmp_path / "q", "--chunk-rows", 50, "-q",
+                         "--progress-interval", 0.1)
+    assert quiet.returncode == 0 and "progress:" not in quiet.stderr and quiet.stdout == ""

@@ -25,9 +25,11 @@ class Committer:
     """Accounts for and writes chunks in the order given, checkpointing as it goes."""
 
     def __init__(self, run: RunContext, acct: Accounting, writer: DatasetWriter, checkpoints: Checkpointer,
-                 decisions: Decisions, progress: Callable[[int], None] | None = None) -> None:
+                 decisions: Decisions, progress: Callable[[int, int, float | None], None] | None = None) -> None:
         self.run, self.acct, self.writer, self.checkpoints = run, acct, writer, checkpoints
         self.decisions, self.progress = decisions, progress
+        self.rows = self.read_bytes = 0
+        self.total_bytes = sum(f.size_bytes for f in run.files)
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps besides the rows done and the dedup log."""
@@ -39,7 +41,18 @@ class Committer:
         if self.checkpoints.chunk_done(len(prepared.chunk), prepared.digests, self.state):
             self.writer.remove_obsolete()
         if self.progress is not None:
-            self.progress(len(prepared.chunk))
+            self.rows += len(prepared.chunk)
+            self.progress(self.rows, self.acct.tokens, self._fraction(prepared.chunk))
+
+    def _fraction(self, chunk: Any) -> float | None:
+        """How far through the input the run is, by bytes: those of the rows read (JSON text), or of the
+        files before the current one, whichever says more (None: the inputs' sizes are not known)."""
+        self.read_bytes += chunk.size
+        if not self.total_bytes or not len(chunk):
+            return None
+        current = chunk.file_index[-1]
+        before = sum(f.size_bytes for f in self.run.files if f.index < current)
+        return min(1.0, max(self.read_bytes, before) / self.total_bytes)
 
     def account_and_write(self, prepared: Prepared, mask: MaskResult | None, clock: Stopwatch) -> None:
         acct, chunk = self.acct, prepared.chunk
