@@ -253,16 +253,60 @@ def _not_useful(manifest: dict[str, Any], cfg: Any) -> None:
 
 
 @app.command()
-def validate(config: ConfigOpt, plugin: PluginOpt = None) -> None:
-    """Check a config without running it; print it with every default filled in."""
+def validate(
+    config: ConfigOpt,
+    data: Annotated[Optional[list[str]], typer.Argument(help="Input files to check the config against (a sample of their first rows); the config's datasets when none.")] = None,
+    sample: Annotated[int, typer.Option(min=1, help="Rows of the data to read and run.")] = 100,
+    plugin: PluginOpt = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key, as for run.")] = None,
+) -> None:
+    """Check a config: its schema, and with data (or datasets) a sample run against it: mask roles the data
+    never has, roles no rule names, rows the input type cannot read, the tokenizer and template; one
+    rendered sample with its trained text marked, and the drop reasons the sample gets."""
+    from gpu_prep.check import check_sample, remove_sample, run_sample
+    from gpu_prep.run.context import DEFAULT_TOKENIZER
+
     try:
         load_plugins(plugin or [])
-        cfg = load_config(config)
+        cfg = load_config(config, set_ or [])
         check_registered(cfg, str(config))
     except GpuPrepError as exc:
         raise _fail(exc) from None
-    out.print_json(json.dumps(cfg.model_dump(mode="json")))
-    out.print(f"[green]ok[/]: {escape(str(config))} is a valid config (sha256 {cfg.sha256()[:12]})", highlight=False)
+    shown = cfg.model_dump(mode="json")
+    shown["tokenizer"]["name"] = cfg.tokenizer.name or DEFAULT_TOKENIZER  # what a run resolves it to
+    out.print_json(json.dumps(shown))
+    if not data and not cfg.datasets:
+        out.print(f"[green]ok[/]: {escape(str(config))} is a valid config (sha256 {cfg.sha256()[:12]}); give data "
+                  "to check it against a sample", highlight=False)
+        return
+    report = None
+    try:
+        report = check_sample(cfg, data or [], sample)
+        if not report.errors:
+            run_sample(cfg, data or [], sample, report)
+        for warning in report.warnings:
+            err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+        for error in report.errors:
+            err.print(f"[bold red]error:[/] {escape(error)}", highlight=False)
+        if report.manifest is not None:
+            from gpu_prep.run.manifest import drop_lines
+
+            totals = report.manifest["totals"]
+            out.print(f"sample: {totals['rows_read']:,} rows read, {totals['rows_written']:,} would be written, "
+                      f"tokenizer {escape(report.manifest['tokenizer']['source'])}", highlight=False)
+            for line in drop_lines(report.manifest):
+                out.print(f"  dropped {escape(line)}", highlight=False, soft_wrap=True)
+            if totals["rows_written"]:
+                _show_samples(report.out_dir, None, 1, 0, ids=False, plain=not out.is_terminal)
+    except GpuPrepError as exc:
+        raise _fail(exc) from None
+    finally:
+        if report is not None:
+            remove_sample(report)
+    if report.errors:
+        raise typer.Exit(2)
+    out.print(f"[green]ok[/]: {escape(str(config))} is a valid config for this data (sha256 {cfg.sha256()[:12]})",
+              highlight=False)
 
 
 @app.command()

@@ -157,3 +157,23 @@ def test_off_a_terminal_progress_is_a_plain_line_every_interval(tmp_path: Path) 
     quiet = gpu_prep_cli("run", "-c", config, data, "-o", tmp_path / "q", "--chunk-rows", 50, "-q",
                          "--progress-interval", 0.1)
     assert quiet.returncode == 0 and "progress:" not in quiet.stderr and quiet.stdout == ""
+
+
+def test_validate_checks_a_config_against_a_sample_of_the_data(tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "chat.jsonl", CHATS)
+    typo = _config(tmp_path, {"input": {"type": "chat"}, "mask": {"assitant": "train"}}, "typo.json")
+    result = gpu_prep_cli("validate", "-c", typo, data, "--sample", 10)
+    assert result.returncode == 2
+    assert "mask.assitant: no message of the sample has role 'assitant'; did you mean 'assistant'?" in result.stderr
+    wrong = _config(tmp_path, {"input": {"type": "instruction"}, "mask": {"response": "train"}}, "wrong.json")
+    result = gpu_prep_cli("validate", "-c", wrong, data)
+    assert result.returncode == 2
+    assert "input.type instruction: 40 of 40 sample rows cannot be read (missing_field: field 'prompt' is missing)" \
+        "; their keys look like input.type 'chat'" in " ".join(result.stderr.split())
+    good = _config(tmp_path, {"input": {"type": "chat"}, "mask": {"assistant": "train"}}, "good.json")
+    result = gpu_prep_cli("validate", "-c", good, data, "--sample", 5)
+    assert result.returncode == 0, result.stderr
+    assert '"name": "qwen2.5"' in result.stdout  # the resolved tokenizer, never null
+    assert "sample: 5 rows read, 5 would be written, tokenizer bundled qwen2.5" in result.stdout
+    assert "⟦Answer 0: about 384,400 km on average.<|im_end|>⟧" in result.stdout
+    assert "role 'user' (5 messages) has no mask rule" in result.stderr

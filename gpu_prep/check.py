@@ -1,0 +1,109 @@
+"""A config checked against a sample of the data it will run on (`gpu-prep validate -c CONFIG DATA...`).
+
+Reads the first rows, builds them as the config says, and finds what a schema check cannot: mask rules for
+roles the data never has (a typo, with the closest role that is there), roles no rule names, rows the
+input type cannot read (and the type their keys suggest). The sample is then run for real into a folder
+that is deleted, so the tokenizer loads, the template renders and the drop reasons are the run's own.
+"""
+
+from __future__ import annotations
+
+import difflib
+import shutil
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpu_prep.config import TEMPLATE_ROLES, PipelineConfig
+from gpu_prep.format import Conversation, RowError, detect_schema, get_builder
+from gpu_prep.read import read_chunks
+from gpu_prep.run.context import run_inputs
+
+
+@dataclass
+class SampleReport:
+    rows: int = 0
+    roles: Counter = field(default_factory=Counter)  # messages by role (after input.roles)
+    failed: Counter = field(default_factory=Counter)  # reason -> rows the input type could not build
+    first_failure: dict[str, str] = field(default_factory=dict)
+    suggested: Counter = field(default_factory=Counter)  # the type each unreadable row's keys suggest
+    errors: list[str] = field(default_factory=list)  # mistakes: validate fails
+    warnings: list[str] = field(default_factory=list)
+    manifest: dict[str, Any] | None = None
+    out_dir: Path | None = None
+
+
+def check_sample(config: PipelineConfig, inputs: list[str], sample: int) -> SampleReport:
+    """What the first `sample` rows say of the config."""
+    report = SampleReport()
+    files, datasets = run_inputs(config, inputs)
+    auto = config.input.type == "auto"
+    builder = None if auto else get_builder(config.input.type)
+    for chunk in read_chunks(files, 256, max_items=sample):
+        for record, error in zip(chunk.records, (chunk.errors.get(i) for i in range(len(chunk)))):
+            report.rows += 1
+            if record is None or error is not None:
+                continue
+            record = {config.input.messages_key: record} if isinstance(record, list) else record
+            try:
+                shape = get_builder(detect_schema(record, config) or "chat")(record, config) if auto \
+                    else builder(record, config)
+            except RowError as exc:
+                report.failed[exc.reason] += 1
+                report.first_failure.setdefault(exc.reason, exc.detail)
+                report.suggested[detect_schema(record, config)] += 1
+                continue
+            if isinstance(shape, Conversation):
+                report.roles.update(m["role"] for m in shape.messages)
+    _judge(config, report)
+    return report
+
+
+def _judge(config: PipelineConfig, report: SampleReport) -> None:
+    built = report.rows - sum(report.failed.values())
+    if report.failed:
+        (reason, n), = report.failed.most_common(1)
+        hint = report.suggested.most_common(1)[0][0] if report.suggested else None
+        message = (f"input.type {config.input.type}: {sum(report.failed.values())} of {report.rows} sample rows "
+                   f"cannot be read ({reason}: {report.first_failure[reason]})")
+        if hint and hint != config.input.type:
+            message += f"; their keys look like input.type {hint!r}"
+        (report.errors if built == 0 else report.warnings).append(message)
+    if not report.roles:
+        return
+    known = set(report.roles) | set(TEMPLATE_ROLES)
+    for role in config.mask:
+        if role in report.roles or role in ("prompt", "response"):
+            continue
+        close = difflib.get_close_matches(role, sorted(known), n=1, cutoff=0.6)
+        if close and close[0] not in config.mask:
+            report.errors.append(f"mask.{role}: no message of the sample has role {role!r}; did you mean "
+                                 f"{close[0]!r}? (roles in the data: {', '.join(sorted(report.roles))})")
+        else:
+            report.warnings.append(f"mask.{role}: no message of the sample has role {role!r} "
+                                   f"(roles in the data: {', '.join(sorted(report.roles))})")
+    for role in sorted(report.roles):
+        if role not in config.mask and role not in config.input.roles_to_train:
+            report.warnings.append(f"role {role!r} ({report.roles[role]} messages) has no mask rule: mask_default "
+                                   f"{config.mask_default!r} applies")
+
+
+def run_sample(config: PipelineConfig, inputs: list[str], sample: int, report: SampleReport) -> None:
+    """The sample run for real (tokenizer, template, masks, drop reasons) into a folder kept for showing
+    a sample; the caller removes it (remove_sample)."""
+    from gpu_prep.pipeline import Options, run
+
+    out = Path(tempfile.mkdtemp(prefix="gpu-prep-validate-")) / "out"
+    limited = config.model_copy(update={"preprocessing": config.preprocessing.model_copy(update={"max_items": sample})})
+    report.manifest = run(limited, inputs, out, Options(overlap=False))
+    report.out_dir = out
+    written = report.manifest["totals"]["rows_written"]
+    if written == 0 and report.rows:
+        report.errors.append(f"none of the {report.rows} sample rows would be written")
+
+
+def remove_sample(report: SampleReport) -> None:
+    if report.out_dir is not None:
+        shutil.rmtree(report.out_dir.parent, ignore_errors=True)
