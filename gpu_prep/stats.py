@@ -12,7 +12,7 @@ import numpy as np
 
 from gpu_prep.output.dataset import open_dataset
 
-PERCENTILES = (50, 90, 95, 99)
+PERCENTILES = (50, 90, 95, 99, 100)  # exact: each is a sample's length (p100 is the longest)
 BINS = 30
 
 
@@ -76,12 +76,24 @@ def write_html(summary: dict[str, Any], path: str | Path, title: str) -> None:
     """A self-contained page: the table and an SVG histogram of sample lengths."""
     edges, counts = summary["histogram"]["edges"], summary["histogram"]["counts"]
     peak = max(counts, default=1) or 1
-    width, height = 640, 240
+    width, height, left, bottom = 640, 240, 60, 40  # the plot, and the margins that hold the axes' labels
     bar = width / max(len(counts), 1)
     bars = "".join(
-        f'<rect x="{k * bar:.1f}" y="{height - c / peak * height:.1f}" width="{bar - 1:.1f}" '
-        f'height="{c / peak * height:.1f}" fill="#4c8"><title>{edges[k]}-{edges[k + 1]} tokens: {c}</title></rect>'
-        for k, c in enumerate(counts))
+        f'<rect x="{left + k * bar:.1f}" y="{height - c / peak * height:.1f}" width="{max(bar - 1, 0.5):.1f}" '
+        f'height="{c / peak * height:.1f}" fill="#4c8"><title>{edges[k]}-{edges[k + 1]} tokens: {c} samples'
+        f'</title></rect>' for k, c in enumerate(counts))
+    ticks = [(0, edges[0]), (len(counts) / 2, edges[len(counts) // 2]), (len(counts), edges[-1])] if counts else []
+    axes = (f'<line x1="{left}" y1="{height}" x2="{left + width}" y2="{height}" stroke="#333"/>'
+            f'<line x1="{left}" y1="0" x2="{left}" y2="{height}" stroke="#333"/>'
+            + "".join(f'<text x="{left + k * bar:.1f}" y="{height + 14}" font-size="11" text-anchor="middle">{v:,}</text>'
+                      for k, v in ticks)
+            + f'<text x="{left - 4}" y="{height}" font-size="11" text-anchor="end">0</text>'
+            f'<text x="{left - 4}" y="11" font-size="11" text-anchor="end">{peak:,}</text>'
+            f'<text x="{left + width / 2}" y="{height + bottom - 4}" font-size="12" text-anchor="middle">'
+            'sample length (tokens)</text>'
+            f'<text x="14" y="{height / 2}" font-size="12" text-anchor="middle" '
+            f'transform="rotate(-90 14 {height / 2})">samples</text>')
+    width, height = width + left + 10, height + bottom
     header = "".join(f"<th>{html.escape(k)}</th>" for k in ["domain", *next(iter(summary["domains"].values()))])
     table = "".join(
         "<tr><td>" + html.escape(name) + "</td>" + "".join(f"<td>{cell(v)}</td>" for v in row.values()) + "</tr>"
@@ -93,7 +105,7 @@ def write_html(summary: dict[str, Any], path: str | Path, title: str) -> None:
         f"{html.escape(role_line(summary))}</p>"
         f"<table border=1 cellpadding=4><tr>{header}</tr>{table}</table>"
         f"<h2>Sample lengths (tokens), {edges[0]} to {edges[-1]}</h2>"
-        f"<svg width='{width}' height='{height}' style='border:1px solid #ccc'>{bars}</svg>\n",
+        f"<svg width='{width}' height='{height}'>{bars}{axes}</svg>\n",
         encoding="utf-8")
 
 

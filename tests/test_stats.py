@@ -55,3 +55,17 @@ def test_stats_show_which_roles_the_trained_tokens_come_from(tmp_path: Path) -> 
     assert 0.4 < shares["user"] < 0.7
     shown = CliRunner().invoke(app, ["stats", str(out)])
     assert shown.exit_code == 0 and "trained tokens by role: user" in shown.stdout
+
+
+def test_percentiles_are_exact_and_the_histogram_has_axes(tmp_path: Path) -> None:
+    from gpu_prep.stats import write_html
+
+    rows = [{"text": "word " * n} for n in (1, 3, 9, 27, 81)]
+    out = run_rows(tmp_path, {"input": {"type": "text"}, "preprocessing": {"min_chars": 1}}, rows)
+    summary = summarize(out)
+    row = summary["domains"]["all"]
+    lengths = sorted(len(ids) for ids, _ in samples(out))
+    assert row["p100"] == row["max"] == lengths[-1] and row["p50"] == lengths[2]
+    write_html(summary, tmp_path / "s.html", "t")
+    page = (tmp_path / "s.html").read_text()
+    assert "sample length (tokens)" in page and ">samples</text>" in page and f">{lengths[-1]:,}</text>" in page
