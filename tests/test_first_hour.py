@@ -177,3 +177,12 @@ def test_validate_checks_a_config_against_a_sample_of_the_data(tmp_path: Path) -
     assert "sample: 5 rows read, 5 would be written, tokenizer bundled qwen2.5" in result.stdout
     assert "⟦Answer 0: about 384,400 km on average.<|im_end|>⟧" in result.stdout
     assert "role 'user' (5 messages) has no mask rule" in result.stderr
+
+
+def test_the_readme_names_every_drop_reason_the_code_has() -> None:
+    from gpu_prep.errors import Drop
+
+    reasons = {v for k, v in vars(Drop).items() if k.isupper() and isinstance(v, str)}
+    section = (REPO / "README.md").read_text(encoding="utf-8").split("## Bad input", 1)[1].split("\n## ", 1)[0]
+    missing = sorted(r for r in reasons if f"`{r}`" not in section)
+    assert not missing, f"README's Bad input section does not name {missing}"
