@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from gpu_prep.errors import ConfigError
+from gpu_prep.foreign import FOREIGN_KEYS
 
 Action = Literal["mask", "train"]
 
@@ -395,14 +396,31 @@ class PipelineConfig(_Frozen):
 
 
 def _known_keys(loc: tuple) -> list[str]:
-    """The keys allowed in the section that holds loc's last key."""
+    """The keys allowed in the section that holds loc's last key (through lists and optional sections)."""
     model: Any = PipelineConfig
     for part in loc[:-1]:
+        if isinstance(part, int):
+            continue  # an element of a list: the list's item type, found below
         field = getattr(model, "model_fields", {}).get(part)
         if field is None:
             return []
-        model = field.annotation
+        model = _section(field.annotation)
     return list(getattr(model, "model_fields", {}))
+
+
+def _section(annotation: Any) -> Any:
+    """The model a field holds, through list[...] and ... | None."""
+    import typing
+
+    for arg in (*typing.get_args(annotation), annotation):
+        if hasattr(arg, "model_fields"):
+            return arg
+        inner = [a for a in typing.get_args(arg) if hasattr(a, "model_fields")]
+        if inner:
+            return inner[0]
+    return annotation
+
+
 
 
 def _describe(error: dict[str, Any]) -> str:
@@ -412,9 +430,12 @@ def _describe(error: dict[str, Any]) -> str:
     ctx = error.get("ctx") or {}
     if kind == "extra_forbidden":
         known = _known_keys(error["loc"])
-        close = difflib.get_close_matches(str(error["loc"][-1]), known, n=1)
+        key = str(error["loc"][-1])
+        close = difflib.get_close_matches(key, known, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        return f"{path}: unknown key; {hint}allowed keys here: {', '.join(known)}"
+        if key in FOREIGN_KEYS:
+            hint = f"other tools' {key!r} is gpu-prep's {FOREIGN_KEYS[key]}; "
+        return f"{path}: unknown key; {hint}allowed keys here: {', '.join(known) or '(none)'}"
     if kind == "literal_error":
         return f"{path}: {value!r} is not allowed; allowed: {ctx.get('expected')}"
     if kind == "value_error":

@@ -207,3 +207,15 @@ def test_inspect_keeps_wordpiece_spaces_and_escapes_markers_in_the_text(tmp_path
     shown = gpu_prep_cli("inspect", tmp_path / "q", "--plain")
     assert "What does \\⟦this\\⟧ mean?<|im_end|>" in shown.stdout
     assert "⟦It marks trained text, twice over.<|im_end|>⟧" in shown.stdout
+
+
+def test_other_tools_configs_get_messages_that_name_the_keys(tmp_path: Path) -> None:
+    axolotl = tmp_path / "axolotl.yaml"
+    axolotl.write_text("base_model: Qwen/Qwen2.5-7B\nsequence_len: 2048\nsample_packing: true\n"
+                       "datasets:\n  - path: data.jsonl\n    type: chat_template\n")
+    result = gpu_prep_cli("validate", "-c", axolotl)
+    text = " ".join(result.stderr.split())
+    assert result.returncode == 2
+    assert "datasets.0.path: unknown key; other tools' 'path' is gpu-prep's data_paths (a list); allowed keys here: name," in text
+    assert "sequence_len: unknown key; other tools' 'sequence_len' is gpu-prep's preprocessing.max_seq_len" in text
+    assert "allowed keys here: (none)" not in text and "allowed keys here: ," not in text

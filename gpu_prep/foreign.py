@@ -1,0 +1,20 @@
+"""Other tools' config keys (Axolotl, TRL, LLaMA-Factory), for messages that say where gpu-prep has
+the same setting."""
+
+# Keys of other tools' configs (Axolotl, TRL, LLaMA-Factory) and where gpu-prep says the same.
+FOREIGN_KEYS = {
+    "base_model": "tokenizer", "model_name_or_path": "tokenizer", "tokenizer_name": "tokenizer",
+    "tokenizer_config": "tokenizer", "sequence_len": "preprocessing.max_seq_len",
+    "max_seq_length": "preprocessing.max_seq_len", "max_length": "preprocessing.max_seq_len",
+    "cutoff_len": "preprocessing.max_seq_len", "sample_packing": "preprocessing.packing (bfd)",
+    "packing": "preprocessing.packing (bfd)", "dataset_text_field": "input.text_key (with input.type text)",
+    "template": "chat_template", "train_on_inputs": "mask (e.g. mask.user: train)",
+    "mask_history": "input.train_last_turn_only", "roles_to_train": "input.roles_to_train",
+    "train_on_eos": "input.train_on_eos", "field_messages": "input.messages_key (a dataset's own: input: {...})",
+    "message_field_role": "input.role_key", "message_field_content": "input.content_key",
+    "path": "data_paths (a list)", "data_files": "data_paths (a list)", "dataset": "datasets (a list)",
+    "type": "input.type (a dataset's own: input: {type: ...})", "formatting": "input.type",
+    "dataset_prepared_path": "the output folder (gpu-prep run -o OUT)", "output_dir": "gpu-prep run -o OUT",
+    "assistant_only_loss": "mask (mask.assistant: train is the default for chat configs)",
+    "completion_only_loss": "mask (mask.prompt: mask, mask.response: train)",
+}
