@@ -107,3 +107,59 @@ def run_sample(config: PipelineConfig, inputs: list[str], sample: int, report: S
 def remove_sample(report: SampleReport) -> None:
     if report.out_dir is not None:
         shutil.rmtree(report.out_dir.parent, ignore_errors=True)
+
+
+# What each input type trains by default in a starter config, with a comment saying why.
+_STARTER_MASK = {
+    "chat": ("{assistant: train}", "the assistant's turns (and the end-of-turn token closing each)"),
+    "sharegpt": ("{assistant: train}", "the assistant's turns (gpt/model rows are mapped to assistant)"),
+    "instruction": ("{prompt: mask, response: train}", "the response; the prompt is context"),
+    "alpaca": ("{prompt: mask, response: train}", "the output; the instruction and input are context"),
+    "segments": ("{}", "the segments whose own label says train"),
+    "text": ("{}", "every token (pretraining text ignores mask)"),
+    "pretokenized": ("{}", "what the rows' labels say"),
+}
+
+
+def starter_config(inputs: list[str], tokenizer: str | None, rows: int = 50) -> str:
+    """A config for these inputs, commented, ready to run: the input type their first rows' keys say
+    (or auto, when they differ), and what that type trains."""
+    from gpu_prep.config import parse_config
+
+    files, _ = run_inputs(parse_config({}), inputs)
+    base = parse_config({"input": {"type": "auto"}})
+    kinds: Counter = Counter()
+    seen = 0
+    for chunk in read_chunks(files, rows, max_items=rows):
+        for record in chunk.records:
+            seen += 1
+            if record is not None:
+                kinds[detect_schema({"messages": record} if isinstance(record, list) else record, base)] += 1
+    found = {k: n for k, n in kinds.items() if k is not None}
+    if not found:
+        from gpu_prep.errors import ConfigError
+
+        raise ConfigError(f"none of the first {seen} rows of {', '.join(inputs)} has a shape gpu-prep knows "
+                          "(messages, conversations, prompt+response, instruction+output, text, input_ids)")
+    kind = max(found, key=found.get) if len(found) == 1 else "auto"
+    mask, why = _STARTER_MASK.get(kind, ("{assistant: train, response: train}", "assistant turns and responses"))
+    shapes = ", ".join(f"{k} {n}" for k, n in sorted(found.items(), key=lambda item: -item[1]))
+    return f"""# gpu-prep config written by `gpu-prep init` from the first {seen} rows of {', '.join(inputs)}
+# (shapes found: {shapes}). Run it with: gpu-prep run -c THIS_FILE {' '.join(inputs)} -o out/
+# Check it against the data first with: gpu-prep validate -c THIS_FILE {' '.join(inputs)}
+version: 1
+# A tokenizer folder, a bundled name (qwen2.5, qwen3, bert-uncased) or a hub model id.
+tokenizer: {tokenizer or "qwen2.5"}
+# The tokenizer's own chat template; or a name (chatml, llama3, mistral, ...), a .jinja file.
+chat_template: tokenizer_default
+input:
+  type: {kind}
+# What is trained: {why}.
+mask: {mask}
+preprocessing:
+  max_seq_len: 2048            # longer rows are cut (truncation: right | left | drop | split | structured)
+  deduplicate: true            # rows whose first 200 characters repeat an earlier row's are dropped
+  min_chars: 1
+output:
+  storage_format: bin          # bin | h5 | megatron | parquet
+"""

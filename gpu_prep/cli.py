@@ -310,6 +310,31 @@ def validate(
 
 
 @app.command()
+def init(
+    data: Annotated[list[str], typer.Argument(help="Input files, globs or folders to look at.")],
+    tokenizer: Annotated[Optional[str], typer.Option(help="Tokenizer folder, bundled name or model id.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the config here (default: print it).")] = None,
+) -> None:
+    """Write a starter config for DATA: the input type its first rows' keys say, and what that type trains."""
+    from gpu_prep.check import starter_config
+
+    try:
+        text = starter_config(data, tokenizer)
+    except GpuPrepError as exc:
+        raise _fail(exc) from None
+    if output is None:
+        import sys
+
+        sys.stdout.write(text)  # as it is: rich would wrap the comments
+        return
+    if output.exists():
+        raise _fail(ConfigError(f"{output} exists; give another --output"))
+    output.write_text(text, encoding="utf-8")
+    out.print(f"wrote {escape(str(output))}; check it with: gpu-prep validate -c {escape(str(output))} "
+              f"{escape(' '.join(data))}", highlight=False)
+
+
+@app.command()
 def verify(output: Annotated[Path, typer.Argument(help="A run's output directory.")]) -> None:
     """Re-read a run's shards and check sizes, dtypes, sample offsets, checksums, masks and counts."""
     from gpu_prep.verify import verify as verify_output

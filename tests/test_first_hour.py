@@ -219,3 +219,19 @@ def test_other_tools_configs_get_messages_that_name_the_keys(tmp_path: Path) -> 
     assert "datasets.0.path: unknown key; other tools' 'path' is gpu-prep's data_paths (a list); allowed keys here: name," in text
     assert "sequence_len: unknown key; other tools' 'sequence_len' is gpu-prep's preprocessing.max_seq_len" in text
     assert "allowed keys here: (none)" not in text and "allowed keys here: ," not in text
+
+
+@pytest.mark.parametrize(("rows", "kind"), [(CHATS, "chat"), ([{"prompt": "2+2?", "response": "4"}] * 3, "instruction"),
+                                            ([{"text": "a document"}, {"messages": CHATS[0]["messages"]}], "auto")])
+def test_init_writes_a_starter_config_that_runs(tmp_path: Path, rows: list, kind: str) -> None:
+    data = write_jsonl(tmp_path / "data.jsonl", rows)
+    printed = gpu_prep_cli("init", data)
+    assert printed.returncode == 0 and f"  type: {kind}\n" in printed.stdout
+    result = gpu_prep_cli("init", data, "-o", tmp_path / "config.yaml")
+    assert result.returncode == 0 and (tmp_path / "config.yaml").read_text() == printed.stdout
+    ran = gpu_prep_cli("run", "-c", tmp_path / "config.yaml", data, "-o", tmp_path / "out", "-q",
+                       "--set", "preprocessing.deduplicate=false")
+    assert ran.returncode == 0, ran.stderr
+    nothing = write_jsonl(tmp_path / "odd.jsonl", [{"a": 1}])
+    refused = gpu_prep_cli("init", nothing)
+    assert refused.returncode == 2 and "none of the first 1 rows" in refused.stderr
