@@ -272,7 +272,7 @@ class DatasetConfig(_Frozen):
     builder: Literal["jsonl", "json", "csv", "tsv", "txt", "parquet", "arrow", "feather"] | None = None
     sampling: float | None = Field(None, ge=0.0, le=1.0)
     data_handlers: list[DataHandlerConfig] = []
-    domain: str | None = None  # the domain of its rows when output.domain_key does not give one
+    domain: str | None = None  # the domain of its rows when output.domain_key gives none (null: its name)
     # Its own input and mask settings, over the config's (input keys replace those given, mask replaces
     # the whole rule set).
     input: dict[str, Any] | None = None

@@ -53,11 +53,12 @@ def _config(data: Path, ratios: tuple[float, float, float] | None, strategy: str
             seed: int | None = None) -> dict[str, Any]:
     datasets = [
         {"name": "chat", "data_paths": [str(data / "chat.jsonl")], "domain": "chat"},
-        {"name": "qa", "data_paths": [str(data / "qa")],
+        # qa and web share a domain (a dataset's own is its name), so their interleaving can be read back.
+        {"name": "qa", "data_paths": [str(data / "qa")], "domain": "mixed",
          "data_handlers": [{"name": "rename_columns",
                             "arguments": {"fn_kwargs": {"column_mapping": {"question": "prompt", "answer": "response"}},
                                           "remove_columns": ["id"]}}]},
-        {"name": "web", "data_paths": [str(data / "web")], "builder": "jsonl"},
+        {"name": "web", "data_paths": [str(data / "web")], "builder": "jsonl", "domain": "mixed"},
     ]
     if ratios is not None:
         for spec, ratio in zip(datasets, ratios):
@@ -108,7 +109,7 @@ def _run(data: Path, config: dict[str, Any], out: Path) -> dict[str, Any]:
 def test_mixing_follows_the_seed_interleaving(tmp_path: Path, data: Path, strategy: str) -> None:
     ratios = (0.5, 0.3, 0.2)
     config = _config(data, ratios, strategy)
-    del config["datasets"][0]["domain"]  # one domain, so the samples are stored in the mixed order
+    config["datasets"][0]["domain"] = "mixed"  # one domain, so the samples are stored in the mixed order
     manifest = _run(data, config, tmp_path / "out")
     want = reference_order(list(SIZES.values()), list(ratios), 42, strategy)
     assert manifest["totals"]["rows_written"] == len(want) == manifest["totals"]["rows_read"]
@@ -144,7 +145,7 @@ def test_without_ratios_datasets_are_concatenated_in_order(tmp_path: Path, data:
         assert [r for d, r in got if d == k] == list(range(n))
     assert [d["rows_written"] for d in manifest["datasets"]] == list(SIZES.values())
     assert {d["name"]: len(d["files"]) for d in manifest["datasets"]} == {"chat": 1, "qa": 2, "web": 1}
-    assert set(gpu_prep.open_dataset(tmp_path / "out")) == {"chat", "__default__"}  # the chat dataset's domain
+    assert set(gpu_prep.open_dataset(tmp_path / "out")) == {"chat", "mixed"}  # the datasets' own domains
 
 
 def test_a_yaml_data_config_runs_from_the_command_line(tmp_path: Path, data: Path) -> None:
@@ -203,7 +204,7 @@ def test_a_plugin_registers_its_own_handler(tmp_path: Path, data: Path) -> None:
     config["datasets"][2]["data_handlers"] = [{"name": "shout", "arguments": {"fn_kwargs": {"column": "text"}}}]
     _run(data, config, tmp_path / "out")
     tok = gpu_prep.tokenizer.load_tokenizer("qwen2.5")
-    texts = [tok.decode(ids) for ids, _ in gpu_prep.open_dataset(tmp_path / "out")["__default__"]]
+    texts = [tok.decode(ids) for ids, _ in gpu_prep.open_dataset(tmp_path / "out")["mixed"]]
     assert "A PAGE CALLED WEB-0." in texts
 
 
@@ -217,7 +218,7 @@ def test_each_dataset_takes_its_own_input_and_mask_settings(tmp_path: Path, data
     _run(data, config, tmp_path / "out")
     tok = gpu_prep.tokenizer.load_tokenizer("qwen2.5")
     out = gpu_prep.open_dataset(tmp_path / "out")
-    trained = [tok.decode(ids[mask == 1]) for ids, mask in out["__default__"]]
+    trained = [tok.decode(ids[mask == 1]) for ids, mask in out["mixed"]]
     assert trained[0].startswith("Name qa-0.") and "qa-0" in trained[0]  # prompt and response
     assert trained[-1] == "A page called web-5."  # a text row, every token
     chat = [tok.decode(ids[mask == 1]) for ids, mask in out["chat"]]
@@ -242,7 +243,7 @@ def test_handlers_that_use_the_tokenizer(tmp_path: Path, data: Path) -> None:
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
         "<|im_start|>user\nSay chat-0.<|im_end|>\n<|im_start|>assistant\nchat-0<|im_end|>\n").ids,
         skip_special_tokens=False)
-    web = [tok.decode(ids) for ids, _ in out["__default__"]][-1]
+    web = [tok.decode(ids) for ids, _ in out["mixed"]][-1]
     assert web == f"A page called web-5.{tok.eos_text}"
 
 
@@ -255,3 +256,11 @@ def test_the_shipped_mix_config_runs_on_the_examples(tmp_path: Path, monkeypatch
     assert [per[n]["sampling"] for n in ("chat", "alpaca", "web")] == [0.5, 0.3, 0.2]
     assert all(per[n]["rows_written"] > 0 for n in per)  # all_exhausted: every dataset given whole
     assert sum(d["rows_read"] for d in per.values()) == manifest["totals"]["rows_read"]
+
+
+def test_a_datasets_domain_is_its_name_unless_it_names_one(tmp_path: Path, data: Path) -> None:
+    config = _config(data, None)
+    for spec in config["datasets"]:
+        spec.pop("domain", None)
+    _run(data, config, tmp_path / "out")
+    assert set(gpu_prep.open_dataset(tmp_path / "out")) == {"chat", "qa", "web"}

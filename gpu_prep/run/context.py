@@ -233,5 +233,5 @@ def dataset_handlers(spec: Any) -> list[tuple[Any, dict[str, Any], str, Any]]:
 def dataset_sources(config: PipelineConfig, datasets: list[Dataset]) -> Sources:
     """By file index: the config of the file's dataset and the domain it names."""
     own = [config.dataset_config(k) for k in range(len(datasets))]
-    return {f.index: (own[k], spec.domain) for k, (spec, d) in enumerate(zip(config.datasets or [], datasets))
+    return {f.index: (own[k], spec.domain or spec.name) for k, (spec, d) in enumerate(zip(config.datasets or [], datasets))
             for f in d.files}
