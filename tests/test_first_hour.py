@@ -235,3 +235,19 @@ def test_init_writes_a_starter_config_that_runs(tmp_path: Path, rows: list, kind
     nothing = write_jsonl(tmp_path / "odd.jsonl", [{"a": 1}])
     refused = gpu_prep_cli("init", nothing)
     assert refused.returncode == 2 and "none of the first 1 rows" in refused.stderr
+
+
+def test_every_key_other_tools_are_pointed_to_exists() -> None:
+    from gpu_prep.config import DatasetConfig, PipelineConfig
+    from gpu_prep.config import _section
+    from gpu_prep.foreign import FOREIGN_KEYS
+
+    for theirs, ours in FOREIGN_KEYS.items():
+        path = ours.split()[0]
+        if ours.startswith(("the ", "gpu-prep ")):
+            continue  # a command line, not a key
+        model = DatasetConfig if path in ("data_paths", "datasets") and path not in PipelineConfig.model_fields \
+            else PipelineConfig
+        for name in path.split("."):
+            assert name in model.model_fields, f"{theirs} points to {ours}, which is not a config key"
+            model = _section(model.model_fields[name].annotation)
