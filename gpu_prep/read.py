@@ -21,8 +21,8 @@ from typing import Any
 import orjson
 
 from gpu_prep.errors import ConfigError, Drop, InputError
-from gpu_prep.sources import (KNOWN, arrow_rows, batch_bytes, batch_rows, check_file, csv_rows, dataset_folder_files, file_size, is_url,
-                              hub_rows, json_array_rows, open_bytes, open_raw, remote_files, split_name, text_rows)
+from gpu_prep.sources import (KNOWN, batch_rows, batch_sizes, check_file, csv_rows, dataset_folder_files, file_size, is_url,
+                              hub_rows, json_array_rows, open_bytes, remote_files, split_name, text_rows)
 
 # A JSON Lines chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so
 # memory stays bounded whatever the rows' sizes (Parquet and JSON-array rows count rows only).
@@ -265,16 +265,6 @@ def _columnar_rows(file: InputFile, fields: tuple[str, ...], read_range: ReadRan
             offset, first_line = end, first_line + len(lines)
 
 
-def _parquet_rows(file: InputFile) -> Iterator[Row]:
-    import pyarrow.parquet as pq
-
-    row = 0
-    for batch in pq.ParquetFile(open_raw(file.path) if is_url(file.path) else file.path).iter_batches(batch_size=4096):
-        for record in batch.to_pylist():
-            row += 1
-            yield row, record, None, 0
-
-
 @dataclass(frozen=True)
 class Columnar:
     """Read JSON Lines as columns: only these string fields, each range by read_range."""
@@ -286,10 +276,8 @@ class Columnar:
 def file_rows(file: InputFile, columnar: Columnar | None = None, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[Row]:
     """(line or row number, record, error, bytes of JSON) for every row of one file."""
     layout = file.layout
-    if layout == "parquet":
-        return _parquet_rows(file)
-    if layout.startswith("arrow"):
-        return arrow_rows(file.path, layout)
+    if layout == "parquet" or layout.startswith("arrow"):
+        return batch_rows(file.path, layout)
     if layout in ("csv", "tsv"):
         return csv_rows(file.path, file.compression, "," if layout == "csv" else "\t")
     if layout == "txt":
@@ -322,7 +310,7 @@ def split_file(file: InputFile, part_bytes: int) -> list[Part]:
         return [Part(file)]
     if file.layout in ("parquet", "arrow-file"):
         cuts, size = [0], 0
-        sizes = batch_bytes(file.path, file.layout)
+        sizes = [size for _, size in batch_sizes(file.path, file.layout)]
         for k, n in enumerate(sizes[:-1], start=1):
             size += n
             if size >= part_bytes:

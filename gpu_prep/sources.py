@@ -213,24 +213,6 @@ def dataset_folder_files(folder: Path, split: str | None) -> list[str] | None:
 Row = tuple[int, Any, "tuple[str, str, Any] | None", int]  # as read.py: number, record, error, bytes
 
 
-def arrow_rows(path: str, layout: str) -> Iterator[Row]:
-    """Arrow IPC (file or stream) and Feather: record batch by record batch."""
-    import pyarrow as pa
-    import pyarrow.ipc as ipc
-
-    row = 0
-    with (pa.PythonFile(open_raw(path), mode="r") if is_url(path) else pa.memory_map(path)) as source:
-        if layout == "arrow-stream":
-            batches: Any = ipc.open_stream(source)
-        else:
-            reader = ipc.open_file(source)
-            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
-        for batch in batches:
-            for record in batch.to_pylist():
-                row += 1
-                yield row, record, None, 0
-
-
 def csv_rows(path: str, compression: str | None, delimiter: str) -> Iterator[Row]:
     """CSV or TSV: the header row names the columns, every cell is text; row n is line n + 1 (the header
     is line 1) unless a quoted cell spans lines."""
@@ -361,28 +343,12 @@ def hub_rows(arguments: dict[str, Any]) -> Iterator[Row]:
         yield row, dict(record), None, 0
 
 
-def _batch_rows(path: str, layout: str) -> list[int]:
-    """Rows in each Parquet row group or Arrow record batch of a file, in order."""
-    import pyarrow as pa
-    import pyarrow.ipc as ipc
-    import pyarrow.parquet as pq
-
-    if layout == "parquet":
-        meta = pq.ParquetFile(open_raw(path) if is_url(path) else path).metadata
-        return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-    with (pa.PythonFile(open_raw(path), mode="r") if is_url(path) else pa.memory_map(path)) as source:
-        if layout == "arrow-stream":
-            return [batch.num_rows for batch in ipc.open_stream(source)]
-        reader = ipc.open_file(source)
-        return [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
-
-
 def locator(path: str, layout: str, number: int, batches: dict[str, list[int]]) -> str:
     """Where row `number` (as the reader numbers it) is, in the terms of its format: a line, an array
     element, a row group and row (Parquet), a record batch and row (Arrow), both counted from 0 as pyarrow
     counts them. batches caches each file's batch sizes."""
     if layout in ("parquet", "arrow-file", "arrow-stream"):
-        sizes = batches.setdefault(path, _batch_rows(path, layout))
+        sizes = batches.setdefault(path, [rows for rows, _ in batch_sizes(path, layout)])
         row = number - 1
         for k, size in enumerate(sizes):
             if row < size:
@@ -395,37 +361,53 @@ def locator(path: str, layout: str, number: int, batches: dict[str, list[int]]) 
     return f"line {number}"
 
 
-def batch_bytes(path: str, layout: str) -> list[int]:
-    """The size of each Parquet row group (uncompressed) or Arrow record batch of a local file."""
+def _source(path: str) -> Any:
+    """A pyarrow source over the file: memory-mapped when local, streamed through fsspec for a URL."""
     import pyarrow as pa
+
+    return pa.PythonFile(open_raw(path), mode="r") if is_url(path) else pa.memory_map(path)
+
+
+def _batches(path: str, layout: str, start: int = 0, stop: int | None = None) -> Iterator[Any]:
+    """The record batches of a Parquet file's row groups [start, stop), or of an Arrow IPC file's batches
+    [start, stop) (an Arrow stream: all of them)."""
     import pyarrow.ipc as ipc
     import pyarrow.parquet as pq
 
     if layout == "parquet":
-        meta = pq.ParquetFile(path).metadata
-        return [meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)]
-    with pa.memory_map(path) as source:
-        reader = ipc.open_file(source)
-        return [reader.get_batch(i).nbytes for i in range(reader.num_record_batches)]
-
-
-def batch_rows(path: str, layout: str, start: int, stop: int, first: int) -> Iterator[Row]:
-    """The rows of row groups or record batches [start, stop) of a local file, numbered from first."""
-    import pyarrow as pa
-    import pyarrow.ipc as ipc
-    import pyarrow.parquet as pq
-
-    row = first - 1
-    if layout == "parquet":
-        batches: Any = pq.ParquetFile(path).iter_batches(batch_size=4096, row_groups=list(range(start, stop)))
-        for batch in batches:
-            for record in batch.to_pylist():
-                row += 1
-                yield row, record, None, 0
+        parquet = pq.ParquetFile(open_raw(path) if is_url(path) else path)
+        groups = list(range(start, parquet.metadata.num_row_groups if stop is None else stop))
+        yield from parquet.iter_batches(batch_size=4096, row_groups=groups)
         return
-    with pa.memory_map(path) as source:
+    with _source(path) as source:
+        if layout == "arrow-stream":
+            yield from ipc.open_stream(source)
+            return
         reader = ipc.open_file(source)
-        for k in range(start, stop):
-            for record in reader.get_batch(k).to_pylist():
-                row += 1
-                yield row, record, None, 0
+        for k in range(start, reader.num_record_batches if stop is None else stop):
+            yield reader.get_batch(k)
+
+
+def batch_rows(path: str, layout: str, start: int = 0, stop: int | None = None, first: int = 1) -> Iterator[Row]:
+    """The rows of Parquet row groups or Arrow record batches [start, stop) (all by default), numbered
+    from first."""
+    row = first - 1
+    for batch in _batches(path, layout, start, stop):
+        for record in batch.to_pylist():
+            row += 1
+            yield row, record, None, 0
+
+
+def batch_sizes(path: str, layout: str) -> list[tuple[int, int]]:
+    """(rows, bytes) of each Parquet row group (bytes uncompressed) or Arrow record batch, in order."""
+    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
+
+    if layout == "parquet":
+        meta = pq.ParquetFile(open_raw(path) if is_url(path) else path).metadata
+        return [(meta.row_group(i).num_rows, meta.row_group(i).total_byte_size) for i in range(meta.num_row_groups)]
+    with _source(path) as source:
+        if layout == "arrow-stream":
+            return [(b.num_rows, b.nbytes) for b in ipc.open_stream(source)]
+        reader = ipc.open_file(source)
+        return [(reader.get_batch(i).num_rows, reader.get_batch(i).nbytes) for i in range(reader.num_record_batches)]

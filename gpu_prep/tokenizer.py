@@ -67,6 +67,7 @@ class Tokenizer:
     active: Any = None  # the engine encode() runs: HF until use_engine() picks
     engine_choice: str = "hf: default"
     source: str = ""  # what the run was told: a directory, "bundled <name>", or "<model id>@<commit>"
+    _summary: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.active is None:
@@ -176,12 +177,16 @@ class Tokenizer:
 
     def summary(self) -> dict[str, Any]:
         """What meta.json says of the tokenizer: where it came from, one sha256 over its files, its size and
-        special ids. The files themselves are copied beside the shards (copy_to)."""
+        special ids (hashed once: the manifest and every domain's meta.json ask). The files themselves are
+        copied beside the shards (copy_to)."""
+        if self._summary is not None:
+            return self._summary
         digest = hashlib.sha256()
         for path in self.files():
             digest.update(path.relative_to(self.directory).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-        return {"source": self.source or self.name, "sha256": digest.hexdigest(), "files": COPY_DIR,
-                "vocab_size": int(self.engine.get_vocab_size(with_added_tokens=True)), **self.special_ids()}
+        self._summary = {"source": self.source or self.name, "sha256": digest.hexdigest(), "files": COPY_DIR,
+                         "vocab_size": int(self.engine.get_vocab_size(with_added_tokens=True)), **self.special_ids()}
+        return self._summary
 
     def identity(self) -> dict[str, Any]:
         return {

@@ -29,7 +29,8 @@ class Committer:
         self.run, self.acct, self.writer, self.checkpoints = run, acct, writer, checkpoints
         self.decisions, self.progress = decisions, progress
         self.rows = self.read_bytes = 0
-        self.total_bytes = sum(f.size_bytes for f in run.files)
+        self.bytes_before = np.cumsum([0] + [f.size_bytes for f in run.files]).tolist()  # by file index
+        self.total_bytes = self.bytes_before[-1]
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps besides the rows done and the dedup log."""
@@ -50,8 +51,7 @@ class Committer:
         self.read_bytes += chunk.size
         if not self.total_bytes or not len(chunk):
             return None
-        current = chunk.file_index[-1]
-        before = sum(f.size_bytes for f in self.run.files if f.index < current)
+        before = self.bytes_before[chunk.file_index[-1]]
         return min(1.0, max(self.read_bytes, before) / self.total_bytes)
 
     def account_and_write(self, prepared: Prepared, mask: MaskResult | None, clock: Stopwatch) -> None:
