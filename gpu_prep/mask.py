@@ -124,12 +124,22 @@ class Masked:
 
 
 def split_offsets(xp: Any, offsets: Any, window: int) -> Any:
-    """Offsets of the windows of at most `window` tokens that each sample is cut into, in order."""
+    """Offsets of the windows of at most `window` tokens that each sample is cut into, in order.
+
+    A window of one token teaches nothing (there is no next token to predict inside it), so where the last
+    window of a sample would hold a single token (typically the closing EOS) its cut moves one token
+    earlier: the tail keeps the token before it and the window before is one token shorter.
+    """
     lengths = offsets[1:] - offsets[:-1]
-    windows = offsets_from_lengths(xp, (lengths + window - 1) // window)
+    count = (lengths + window - 1) // window
+    windows = offsets_from_lengths(xp, count)
     total = int(windows[-1])
     owner = row_of(xp, windows, total)
-    starts = offsets[:-1][owner] + (xp.arange(total, dtype=xp.int64) - windows[:-1][owner]) * window
+    index = xp.arange(total, dtype=xp.int64) - windows[:-1][owner]
+    starts = offsets[:-1][owner] + index * window
+    if window >= 2:
+        lone = (count > 1) & (lengths % window == 1)
+        starts -= (lone[owner] & (index == count[owner] - 1)).astype(xp.int64)
     return xp.concatenate([starts, offsets[-1:]])
 
 

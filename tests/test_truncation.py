@@ -70,8 +70,20 @@ def test_split_cuts_long_rows_into_windows_and_loses_nothing(tmp_path: Path, who
     out = run_rows(tmp_path, config, ROWS)
     got = [ids for ids, _ in samples(out)]
     want = [w[k:k + LIMIT] for w in whole for k in range(0, len(w), LIMIT)]
+    assert all(len(w) % LIMIT != 1 for w in whole)  # no lone tail here: see the test below
     assert [g.tolist() for g in got] == [w.tolist() for w in want]
     assert all(len(g) <= LIMIT for g in got)
+
+
+def test_split_never_leaves_the_eos_alone_in_a_window(tmp_path: Path, qwen: Any) -> None:
+    row = {"text": " ".join(f"w{k}" for k in range(60))}
+    [(whole, _)] = samples(run_rows(tmp_path, _text(None, 1 << 20, add_eos=True), [row], name="whole"))
+    assert whole[-1] == qwen.special_ids()["eos_id"]
+    limit = (len(whole) - 1) // 2  # two full windows and one token over: the eos
+    got = [ids.tolist() for ids, _ in samples(run_rows(tmp_path, _text("split", limit, add_eos=True), [row]))]
+    assert got == [whole[:limit].tolist(), whole[limit:2 * limit - 1].tolist(), whole[2 * limit - 1:].tolist()]
+    assert got[-1][-1] == qwen.special_ids()["eos_id"] and len(got[-1]) == 2
+    assert sum(got, []) == whole.tolist()
 
 
 def test_text_rows_can_close_with_eos_after_their_bos(tmp_path: Path, qwen: Any) -> None:
