@@ -11,11 +11,11 @@ import typer
 from rich.console import Console
 from rich.progress import (
     BarColumn,
+    DownloadColumn,
     Progress,
     SpinnerColumn,
     TaskProgressColumn,
     TextColumn,
-    TimeElapsedColumn,
     TimeRemainingColumn,
 )
 from rich.markup import escape
@@ -60,8 +60,8 @@ def _options(version: Annotated[bool, typer.Option("--version", callback=_versio
 
 
 class Reporter:
-    """Progress while a run goes: on a terminal a bar (share of the input read, rows/s, tokens/s, ETA); off
-    one, a plain line every `interval` seconds; nothing with --quiet."""
+    """Progress while a run goes: on a terminal a bar (bytes of the input read of the total, rows/s, tokens/s,
+    ETA); off one, a plain line every `interval` seconds; nothing with --quiet."""
 
     def __init__(self, quiet: bool, interval: float) -> None:
         import time
@@ -69,10 +69,10 @@ class Reporter:
         self.quiet, self.interval, self.clock = quiet, interval, time.monotonic
         self.terminal = err.is_terminal
         self.started = self.last = self.clock()
-        columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-                   TimeRemainingColumn(), TimeElapsedColumn())
+        columns = (SpinnerColumn(), BarColumn(), DownloadColumn(), TaskProgressColumn(), TextColumn("{task.description}"),
+                   TimeRemainingColumn())
         self.bar = Progress(*columns, console=err, disable=quiet or not self.terminal, transient=True)
-        self.task = self.bar.add_task("reading", total=100)
+        self.task = self.bar.add_task("reading", total=None)
 
     def __enter__(self) -> Reporter:
         self.bar.__enter__()
@@ -81,20 +81,21 @@ class Reporter:
     def __exit__(self, *exc: Any) -> None:
         self.bar.__exit__(*exc)
 
-    def __call__(self, rows: int, tokens: int, fraction: float | None) -> None:
+    def __call__(self, rows: int, tokens: int, done: int | None, total: int) -> None:
         now = self.clock()
         seconds = max(now - self.started, 1e-9)
         rates = f"{rows:,} rows ({rows / seconds:,.0f}/s), {tokens:,} tokens ({tokens / seconds:,.0f}/s)"
         if self.terminal:
-            self.bar.update(self.task, completed=100 * (fraction or 0), description=rates)
+            self.bar.update(self.task, completed=done or 0, total=total or None, description=rates)
             return
         if self.quiet or now - self.last < self.interval:
             return
         self.last = now
-        if fraction:
-            left = seconds * (1 - fraction) / fraction
+        if done:
+            left = seconds * (total - done) / done
             eta = f", ETA {int(left // 3600)}:{int(left % 3600 // 60):02d}:{int(left % 60):02d}"
-            err.print(f"progress: {fraction:.0%} of the input, {rates}{eta}", highlight=False)
+            err.print(f"progress: {done / total:.0%} of the input ({done / 1e6:,.1f} of {total / 1e6:,.1f} MB), "
+                      f"{rates}{eta}", highlight=False)
         else:
             err.print(f"progress: {rates}", highlight=False)
 
@@ -228,7 +229,7 @@ def run(
         from gpu_prep.run.manifest import drop_lines
 
         for line in drop_lines(manifest):
-            out.print(f"dropped {escape(line)}", highlight=False)
+            out.print(f"dropped {escape(line)}", highlight=False, soft_wrap=True)
         _not_useful(manifest, cfg)
         return
     if not quiet:
@@ -248,7 +249,7 @@ def _not_useful(manifest: dict[str, Any], cfg: Any) -> None:
     for problem in problems:
         err.print(f"[bold red]error:[/] {escape(problem)}", highlight=False)
     for line in drop_lines(manifest):
-        err.print(f"  dropped {escape(line)}", highlight=False)
+        err.print(f"  dropped {escape(line)}", highlight=False, soft_wrap=True)
     raise typer.Exit(NOT_USEFUL)
 
 

@@ -159,6 +159,49 @@ def test_off_a_terminal_progress_is_a_plain_line_every_interval(tmp_path: Path) 
     assert quiet.returncode == 0 and "progress:" not in quiet.stderr and quiet.stdout == ""
 
 
+def test_on_a_terminal_progress_is_a_bar_with_bytes_rates_and_eta(tmp_path: Path) -> None:
+    import pty
+
+    data = write_jsonl(tmp_path / "chat.jsonl", CHATS * 25)
+    config = _config(tmp_path, {"input": {"type": "chat"}, "mask": {"assistant": "train"},
+                                "preprocessing": {"deduplicate": False}})
+    leader, follower = pty.openpty()  # stderr is a terminal, as when a person runs it
+    script = Path(sys.executable).parent / "gpu-prep"
+    process = subprocess.Popen([str(script), "run", "-c", str(config), str(data), "-o", str(tmp_path / "out"),
+                                "--chunk-rows", "20"], stdout=subprocess.PIPE, stderr=follower, cwd=REPO,
+                               env={**os.environ, "COLUMNS": "200", "TERM": "xterm"})
+    os.close(follower)
+    screen = b""
+    while True:
+        try:
+            part = os.read(leader, 1 << 16)
+        except OSError:  # the run closed its end
+            break
+        if not part:
+            break
+        screen += part
+    os.close(leader)
+    assert process.wait(timeout=300) == 0
+    text = screen.decode("utf-8", "replace")
+    from rich.filesize import decimal
+
+    total = decimal(data.stat().st_size)  # as rich writes it: "157.5 kB"
+    assert f"{total.split()[0]}/{total}" in text, text[-2000:]  # bytes read of the total, to the end
+    assert "rows (" in text and "tokens (" in text and "/s)" in text
+    assert "progress: " not in text  # the plain line is for logs, not terminals
+
+
+def test_stats_only_writes_nothing_and_shows_the_drop_reasons(tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "chat.jsonl", CHATS[:10] + ["{broken"] * 2)
+    config = _config(tmp_path, {"input": {"type": "chat"}, "mask": {"assistant": "train"}})
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = gpu_prep_cli("run", "-c", config, data, "--stats-only")
+    assert result.returncode == 0, result.stderr
+    assert f"dropped malformed_json: 2 row(s); first {data}:11: not valid JSON" in result.stdout
+    assert "p100" in result.stdout  # the statistics themselves
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written beside the input
+
+
 def test_validate_checks_a_config_against_a_sample_of_the_data(tmp_path: Path) -> None:
     data = write_jsonl(tmp_path / "chat.jsonl", CHATS)
     typo = _config(tmp_path, {"input": {"type": "chat"}, "mask": {"assitant": "train"}}, "typo.json")

@@ -25,7 +25,7 @@ class Committer:
     """Accounts for and writes chunks in the order given, checkpointing as it goes."""
 
     def __init__(self, run: RunContext, acct: Accounting, writer: DatasetWriter, checkpoints: Checkpointer,
-                 decisions: Decisions, progress: Callable[[int, int, float | None], None] | None = None) -> None:
+                 decisions: Decisions, progress: Callable[[int, int, int | None, int], None] | None = None) -> None:
         self.run, self.acct, self.writer, self.checkpoints = run, acct, writer, checkpoints
         self.decisions, self.progress = decisions, progress
         self.rows = self.read_bytes = 0
@@ -43,16 +43,16 @@ class Committer:
             self.writer.remove_obsolete()
         if self.progress is not None:
             self.rows += len(prepared.chunk)
-            self.progress(self.rows, self.acct.tokens, self._fraction(prepared.chunk))
+            self.progress(self.rows, self.acct.tokens, self._bytes_read(prepared.chunk), self.total_bytes)
 
-    def _fraction(self, chunk: Any) -> float | None:
-        """How far through the input the run is, by bytes: those of the rows read (JSON text), or of the
+    def _bytes_read(self, chunk: Any) -> int | None:
+        """How far through the input the run is, in bytes: those of the rows read (JSON text), or of the
         files before the current one, whichever says more (None: the inputs' sizes are not known)."""
         self.read_bytes += chunk.size
         if not self.total_bytes or not len(chunk):
             return None
         before = self.bytes_before[chunk.file_index[-1]]
-        return min(1.0, max(self.read_bytes, before) / self.total_bytes)
+        return min(self.total_bytes, max(self.read_bytes, before))
 
     def account_and_write(self, prepared: Prepared, mask: MaskResult | None, clock: Stopwatch) -> None:
         acct, chunk = self.acct, prepared.chunk

@@ -41,9 +41,9 @@ class Options:
     rejects: Path | str | None = None  # every dropped row written here as JSON Lines
     strict: bool = False  # stop at the first row that is bad data
     checkpoint_seconds: float = 30.0
-    # Called after each chunk with the rows and tokens done so far and how far through the input (0 to 1, or
-    # None when the inputs' sizes are not known).
-    progress: Callable[[int, int, float | None], None] | None = None
+    # Called after each chunk with the rows and tokens done so far, the input's bytes read so far (None when
+    # the inputs' sizes are not known) and its total bytes.
+    progress: Callable[[int, int, int | None, int], None] | None = None
     cluster: str | None = None  # a Dask cluster to run on: "local:N" or a scheduler's address
     announce: Callable[[str], None] | None = None  # told the cluster's dashboard address
     plugins: tuple[str, ...] = ()  # --plugin modules, which a cluster's workers load too
