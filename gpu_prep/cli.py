@@ -217,7 +217,7 @@ def run(
                   highlight=False)
         raise typer.Exit(INTERRUPTED) from None
     except OSError as exc:  # an unwritable output or rejects path, an unreadable input
-        raise _fail(GpuPrepError(f"{exc.filename or ''}: {exc.strerror or exc}")) from None
+        raise _fail(GpuPrepError(f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc))) from None
     finally:
         if stats_only and not (output / "manifest.json").exists():
             shutil.rmtree(output.parent, ignore_errors=True)

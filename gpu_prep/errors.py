@@ -20,6 +20,20 @@ class Interrupted(GpuPrepError):
     keeps what --resume needs."""
 
 
+class WriteError(GpuPrepError):
+    """Writing the output failed (disk full, a file-size limit, a vanished disk): names the file and the
+    cause, and says what --resume will do once the cause is gone."""
+
+    def __init__(self, error: OSError, rows_saved: int | None) -> None:
+        where = f"{error.filename}: " if error.filename else ""
+        if rows_saved is None:
+            after = "no checkpoint was written yet: --resume (or --overwrite) starts the run again"
+        else:
+            after = (f"what was done up to the last checkpoint ({rows_saved:,} rows) is kept: once the cause is "
+                     "fixed, --resume finishes the run")
+        super().__init__(f"{where}{error.strerror or error}; the run stopped, {after}")
+
+
 class InputError(GpuPrepError):
     """A row broke a rule and --strict asked to stop: names file, line, field and rule."""
 

@@ -2,7 +2,8 @@
 file that looks complete and that --resume finishes it byte for byte.
 
 GPU_PREP_FAILPOINT="name:n" sends SIGKILL (or GPU_PREP_FAILPOINT_SIGNAL, e.g. INT for a Ctrl-C) to this
-process the n-th time it passes the point `name`. Unset
+process the n-th time it passes the point `name`; GPU_PREP_FAILPOINT_SIGNAL=ENOSPC (or another errno name)
+raises that OSError there instead, as a full disk would. Unset
 (always, outside tests) a point costs one dictionary lookup. With GPU_PREP_FAILPOINT_ONCE=path, only the
 process that creates that file first is killed: one worker of a cluster, and not the one started in its
 place.
@@ -10,6 +11,7 @@ place.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 
@@ -23,7 +25,11 @@ def failpoint(name: str) -> None:
     if name in _ARMED:
         _ARMED[name] -= 1
         if _ARMED[name] == 0 and _first():
-            os.kill(os.getpid(), getattr(signal, "SIG" + os.environ.get("GPU_PREP_FAILPOINT_SIGNAL", "KILL")))
+            how = os.environ.get("GPU_PREP_FAILPOINT_SIGNAL", "KILL")
+            if how.startswith("E"):
+                code = getattr(errno, how)
+                raise OSError(code, os.strerror(code))
+            os.kill(os.getpid(), getattr(signal, "SIG" + how))
 
 
 def _first() -> bool:

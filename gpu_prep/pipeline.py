@@ -24,23 +24,24 @@ from typing import Any
 
 from gpu_prep.backend import CPU, select_backend
 from gpu_prep.config import PipelineConfig
-from gpu_prep.errors import Interrupted
+from gpu_prep.errors import ConfigError, Interrupted, WriteError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter import Deduplicator
-from gpu_prep.output.files import sha256_file, write_json_atomic
+from gpu_prep.output.files import journal, sha256_file, write_json_atomic
 from gpu_prep.output.shards import Storage
 from gpu_prep.output.writer import DatasetWriter
 from gpu_prep.plugins import check_registered
 from gpu_prep.run.accounting import Accounting
 from gpu_prep.run.checkpoint import Checkpointer, load_for_resume, run_identity
 from gpu_prep.run.commit import Committer
-from gpu_prep.run.context import Decisions, Options, RunContext, build_context, run_inputs
+from gpu_prep.read import InputFile
+from gpu_prep.run.context import Decisions, Options, RunContext, build_context, check_unchanged, run_inputs
 from gpu_prep.run.local import run_chunks, run_here
 from gpu_prep.run.manifest import Outcome, build_manifest
-from gpu_prep.run.outdir import (LOCK, MANIFEST, RUN_MARKER, check_lock, check_output, output_lock, prepare_output,
+from gpu_prep.run.outdir import (MANIFEST, check_output, check_paths, output_lock, prepare_output,
                                  remove_partial_files)
 from gpu_prep.run.overlap import Stopwatch, in_background
-from gpu_prep.tokenizer import load_tokenizer
+from gpu_prep.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = ["MANIFEST", "Options", "run"]
 
@@ -56,37 +57,52 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, options:
     check_registered(config)
     files, datasets = run_inputs(config, inputs)
     out_dir = Path(out_dir)
+    rejects = Path(options.rejects) if options.rejects else None
+    named = [p for spec in config.datasets or [] for p in spec.data_paths or []]
+    check_paths(out_dir, rejects, [*inputs, *named, *(f.path for f in files)])
     if options.resume and (out_dir / MANIFEST).exists():  # finished already: nothing to do
         return json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
-    check_lock(out_dir)
-    check_output(out_dir, options.overwrite, options.resume)
-    tok = clock.time("load tokenizer", load_tokenizer, options.tokenizer_for(config), config.tokenizer.revision)
-    clock.time("load tokenizer", tok.prepare_engines, config.tokenizer.engine)
-    # On a cluster this process only decides, accounts and writes: the workers take the GPUs.
-    device = options.device_for(config)
-    backend = CPU if options.cluster is not None else select_backend(device, config.gpu.rmm_pool_size, config.gpu.spill)
-    prepare_output(out_dir, options.overwrite, options.resume)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"output {str(out_dir)!r} is a file, not a directory")
     with output_lock(out_dir):
-        identity = {"config_sha256": config.sha256(), "tokenizer": tok.identity()}  # hashes files: once a run
-        resume_identity = run_identity(identity["config_sha256"], files, identity["tokenizer"])
-        resumed = load_for_resume(out_dir, resume_identity, keep={RUN_MARKER, LOCK}) if options.resume else None
-        checkpoints = Checkpointer(out_dir, resume_identity, options.checkpoint_seconds, resumed)
-        # The inputs' checksums are taken beside the run (hashing releases the GIL), not after it.
-        checksums = in_background(lambda: [sha256_file(f.path) for f in files])
-        try:
-            run_ctx = build_context(config, tok, backend, files, datasets, options.workers)
-            outcome = _process(run_ctx, out_dir, options, checkpoints, resumed or {}, clock)
-        except BaseException as exc:
-            checkpoints.close()
-            if not isinstance(exc, (KeyboardInterrupt, Interrupted)):  # an interrupted run keeps what --resume needs
-                remove_partial_files(out_dir)
-            raise
+        check_output(out_dir, options.overwrite, options.resume)
+        tok = clock.time("load tokenizer", load_tokenizer, options.tokenizer_for(config), config.tokenizer.revision)
+        clock.time("load tokenizer", tok.prepare_engines, config.tokenizer.engine)
+        # On a cluster this process only decides, accounts and writes: the workers take the GPUs.
+        device = options.device_for(config)
+        backend = CPU if options.cluster is not None else select_backend(device, config.gpu.rmm_pool_size, config.gpu.spill)
+        prepare_output(out_dir, options.overwrite, options.resume)
+        with journal(out_dir):
+            return _run(config, files, datasets, out_dir, options, tok, backend, started, clock)
+
+
+def _run(config: PipelineConfig, files: list[InputFile], datasets: Any, out_dir: Path, options: Options, tok: Tokenizer,
+         backend: Any, started: float, clock: Stopwatch) -> dict[str, Any]:
+    """The run proper, in an output directory this process holds and journals."""
+    identity = {"config_sha256": config.sha256(), "tokenizer": tok.identity()}  # hashes files: once a run
+    resume_identity = run_identity(identity["config_sha256"], files, identity["tokenizer"])
+    resumed = load_for_resume(out_dir, resume_identity) if options.resume else None
+    checkpoints = Checkpointer(out_dir, resume_identity, options.checkpoint_seconds, resumed)
+    # The inputs' checksums are taken beside the run (hashing releases the GIL), not after it.
+    checksums = in_background(lambda: [sha256_file(f.path) for f in files])
+    try:
+        run_ctx = build_context(config, tok, backend, files, datasets, options.workers)
+        outcome = _process(run_ctx, out_dir, options, checkpoints, resumed or {}, clock)
         hashes = clock.time("checksums", checksums)
+        check_unchanged(files, resume_identity["inputs"])
         seconds = {"total": time.perf_counter() - started, **clock.seconds}
-        manifest = build_manifest(run_ctx, outcome, identity, hashes, seconds)
+        manifest = build_manifest(run_ctx, outcome, identity, hashes, seconds, out_dir)
         failpoint("manifest")
         write_json_atomic(out_dir / MANIFEST, manifest)
-        checkpoints.finish()
+    except BaseException as exc:
+        checkpoints.close()
+        resumable = isinstance(exc, (KeyboardInterrupt, Interrupted)) or checkpoints.saved
+        if not resumable:  # what a checkpoint refers to stays for --resume; else the temporaries go
+            remove_partial_files(out_dir)
+        if isinstance(exc, OSError):
+            raise WriteError(exc, checkpoints.rows_saved if checkpoints.saved else None) from None
+        raise
+    checkpoints.finish()
     return manifest
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import orjson
 from gpu_prep.engines import NORMAL_FORMS, HfEngine, build_fast_engine, choose_engine
 from gpu_prep.errors import ConfigError
 from gpu_prep.hub import looks_like_model_id, resolve_model_id
+from gpu_prep.output.files import copy_atomic, write_atomic
 from gpu_prep.templates import tokenizer_templates
 
 # End-of-turn tokens of the common template families; those present in the vocabulary, plus the eos token,
@@ -202,17 +202,13 @@ class Tokenizer:
     def copy_to(self, out_dir: Path, template: str | None) -> None:
         """The tokenizer's files into out_dir/tokenizer, so a trainer loads the exact tokenizer that made the
         shards; the chat template the run used goes in as chat_template.jinja, where it is not the tokenizer's."""
-        target, staging = out_dir / COPY_DIR, out_dir / f".{COPY_DIR}.partial"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
+        target = out_dir / COPY_DIR
         for path in self.files():
-            destination = staging / path.relative_to(self.directory)
+            destination = target / path.relative_to(self.directory)
             destination.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, destination)
+            copy_atomic(path, destination)
         if template is not None and template != self.chat_template:
-            (staging / "chat_template.jinja").write_text(template, encoding="utf-8")
-        shutil.rmtree(target, ignore_errors=True)
-        staging.rename(target)
+            write_atomic(target / "chat_template.jinja", template.encode("utf-8"))
 
 
 def _byte_lengths(spec: dict[str, Any], engine: Any) -> np.ndarray | None:

@@ -4,7 +4,8 @@ For every shard, in any storage format (read with the reader's load_shard): the 
 recorded sha256, sizes match dtypes and counts, sample offsets start at 0, never decrease and end at the
 token count, every loss_mask value is 0 or 1 and the mask is as long as the sequence, and no sample is
 empty; packed shards keep every sequence within seq_len and every sequence start on a sample boundary.
-For every domain and the whole run: the counts add up.
+For every domain and the whole run: the counts add up. The manifest itself: its checksum (over totals,
+config, domains and file list) holds, and every file it lists is there with its size.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from gpu_prep.output.dataset import ShardArrays, load_shard
-from gpu_prep.output.files import sha256_file
+from gpu_prep.output.files import manifest_checksum, sha256_file
 
 
 def _check_shard(directory: Path, shard: dict[str, Any], meta: dict[str, Any], where: str) -> list[str]:
@@ -96,6 +97,15 @@ def verify(out_dir: str | Path) -> list[str]:
 
 def _verify(out_dir: Path, manifest: dict[str, Any]) -> list[str]:
     faults: list[str] = []
+    if manifest.get("manifest_sha256") != manifest_checksum(manifest):
+        faults.append(f"{out_dir / 'manifest.json'}: edited after the run (its totals, config or file list no "
+                      "longer match its manifest_sha256)")
+    for name, size in manifest.get("files", {}).items():
+        path = out_dir / name
+        if not path.is_file():
+            faults.append(f"{path}: listed in the manifest, missing")
+        elif path.stat().st_size != size:
+            faults.append(f"{path}: {path.stat().st_size:,} bytes, the manifest says {size:,}")
     if manifest["totals"]["rows_written"] == 0:
         faults.append(f"{out_dir}: the run wrote no rows (of {manifest['totals']['rows_read']:,} read): nothing to train on")
     tokens = 0

@@ -14,6 +14,7 @@ from gpu_prep.output.writer import DatasetWriter
 from gpu_prep.read import InputFile
 from gpu_prep.run.accounting import PIECES, Accounting
 from gpu_prep.run.commit import append_by_domain, count_trained_by_role
+from gpu_prep.output.files import JOURNAL, create, journal, write_json_atomic
 from gpu_prep.run.outdir import MANIFEST, RUN_MARKER, check_output, prepare_output, remove_partial_files
 
 FILES = [InputFile(0, "a.jsonl", 10), InputFile(1, "b.jsonl", 10)]
@@ -84,16 +85,26 @@ def test_the_output_directory_policy(tmp_path: Path) -> None:
     check_output(out, overwrite=False, resume=False)  # absent: fine
     prepare_output(out, overwrite=False)
     assert (out / RUN_MARKER).exists()
-    (out / "d").mkdir()
-    (out / "d" / ".sequence.bin.tmp").write_bytes(b"partial")
+    with journal(out):  # what a run writes, it lists first
+        (out / "d").mkdir()
+        with create(out / "d" / ".sequence.bin.tmp") as handle:
+            handle.write(b"partial")
+        write_json_atomic(out / "d" / "meta.json", {})
+        write_json_atomic(out / MANIFEST, {})
+    (out / "d" / "notes.txt").write_text("mine")  # a user's files, beside and among the run's
+    (out / "data.jsonl").write_text("mine too")
     with pytest.raises(ConfigError, match="not empty"):
         check_output(out, overwrite=False, resume=False)
     check_output(out, overwrite=True, resume=False)
     remove_partial_files(out)
-    assert not (out / "d" / ".sequence.bin.tmp").exists()
-    (out / MANIFEST).write_text("{}")
+    assert not (out / "d" / ".sequence.bin.tmp").exists() and (out / "d" / "meta.json").exists()
     prepare_output(out, overwrite=True)
-    assert sorted(p.name for p in out.iterdir()) == [RUN_MARKER]
+    left = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert left == [JOURNAL, RUN_MARKER, "d/notes.txt", "data.jsonl"]  # only what the journal listed is gone
+    (out / JOURNAL).unlink()  # an output whose writer kept no list: nothing can be told apart, nothing is removed
+    (out / MANIFEST).write_text("{}")
+    with pytest.raises(ConfigError, match="remove it yourself"):
+        check_output(out, overwrite=True, resume=False)
     other = tmp_path / "mine"
     other.mkdir()
     (other / "notes.txt").write_text("keep me")

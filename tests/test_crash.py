@@ -116,7 +116,7 @@ def test_killed_anywhere_then_resumed_is_byte_identical(reference: dict[str, Any
     assert manifest["totals"]["rows_read"] == 411
     assert _tree(out) == want
     assert rejects.read_bytes() == want_rejects
-    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [".gpu-prep-run"]
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [".gpu-prep-files", ".gpu-prep-run"]
     assert gpu_prep_cli("verify", out).returncode == 0
 
 

@@ -6,6 +6,7 @@ but wrote nothing useful, 130 Ctrl-C.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -84,12 +85,17 @@ def test_one_run_per_output_folder_and_a_stale_lock_is_taken_over(tmp_path: Path
     out = tmp_path / "out"
     out.mkdir()
     (out / ".gpu-prep-run").write_text("a gpu-prep run\n")
-    (out / ".gpu-prep-lock").write_text(f"{os.getpid()}\n")  # this test process: alive
-    busy = gpu_prep_cli("run", "-c", config, data, "-o", out, "--overwrite", "-q")
-    assert busy.returncode == 2 and f"is being written by another gpu-prep run (pid {os.getpid()})" in busy.stderr
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    (out / ".gpu-prep-lock").write_text(f"{dead.pid}\n")
+    (out / ".gpu-prep-files").touch()
+    with open(out / ".gpu-prep-lock", "w") as held:  # this test process holds the lock, as a live run does
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write(f"{os.getpid()}\n")
+        held.flush()
+        for flags in (["--overwrite"], []):  # refused for the lock, whatever else the folder would allow
+            busy = gpu_prep_cli("run", "-c", config, data, "-o", out, "-q", *flags)
+            assert busy.returncode == 2 and f"is being written by another gpu-prep run (pid {os.getpid()})" \
+                in busy.stderr
+    # The holder is gone (as after a kill): its lock file stays, with its pid, and is taken over.
+    assert (out / ".gpu-prep-lock").read_text() == f"{os.getpid()}\n"
     taken = gpu_prep_cli("run", "-c", config, data, "-o", out, "--overwrite", "-q")
     assert taken.returncode == 0, taken.stderr
     assert not (out / ".gpu-prep-lock").exists()

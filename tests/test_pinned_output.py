@@ -17,6 +17,7 @@ import pytest
 
 from corpora import sharegpt_chats
 from gpu_prep.config import load_config, parse_config
+from gpu_prep.output.files import JOURNAL
 from gpu_prep.pipeline import Options, run
 from helpers import REPO, write_jsonl
 
@@ -45,7 +46,7 @@ def tree_sha256(out: Path, rejects: Path) -> str:
     """sha256 over every file of the output but the manifest, the manifest's path-free counts, and the
     rejects file with the folder it and the corpus are in taken out."""
     digest = hashlib.sha256()
-    for path in sorted(p for p in out.rglob("*") if p.is_file() and p.name != "manifest.json"):
+    for path in sorted(p for p in out.rglob("*") if p.is_file() and p.name not in ("manifest.json", JOURNAL)):
         digest.update(path.relative_to(out).as_posix().encode() + b"\0" + path.read_bytes())
     manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
     digest.update(json.dumps({k: manifest.get(k) for k in MANIFEST_KEYS}, sort_keys=True).encode())
@@ -74,6 +75,6 @@ def test_the_example_config_is_pinned_too(tmp_path: Path) -> None:
     out = tmp_path / "out"
     run(load_config(REPO / "configs" / "sft.json"), [str(REPO / "examples" / "chat.jsonl")], out)
     digest = hashlib.sha256()
-    for path in sorted(p for p in out.rglob("*") if p.is_file() and p.name != "manifest.json"):
+    for path in sorted(p for p in out.rglob("*") if p.is_file() and p.name not in ("manifest.json", JOURNAL)):
         digest.update(path.relative_to(out).as_posix().encode() + b"\0" + path.read_bytes())
     assert digest.hexdigest() == PINNED_EXAMPLE

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from gpu_prep.output.files import manifest_checksum
+
 TOTALS = ("num_samples", "num_tokens", "num_trained_tokens")
 
 
@@ -88,14 +90,25 @@ class Domain:
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
+        if not (self.directory / "meta.json").is_file():
+            raise FileNotFoundError(f"{self.directory / 'meta.json'}: missing (the domain's description)")
         self.meta = json.loads((self.directory / "meta.json").read_text(encoding="utf-8"))
         self._starts = np.cumsum([0] + [rec["num_samples"] for rec in self.meta["shards"]])
         self._open: tuple[int, ShardArrays] | None = None  # the shard last read (a parquet shard is read whole)
 
     def shard(self, k: int) -> ShardArrays:
-        """Shard k's arrays, read when first asked for; one shard is kept open at a time."""
+        """Shard k's arrays, read when first asked for and checked against their record (sizes, not
+        checksums: verify does those); one shard is kept open at a time."""
         if self._open is None or self._open[0] != k:
-            self._open = (k, load_shard(self.directory, self.meta["shards"][k], self.meta))
+            record = self.meta["shards"][k]
+            arrays = load_shard(self.directory, record, self.meta)
+            if not (len(arrays.sequence) == len(arrays.loss_mask) == record["num_tokens"]
+                    and len(arrays.offsets) == record["num_samples"] + 1):
+                names = ", ".join(str(self.directory / n) for n in record["files"].values())
+                raise ValueError(f"{names}: {len(arrays.sequence):,} tokens, {len(arrays.loss_mask):,} mask values and "
+                                 f"{len(arrays.offsets) - 1:,} samples, where meta.json records {record['num_tokens']:,} "
+                                 f"tokens and {record['num_samples']:,} samples (damaged; gpu-prep verify says more)")
+            self._open = (k, arrays)
         return self._open[1]
 
     @property
@@ -171,7 +184,16 @@ class Dataset:
         self.out_dir = Path(out_dir)
         if not self.out_dir.is_dir():
             raise FileNotFoundError(f"{self.out_dir}: no such output directory")
-        self.domains = {p.parent.name: Domain(p.parent) for p in sorted(self.out_dir.glob("*/meta.json"))}
+        path = self.out_dir / "manifest.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: missing, so {self.out_dir} is not a finished run (one that was stopped "
+                                    "is finished by running it again with --resume)")
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        if manifest.get("manifest_sha256") != manifest_checksum(manifest):
+            raise ValueError(f"{path}: edited after the run (its totals, config or file list no longer match its "
+                             "manifest_sha256)")
+        self.manifest = manifest
+        self.domains = {name: Domain(self.out_dir / name) for name in sorted(manifest["domains"])}
 
     def __getitem__(self, name: str) -> Domain:
         if name not in self.domains:

@@ -1,8 +1,13 @@
-"""Durable files: written under a temporary name, flushed to disk, renamed once complete; checksums.
+"""Durable files: written under a temporary name, flushed to disk, renamed once complete; checksums; and
+the journal of what a run wrote.
 
 Every file a run leaves (shards, meta.json, the manifest, the rejects file, checkpoints) goes through
 these, so a run killed at any moment leaves no file under a final name that is not complete. Temporary
-names are hidden and end in .tmp, which is what cleanup after a failed run removes.
+names are hidden and end in .tmp.
+
+The journal (OUT/.gpu-prep-files) lists every path a run created in its output directory, written before
+the file is: it is how --overwrite and --resume know what is gpu-prep's to remove, so a file a user put in
+the folder is never touched, whenever the run that wrote the rest was stopped.
 """
 
 from __future__ import annotations
@@ -10,18 +15,117 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+JOURNAL = ".gpu-prep-files"
+
+
+class Journal:
+    """The paths (relative to `root`, one JSON string a line) created in an output directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self.names = journal_names(root)
+        self.handle = open(root / JOURNAL, "a", encoding="utf-8")  # noqa: SIM115  closed in close()
+        self.lock = threading.Lock()
+
+    def claim(self, path: Path) -> None:
+        """Record `path` (inside root) as the run's, before it is created."""
+        name = Path(os.path.relpath(Path(path).resolve(), self.root)).as_posix()
+        with self.lock:
+            if name not in self.names:
+                self.handle.write(json.dumps(name) + "\n")
+                self.handle.flush()  # with the OS before the file exists: a killed run's files are all listed
+                self.names.add(name)
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+_ACTIVE: list[Journal] = []
+
+
+def journal_names(root: Path) -> set[str]:
+    """The paths a journal lists (a line cut short by a kill is ignored: its file was never created)."""
+    try:
+        lines = (root / JOURNAL).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return set()
+    names = set()
+    for line in lines:
+        try:
+            names.add(json.loads(line))
+        except ValueError:
+            pass
+    return names
+
+
+@contextmanager
+def journal(root: Path) -> Iterator[Journal]:
+    """Files created under `root` while the block runs are recorded in its journal (claim)."""
+    current = Journal(root)
+    _ACTIVE.append(current)
+    try:
+        yield current
+    finally:
+        _ACTIVE.remove(current)
+        current.close()
+
+
+def claim(path: Path) -> None:
+    """Record a path about to be created in the journal of the output directory holding it, if any."""
+    for current in _ACTIVE:
+        if Path(path).resolve().is_relative_to(current.root):
+            current.claim(path)
+
+
+def remove_written(root: Path, keep: set[str]) -> None:
+    """Remove every file the journal lists but `keep` (paths relative to root), then the directories that
+    held them and are left empty; nothing else in root is touched."""
+    names = journal_names(root) - keep
+    for name in names:
+        (root / name).unlink(missing_ok=True)
+    parents = {p for name in names for p in Path(name).parents if p != Path(".")}
+    for directory in sorted(parents, key=lambda p: len(p.parts), reverse=True):
+        try:
+            (root / directory).rmdir()
+        except OSError:  # not empty (someone else's files), or gone
+            pass
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Name the file in an OSError raised while writing it (a failed write() names none)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+        raise
+
+
+def create(path: Path, mode: str = "wb") -> Any:
+    """Open a new file of the run's for writing, recorded in the journal first."""
+    claim(path)
+    with writing(path):
+        return open(path, mode)  # noqa: SIM115  the caller closes it
 
 
 def finish_file(tmp: Path, final: Path) -> None:
     """Make a fully written temporary file durable and give it its final name."""
-    with open(tmp, "rb+") as handle:
+    claim(final)
+    with writing(tmp), open(tmp, "rb+") as handle:
         os.fsync(handle.fileno())
     os.replace(tmp, final)
     dir_fd = os.open(final.parent, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
+        with writing(final.parent):
+            os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
 
@@ -34,7 +138,7 @@ def start_writeback(fd: int) -> None:
 
 
 def temporary_name(name: str) -> str:
-    """What a file is called until it is complete (hidden, and matched by cleanup's ".*.tmp")."""
+    """What a file is called until it is complete (hidden, ending in .tmp)."""
     return f".{name}.tmp"
 
 
@@ -42,9 +146,21 @@ def temporary_path(path: Path) -> Path:
     return path.with_name(temporary_name(path.name))
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
     tmp = temporary_path(path)
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    with create(tmp) as handle, writing(tmp):
+        handle.write(data)
+    finish_file(tmp, path)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    write_atomic(path, (json.dumps(data, indent=2, sort_keys=False) + "\n").encode("utf-8"))
+
+
+def copy_atomic(source: Path, path: Path) -> None:
+    tmp = temporary_path(path)
+    with open(source, "rb") as src, create(tmp) as handle, writing(tmp):
+        shutil.copyfileobj(src, handle)
     finish_file(tmp, path)
 
 
@@ -58,3 +174,25 @@ def sha256_file(path: Path | str) -> str | None:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+# What a manifest's checksum covers: everything that describes the data (not timings or where it ran), so
+# an edit to a total, the config or the file list is found by verify and the reader.
+SIGNED = ("config", "config_sha256", "inputs", "totals", "datasets", "dropped_examples", "packing", "domains", "files")
+
+
+def manifest_checksum(manifest: dict[str, Any]) -> str:
+    signed = {key: manifest[key] for key in SIGNED if key in manifest}
+    return hashlib.sha256(json.dumps(signed, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
+
+
+def written_files(root: Path) -> dict[str, int]:
+    """The finished files a run wrote in root (by the journal), with their sizes: not its temporaries or its
+    own bookkeeping (.gpu-prep-*), which go when the run is complete."""
+    found = {}
+    for name in sorted(journal_names(root)):
+        path = root / name
+        if not name.endswith(".tmp") and not Path(name).name.startswith(".gpu-prep") and path.is_file():
+            found[name] = path.stat().st_size
+    return found
+

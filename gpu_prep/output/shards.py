@@ -20,7 +20,8 @@ import numpy as np
 from gpu_prep.errors import ConfigError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.output import pack
-from gpu_prep.output.files import finish_file, sha256_file, start_writeback, temporary_name, temporary_path
+from gpu_prep.output.files import (claim, create, finish_file, sha256_file, start_writeback, temporary_name,
+                                   temporary_path, writing)
 from gpu_prep.output.pack import Layout
 
 TOKEN_DTYPE = np.dtype("<i8")
@@ -98,7 +99,7 @@ class RawShard:
         # Where the temporaries become the final files (unpacked bin), their sha256 is taken as they are written.
         self.digests = {k: hashlib.sha256() for k in ARRAYS} if self.final_as_written() else {}
         if lengths is None:
-            self.handles = {k: open(p, "wb") for k, p in self.tmp.items()}  # noqa: SIM115  closed in close()
+            self.handles = {k: create(p) for k, p in self.tmp.items()}  # closed in close()
             self._put("sample_offsets", np.zeros(1, OFFSET_DTYPE))
             return
         self.handles = {}
@@ -116,7 +117,8 @@ class RawShard:
 
     def _put(self, key: str, array: np.ndarray) -> None:
         data = memoryview(np.ascontiguousarray(array.astype(self.storage.dtype(key), copy=False))).cast("B")
-        self.handles[key].write(data)
+        with writing(self.tmp[key]):
+            self.handles[key].write(data)
         if self.digests:
             self.digests[key].update(data)
 
@@ -125,14 +127,16 @@ class RawShard:
         failpoint("shard_append")  # one array of the shard written, the others not yet
         self._put("loss_mask", loss_mask)
         self._put("sample_offsets", ends)
-        for handle in self.handles.values():
-            handle.flush()
+        for key, handle in self.handles.items():
+            with writing(self.tmp[key]):
+                handle.flush()
             start_writeback(handle.fileno())
 
     def lengths(self) -> dict[str, int]:
         """Flush to the OS (enough to survive the process being killed) and say how long each file is."""
-        for handle in self.handles.values():
-            handle.flush()
+        for key, handle in self.handles.items():
+            with writing(self.tmp[key]):
+                handle.flush()
         return {k: h.tell() for k, h in self.handles.items()}
 
     def final_as_written(self) -> bool:
@@ -186,16 +190,18 @@ def build_files(directory: Path, names: dict[str, str], parts: Iterator[dict[str
     paths = {k: directory / n for k, n in names.items()}
     tmps = {k: p.with_name(f".{p.name}.build.tmp") for k, p in paths.items()}
     digests = {k: hashlib.sha256() for k in names}
-    handles = {k: open(t, "wb") for k, t in tmps.items()}  # noqa: SIM115  closed below
+    handles = {k: create(t) for k, t in tmps.items()}  # closed below
     try:
         for part in parts:
             for key, values in part.items():
                 data = memoryview(np.ascontiguousarray(values)).cast("B")
-                handles[key].write(data)
+                with writing(tmps[key]):
+                    handles[key].write(data)
                 digests[key].update(data)
     finally:
-        for handle in handles.values():
-            handle.close()
+        for key, handle in handles.items():
+            with writing(tmps[key]):
+                handle.close()
     failpoint("shard_close")  # the shard complete under temporary names
     for key in names:
         finish_file(tmps[key], paths[key])
@@ -227,7 +233,9 @@ class OneFileShard(RawShard):
         layout = self._layout()
         name = f"data{shard_suffix(self.index)}.{self.extension}"
         path = directory / name
-        self._build(temporary_path(path), layout)
+        claim(temporary_path(path))
+        with writing(temporary_path(path)):
+            self._build(temporary_path(path), layout)
         failpoint("shard_close")  # the file complete under its temporary name
         finish_file(temporary_path(path), path)
         return {"files": {self.extension: name}, "sha256": {self.extension: sha256_file(path)},

@@ -18,7 +18,7 @@ from gpu_prep.errors import Drop, InputError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.read import InputFile, as_read
 from gpu_prep.sources import LINE_LAYOUTS, locator
-from gpu_prep.output.files import finish_file, temporary_path
+from gpu_prep.output.files import create, finish_file, temporary_path, writing
 
 EXAMPLES_PER_REASON = 3
 # The parse report's counts (besides unknown roles): rows with tools, and what building chat rows did.
@@ -64,7 +64,7 @@ class Accounting:
             if state is not None:
                 reopen(rejects, tmp)
             if state is None or state["rejects_bytes"] is None or not tmp.exists():
-                self.rejects = open(tmp, "wb")  # noqa: SIM115  closed in close() or abort()
+                self.rejects = create(tmp)  # closed in close() or abort()
             else:
                 self.rejects = open(tmp, "r+b")  # noqa: SIM115
                 self.rejects.truncate(state["rejects_bytes"])
@@ -83,7 +83,8 @@ class Accounting:
     def state(self) -> dict[str, Any]:
         """Everything counted so far, and how much of the rejects file is written (flushed to the OS)."""
         if self.rejects is not None:
-            self.rejects.flush()
+            with writing(Path(self.rejects.name)):
+                self.rejects.flush()
         return {"counts": [[c.rows_read, c.rows_written, c.rows_truncated, dict(c.dropped)] for c in self.counts],
                 "examples": self.examples, "tokens": self.tokens, "trained_tokens": self.trained_tokens,
                 "left_out": dict(self.left_out), "schemas": dict(self.schemas), "notes": dict(self.notes),
@@ -130,7 +131,8 @@ class Accounting:
         if self.rejects is not None:
             entry = {"file": file.path, "line": line, **({"where": where} if where else {}), "reason": reason,
                      "detail": detail, "row": as_read(row)}
-            self.rejects.write(orjson.dumps(entry, default=repr) + b"\n")
+            with writing(Path(self.rejects.name)):
+                self.rejects.write(orjson.dumps(entry, default=repr) + b"\n")
             failpoint("rejects")
         examples = self.examples.setdefault(reason, [])
         if len(examples) < EXAMPLES_PER_REASON:

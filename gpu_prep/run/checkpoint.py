@@ -26,7 +26,7 @@ from typing import Any
 
 from gpu_prep.errors import ConfigError
 from gpu_prep.failpoint import failpoint
-from gpu_prep.output.files import write_json_atomic
+from gpu_prep.output.files import create, remove_written, write_json_atomic, writing
 from gpu_prep.output.shards import ARRAYS, raw_file_name
 
 CHECKPOINT = ".gpu-prep-checkpoint.json"
@@ -61,9 +61,10 @@ def _kept_files(state: dict[str, Any]) -> set[str]:
     return kept
 
 
-def load_for_resume(out_dir: Path, identity: dict[str, Any], keep: set[str]) -> dict[str, Any] | None:
-    """The checkpoint to resume from, with OUT put back as it was when it was written; None, with OUT
-    emptied, when the run stopped before its first checkpoint. keep: top-level names to leave alone."""
+def load_for_resume(out_dir: Path, identity: dict[str, Any]) -> dict[str, Any] | None:
+    """The checkpoint to resume from, with OUT put back as it was when it was written (every file the run
+    wrote since is removed); None, with what the run wrote removed, when it stopped before its first
+    checkpoint."""
     path = out_dir / CHECKPOINT
     state = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
     if state is not None and state["identity"] != identity:
@@ -77,14 +78,7 @@ def load_for_resume(out_dir: Path, identity: dict[str, Any], keep: set[str]) -> 
             for array in ARRAYS:
                 reopen(directory / raw_file_name(array, index, temporary=False),
                        directory / raw_file_name(array, index, temporary=True))
-    kept = keep | (_kept_files(state) if state is not None else set())
-    for root, dirs, names in os.walk(out_dir, topdown=False):
-        for name in names:
-            if Path(root, name).relative_to(out_dir).as_posix() not in kept:
-                os.unlink(Path(root, name))
-        for name in dirs:
-            if not any(Path(root, name).iterdir()):
-                Path(root, name).rmdir()
+    remove_written(out_dir, keep=_kept_files(state) if state is not None else set())
     return state
 
 
@@ -101,10 +95,12 @@ class Checkpointer:
                  state: dict[str, Any] | None = None) -> None:
         self.out_dir, self.identity, self.every = out_dir, identity, every_seconds
         self.rows_done = 0 if state is None else state["rows_done"]
+        self.saved = state is not None  # a checkpoint exists to resume from, holding rows_saved rows
+        self.rows_saved = self.rows_done
         self.digests = 0 if state is None else state["dedup_digests"]
         log = out_dir / DEDUP_LOG
         if state is None:
-            self.log = open(log, "wb")  # noqa: SIM115  closed in finish()
+            self.log = create(log)  # closed in finish()
         else:
             self.log = open(log, "r+b")  # noqa: SIM115
             self.log.truncate(self.digests * DIGEST_BYTES)
@@ -120,7 +116,8 @@ class Checkpointer:
     def chunk_done(self, rows: int, digests: list[bytes], state: Any) -> bool:
         """A chunk is accounted for and written; state() gives the rest of the checkpoint when one is due.
         True when a checkpoint was written."""
-        self.log.write(b"".join(digests))
+        with writing(self.out_dir / DEDUP_LOG):
+            self.log.write(b"".join(digests))
         self.digests += len(digests)
         self.rows_done += rows
         if time.monotonic() - self.last < self.every:
@@ -129,10 +126,12 @@ class Checkpointer:
         return True
 
     def save(self, state: dict[str, Any]) -> None:
-        self.log.flush()
+        with writing(self.out_dir / DEDUP_LOG):
+            self.log.flush()
         failpoint("checkpoint")
         write_json_atomic(self.out_dir / CHECKPOINT, {"identity": self.identity, "rows_done": self.rows_done,
                                                       "dedup_digests": self.digests, **state})
+        self.saved, self.rows_saved = True, self.rows_done
         failpoint("checkpoint_written")
         self.last = time.monotonic()
 

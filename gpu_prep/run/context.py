@@ -3,6 +3,7 @@ process that runs gpu-prep, or a cluster's worker), and the two decisions a run 
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from gpu_prep.affix import detect_affix
 from gpu_prep.backend import Backend
 from gpu_prep.chat_template import ChatTemplate
 from gpu_prep.config import PipelineConfig
-from gpu_prep.errors import ConfigError
+from gpu_prep.errors import ConfigError, InputError
 from gpu_prep.format import string_fields
 from gpu_prep.mix import HANDLERS, Dataset, with_tokenizer
 from gpu_prep.read import Columnar, InputFile, ReadAs, expand_inputs
@@ -194,6 +195,21 @@ def run_inputs(config: PipelineConfig, inputs: list[str]) -> tuple[list[InputFil
         files.extend(own)
         datasets.append(Dataset(spec.name, own, dataset_handlers(spec)))
     return files, datasets
+
+
+def check_unchanged(files: list[InputFile], started: list[list[Any]]) -> None:
+    """Fail the run when an input's size or modification time differs from when the run started: the rows
+    read may be a mix of two versions, and the manifest's checksum may describe neither."""
+    for f, (path, size, mtime) in zip(files, started):
+        if mtime is None:  # not a local file
+            continue
+        try:
+            stat = os.stat(path)
+        except OSError:
+            raise InputError(f"{path}: removed while the run read it; run again when the inputs are stable") from None
+        if (stat.st_size, stat.st_mtime_ns) != (size, mtime):
+            raise InputError(f"{path}: changed while the run read it ({size:,} bytes at the start, {stat.st_size:,} "
+                             "now, or modified since); run again on inputs nothing writes to")
 
 
 def hub_input(arguments: dict[str, Any], index: int) -> InputFile:

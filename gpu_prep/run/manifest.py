@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gpu_prep import __version__
 from gpu_prep.config import PipelineConfig
 from gpu_prep.mix import Dataset
 from gpu_prep.output import pack
+from gpu_prep.output.files import manifest_checksum, written_files
 from gpu_prep.run.accounting import Accounting
 from gpu_prep.run.context import RunContext
 
@@ -25,12 +27,13 @@ class Outcome:
 
 
 def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], checksums: list[str],
-                   seconds: dict[str, float]) -> dict[str, Any]:
-    """identity: the config's sha256 and the tokenizer's identity (hashed once a run); seconds: timings."""
+                   seconds: dict[str, float], out_dir: Path) -> dict[str, Any]:
+    """identity: the config's sha256 and the tokenizer's identity (hashed once a run); seconds: timings.
+    The manifest lists every file of the output with its size, and carries its own checksum."""
     config, acct, tok = run.config, outcome.acct, run.tok
     packing = config.preprocessing.packing != "none"
     domains = outcome.domains
-    return {
+    manifest = {
         "gpu_prep_version": __version__,
         "config": config.model_dump(mode="json"),
         "config_sha256": identity["config_sha256"],
@@ -46,8 +49,10 @@ def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], 
         **({"packing": pack.summary([{"num_samples": m["num_samples"], **m["packing"]} for m in domains.values()],
                                     config.preprocessing.max_seq_len)} if packing else {}),
         "domains": domains,
+        "files": written_files(out_dir),
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
     }
+    return {**manifest, "manifest_sha256": manifest_checksum(manifest)}
 
 
 def chat_template_summary(run: RunContext) -> dict[str, Any]:

@@ -1,85 +1,114 @@
-"""The output directory's policy: what may be replaced, what marks it as a run, what a failure leaves."""
+"""The output directory's policy: what may be replaced, what marks it as a run, who may write it.
+
+gpu-prep only ever removes what its journal (output/files.py) says a run of its own created there: a file a
+user keeps in the folder survives --overwrite and --resume. No output path may be, hold, or lie inside an
+input, so a run can never write over what it reads.
+"""
 
 from __future__ import annotations
 
 import os
-import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from gpu_prep.errors import ConfigError
+from gpu_prep.output.files import JOURNAL, journal_names, remove_written
 
 MANIFEST = "manifest.json"
 RUN_MARKER = ".gpu-prep-run"
-LOCK = ".gpu-prep-lock"  # holds the pid of the run writing the directory
+LOCK = ".gpu-prep-lock"  # holds the pid of the run writing the directory, locked (flock) while it runs
+CONTROL = {RUN_MARKER, LOCK, JOURNAL}  # the files that say whose folder it is
 
 
-def _holder(out_dir: Path) -> int | None:
-    """The pid of a live process holding the directory's lock (None: no lock, or a stale one)."""
+def check_paths(out_dir: Path, rejects: Path | None, inputs: Iterable[str]) -> None:
+    """Refuse an output directory or rejects file that is an input, holds one, or lies inside one."""
+    local = [Path(p).resolve() for p in inputs if "://" not in str(p) and os.path.exists(p)]
+    for what, path in (("output", out_dir), ("--rejects", rejects)):
+        if path is None:
+            continue
+        target = Path(path).resolve()
+        for source in local:
+            if target == source or target.is_relative_to(source) or source.is_relative_to(target):
+                relation = "is" if target == source else "lies inside" if target.is_relative_to(source) else "holds"
+                raise ConfigError(f"{what} {str(path)!r} {relation} the input {str(source)!r}; writing there could "
+                                  "destroy what is read: choose a path apart from the inputs")
+    if rejects is not None and Path(rejects).resolve() == out_dir.resolve():
+        raise ConfigError(f"--rejects {str(rejects)!r} is the output directory; give a file")
+
+
+def _pid_in(path: Path) -> str:
     try:
-        pid = int((out_dir / LOCK).read_text(encoding="utf-8").split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    if pid == os.getpid():
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None  # the run that held it was killed: stale
-    except PermissionError:
-        return pid  # alive, someone else's
-    return pid
-
-
-def check_lock(out_dir: Path) -> None:
-    """Refuse an output another live run is writing."""
-    pid = _holder(out_dir)
-    if pid is not None:
-        raise ConfigError(f"output {str(out_dir)!r} is being written by another gpu-prep run (pid {pid}); wait for "
-                          "it, or stop it and pass --resume")
+        return path.read_text(encoding="utf-8").split()[0]
+    except (OSError, IndexError):
+        return "unknown"
 
 
 @contextmanager
 def output_lock(out_dir: Path) -> Iterator[None]:
-    """The directory is this run's while the block runs (a stale lock of a killed run is taken over)."""
-    check_lock(out_dir)
-    (out_dir / LOCK).write_text(f"{os.getpid()}\n", encoding="utf-8")
+    """The directory is this run's while the block runs: another live run's lock is refused at once. The
+    lock is the kernel's (flock on OUT/.gpu-prep-lock), so it dies with its process: a killed run's lock
+    file is taken over, and two runs starting together cannot both win."""
+    import fcntl
+
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / LOCK
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigError(f"output {str(out_dir)!r} is being written by another gpu-prep run (pid "
+                              f"{_pid_in(path)}); wait for it, or stop it and pass --resume") from None
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break  # still the file at that path: not one a finishing run unlinked before we locked it
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
     try:
         yield
     finally:
-        try:
-            if (out_dir / LOCK).read_text(encoding="utf-8").split()[0] == str(os.getpid()):
-                (out_dir / LOCK).unlink()
-        except (OSError, IndexError):
-            pass
+        path.unlink(missing_ok=True)  # while still locked, so no one locks a file about to vanish
+        os.close(fd)
+        if created and not any(out_dir.iterdir()):
+            out_dir.rmdir()  # a run refused before it wrote anything leaves no folder behind
 
 
 def check_output(out_dir: Path, overwrite: bool, resume: bool) -> None:
     """Refuse an output that cannot be used, before any work (or deletion) is done."""
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"output {str(out_dir)!r} is a file, not a directory")
-    if not (out_dir.is_dir() and any(out_dir.iterdir())):
+    if not (out_dir.is_dir() and set(os.listdir(out_dir)) - {LOCK}):
         return
     if not (out_dir / MANIFEST).exists() and not (out_dir / RUN_MARKER).exists():
         raise ConfigError(f"output {str(out_dir)!r} holds files that are not a gpu-prep run; refusing to touch them")
     if not (overwrite or resume):
         raise ConfigError(f"output {str(out_dir)!r} is not empty; pass --resume to finish an interrupted run "
                           "or --overwrite to replace it")
+    if not (out_dir / JOURNAL).exists():
+        raise ConfigError(f"output {str(out_dir)!r} has no list of the files gpu-prep wrote there ({JOURNAL}: an "
+                          "older version wrote it); remove it yourself, or choose another folder")
 
 
 def prepare_output(out_dir: Path, overwrite: bool, resume: bool = False) -> None:
-    """Empty (or, resuming, keep) an output check_output accepted, and mark it as a gpu-prep run."""
-    if out_dir.is_dir() and any(out_dir.iterdir()):
-        if resume:
-            return
-        shutil.rmtree(out_dir)
+    """Empty (or, resuming, keep) an output check_output accepted, and mark it as a gpu-prep run. Emptying
+    removes the files the journal lists and nothing else."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    if overwrite and not resume:
+        remove_written(out_dir, keep=set())
+        (out_dir / JOURNAL).unlink(missing_ok=True)
     # Marks the directory as gpu-prep's from the start, so a run that stopped early can be replaced.
     (out_dir / RUN_MARKER).write_text("a gpu-prep run; finished once manifest.json exists\n", encoding="utf-8")
+    (out_dir / JOURNAL).touch()  # the list of what the run writes, empty until it writes
 
 
 def remove_partial_files(out_dir: Path) -> None:
-    """After a failed run: remove the temporary files of shards that were never finished."""
-    for path in out_dir.rglob(".*.tmp"):
-        path.unlink(missing_ok=True)
+    """After a failed run that left no checkpoint to resume from: remove its temporary files (the journal's
+    .tmp entries)."""
+    names = journal_names(out_dir)
+    remove_written(out_dir, keep={name for name in names if not name.endswith(".tmp")})

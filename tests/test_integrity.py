@@ -1,0 +1,235 @@
+"""Nothing lost, ever: gpu-prep never destroys what it did not write, two runs never share an output, a
+write error leaves a run --resume finishes byte for byte, inputs that change under a run fail it, and the
+reader and verify accept only complete, unedited runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import gpu_prep
+from gpu_prep.config import parse_config
+from gpu_prep.errors import InputError
+from gpu_prep.pipeline import Options, run
+from helpers import REPO, gpu_prep_cli, output_tree, write_jsonl
+
+pytestmark = pytest.mark.usefixtures("fast_tokenizer")
+
+CHATS = [{"messages": [{"role": "user", "content": f"Question {k}: " + "how far is it? " * (k % 13)},
+                       {"role": "assistant", "content": f"Answer {k}: " + "quite far. " * (k % 17 + 1)}]}
+         for k in range(600)]
+CONFIG = {"input": {"type": "chat"}, "mask": {"assistant": "train"},
+          "output": {"max_tokens_per_shard": 6000}}
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> tuple[Path, Path]:
+    (tmp_path / "in").mkdir()
+    data = write_jsonl(tmp_path / "in" / "chat.jsonl", CHATS + ["{broken"])
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(CONFIG))
+    return data, config
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    # How the engine was chosen is worded from the rows sampled, which a resumed run may not see again.
+    return output_tree(root, "tokenizer.engine_choice")
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_no_output_path_is_or_holds_or_lies_inside_an_input(job: tuple[Path, Path], tmp_path: Path) -> None:
+    data, config = job
+    before = _files(tmp_path / "in")
+    folder = data.parent  # given as the input, a folder's files are all read
+    cases = [(data, "-o", data, "is the input"), (data, "-o", folder, "holds the input"),
+             (folder, "-o", folder / "out", "lies inside the input"), (data, "-o", tmp_path, "holds the input"),
+             (data, "--rejects", data, "is the input"), (folder, "--rejects", folder / "rejects.jsonl", "lies inside")]
+    for source, option, path, relation in cases:
+        args = ["run", "-c", config, source, "-q"]
+        args += ["-o", tmp_path / "out", "--rejects", path] if option == "--rejects" else ["-o", path, "--overwrite"]
+        refused = gpu_prep_cli(*args)
+        assert refused.returncode == 2, (option, path, refused.stderr)
+        assert relation in refused.stderr and "Traceback" not in refused.stderr
+        assert _files(tmp_path / "in") == before  # the input untouched, nothing written beside it
+    assert not (tmp_path / "out").exists()
+
+
+def test_overwrite_and_resume_remove_only_what_gpu_prep_wrote(job: tuple[Path, Path], tmp_path: Path) -> None:
+    data, config = job
+    out = tmp_path / "out"
+    assert gpu_prep_cli("run", "-c", config, data, "-o", out, "-q").returncode == 0
+    want = _tree(out)
+    mine = {"notes.md": b"my notes", "__default__/README": b"what these shards are", "extra/keep.bin": b"\x00\x01"}
+    for name, content in mine.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(content)
+    assert gpu_prep_cli("run", "-c", config, data, "-o", out, "-q", "--overwrite").returncode == 0
+    # Killed half way, then resumed: the resume clears what the killed run wrote after its checkpoint.
+    killed = gpu_prep_cli("run", "-c", config, data, "-o", out, "-q", "--overwrite", "--chunk-rows", 50,
+                          "--checkpoint-every", 0, env={"GPU_PREP_FAILPOINT": "tokenize:6"})
+    assert killed.returncode == -9
+    assert gpu_prep_cli("run", "-c", config, data, "-o", out, "-q", "--resume", "--chunk-rows", 50).returncode == 0
+    assert all((out / name).read_bytes() == content for name, content in mine.items())
+    assert {k: v for k, v in _tree(out).items() if k not in mine} == want
+    assert gpu_prep_cli("verify", out).returncode == 0  # files beside the run's are not its business
+
+
+def test_two_runs_started_together_never_share_an_output(job: tuple[Path, Path], tmp_path: Path) -> None:
+    data, config = job
+    (tmp_path / "big").mkdir()
+    big = write_jsonl(tmp_path / "big" / "chat.jsonl", CHATS * 6)
+    config.write_text(json.dumps({**CONFIG, "preprocessing": {"deduplicate": False}}))
+    out = tmp_path / "out"
+    script = Path(sys.executable).parent / "gpu-prep"
+    runs = [subprocess.Popen([str(script), "run", "-c", str(config), str(big), "-o", str(out), "-q", "--overwrite",
+                              "--chunk-rows", "100"], stderr=subprocess.PIPE, text=True, cwd=REPO) for _ in range(2)]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in runs]
+    codes = sorted(code for code, _ in results)
+    loser = next(err for code, err in results if code != 0) if codes != [0, 0] else ""
+    # Either one waited for nothing and was refused at once, or it came after the first had finished and
+    # replaced its output whole; never two at once.
+    assert codes == [0, 2] and "being written by another gpu-prep run (pid" in loser or codes == [0, 0], results
+    assert gpu_prep_cli("verify", out).returncode == 0
+    assert gpu_prep.open(out).manifest["totals"]["rows_read"] == 3600
+
+
+def _limit_file_size(limit: int):
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+    return apply
+
+
+def test_a_write_error_names_the_file_and_resume_finishes_the_run(job: tuple[Path, Path], tmp_path: Path) -> None:
+    data, config = job
+    config.write_text(json.dumps({**CONFIG, "output": {}}))  # one shard: its sequence file is about 480 KB
+    clean = tmp_path / "clean"
+    args = ["-c", str(config), str(data), "-q", "--chunk-rows", "50", "--rejects"]
+    assert gpu_prep_cli("run", *args, tmp_path / "clean.rejects", "-o", clean).returncode == 0
+    out, rejects = tmp_path / "out", tmp_path / "out.rejects"
+    script = Path(sys.executable).parent / "gpu-prep"
+    # A file-size limit (ulimit -f) below the shards' size: writing one fails part way, after checkpoints.
+    limited = subprocess.run([str(script), "run", *args, str(rejects), "-o", str(out), "--checkpoint-every", "0"],
+                             capture_output=True, text=True, cwd=REPO, preexec_fn=_limit_file_size(200_000))
+    assert limited.returncode == 1, limited.stderr
+    message = limited.stderr
+    assert "File too large" in message and str(out) in message and "Traceback" not in message
+    assert "once the cause is fixed, --resume finishes the run" in message
+    resumed = gpu_prep_cli("run", *args, rejects, "-o", out, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert _tree(out) == _tree(clean)
+    assert rejects.read_bytes() == (tmp_path / "clean.rejects").read_bytes()
+
+
+@pytest.mark.parametrize(("point", "nth"), [("shard_append", 2), ("checkpoint", 3), ("shard_close", 2), ("meta", 1),
+                                            ("rejects", 1), ("manifest", 1)])
+def test_a_full_disk_anywhere_then_resume_is_byte_identical(job: tuple[Path, Path], tmp_path: Path, point: str,
+                                                            nth: int) -> None:
+    data, config = job
+    args = ["-c", str(config), str(data), "-q", "--chunk-rows", "50"]
+    assert gpu_prep_cli("run", *args, "-o", tmp_path / "clean", "--rejects", tmp_path / "clean.rejects").returncode == 0
+    out, rejects = tmp_path / "out", tmp_path / "out.rejects"
+    full = gpu_prep_cli("run", *args, "-o", out, "--rejects", rejects, "--checkpoint-every", 0,
+                        env={"GPU_PREP_FAILPOINT": f"{point}:{nth}", "GPU_PREP_FAILPOINT_SIGNAL": "ENOSPC"})
+    assert full.returncode == 1 and "No space left on device" in full.stderr and "--resume" in full.stderr, full.stderr
+    assert "Traceback" not in full.stderr
+    assert gpu_prep_cli("run", *args, "-o", out, "--rejects", rejects, "--resume").returncode == 0
+    assert _tree(out) == _tree(tmp_path / "clean")
+    assert rejects.read_bytes() == (tmp_path / "clean.rejects").read_bytes()
+
+
+def test_an_input_that_changes_while_read_fails_the_run(job: tuple[Path, Path], tmp_path: Path) -> None:
+    data, _ = job
+    original = data.read_bytes()
+
+    def truncate_once(rows: int, tokens: int, done: int | None, total: int) -> None:
+        if data.stat().st_size == len(original):
+            with open(data, "r+b") as handle:
+                handle.truncate(len(original) // 3)
+
+    with pytest.raises(InputError, match=rf"{data}: changed while the run read it \({len(original):,} bytes at the "
+                                         rf"start, {len(original) // 3:,} now"):
+        run(parse_config(CONFIG), [str(data)], tmp_path / "out", Options(chunk_rows=50, progress=truncate_once))
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    data.write_bytes(original)  # unchanged, the same run passes, and its checksum is of the bytes read
+    manifest = run(parse_config(CONFIG), [str(data)], tmp_path / "again", Options(chunk_rows=50))
+    import hashlib
+
+    assert manifest["inputs"][0]["sha256"] == hashlib.sha256(original).hexdigest()
+
+
+def test_the_reader_and_verify_accept_only_complete_unedited_runs(job: tuple[Path, Path], tmp_path: Path) -> None:
+    data, config = job
+    out = tmp_path / "out"
+    killed = gpu_prep_cli("run", "-c", config, data, "-o", out, "-q", "--chunk-rows", 50, "--checkpoint-every", 0,
+                          env={"GPU_PREP_FAILPOINT": "tokenize:4"})
+    assert killed.returncode == -9
+    with pytest.raises(FileNotFoundError, match="manifest.json: missing.*not a finished run.*--resume"):
+        gpu_prep.open(out)
+    assert gpu_prep_cli("run", "-c", config, data, "-o", out, "-q", "--resume", "--chunk-rows", 50).returncode == 0
+    assert len(gpu_prep.open(out)["__default__"]) == 600
+
+    manifest_path = out / "manifest.json"
+    pristine = manifest_path.read_text()
+    for edit in (lambda m: m["totals"].update(rows_written=m["totals"]["rows_written"] + 1),
+                 lambda m: m["config"]["preprocessing"].update(max_seq_len=1),
+                 lambda m: m["files"].pop(next(iter(m["files"])))):
+        manifest = json.loads(pristine)
+        edit(manifest)
+        manifest_path.write_text(json.dumps(manifest))
+        with pytest.raises(ValueError, match="manifest.json: edited after the run"):
+            gpu_prep.open(out)
+        result = gpu_prep_cli("verify", out)
+        assert result.returncode == 1 and "edited after the run" in result.stdout + result.stderr
+    manifest_path.write_text(pristine)
+
+    shard = out / "__default__" / "sequence.bin"  # the first shard, holding sample 0
+    saved = shard.read_bytes()
+    shard.write_bytes(b"")  # a zero-byte shard
+    with pytest.raises(ValueError, match=rf"{shard}.*0 tokens"):
+        gpu_prep.open(out)["__default__"][0]
+    result = gpu_prep_cli("verify", out)
+    assert result.returncode == 1 and f"{shard}: 0 bytes" in result.stdout + result.stderr
+    shard.write_bytes(saved)
+    (out / "__default__" / "meta.json").rename(tmp_path / "meta.json")  # a domain without its meta.json
+    with pytest.raises(FileNotFoundError, match=r"__default__/meta.json: missing"):
+        gpu_prep.open(out)
+    assert gpu_prep_cli("verify", out).returncode == 1
+
+
+FAILPOINTS = ["read", "tokenize", "shard_append", "shard_close", "rejects", "checkpoint", "checkpoint_written",
+              "meta", "manifest"]
+
+
+def test_a_random_stop_at_a_random_point_then_resume_gives_the_clean_bytes(job: tuple[Path, Path], tmp_path: Path) -> None:
+    """A property over seeded random draws: kill (SIGKILL or Ctrl-C) or fail a write at a random pass of a
+    random point, with random chunking and checkpointing; --resume always gives the uninterrupted run's bytes."""
+    data, config = job
+    clean, clean_rejects = tmp_path / "clean", tmp_path / "clean.rejects"
+    assert gpu_prep_cli("run", "-c", config, data, "-o", clean, "-q", "--rejects", clean_rejects).returncode == 0
+    want = _tree(clean)
+    seed = int(os.environ.get("GPU_PREP_TEST_SEED", time.time_ns() % 10_000))
+    draw = random.Random(seed)
+    for case in range(4):
+        point, nth, how = draw.choice(FAILPOINTS), draw.randint(1, 8), draw.choice(["KILL", "INT", "ENOSPC"])
+        chunk_rows, every = draw.choice([30, 70, 200]), draw.choice([0, 0, 3600])
+        out, rejects = tmp_path / f"out{case}", tmp_path / f"out{case}.rejects"
+        args = ["run", "-c", config, data, "-o", out, "-q", "--rejects", rejects, "--chunk-rows", chunk_rows]
+        stopped = gpu_prep_cli(*args, "--checkpoint-every", every,
+                               env={"GPU_PREP_FAILPOINT": f"{point}:{nth}", "GPU_PREP_FAILPOINT_SIGNAL": how})
+        where = f"seed {seed} (GPU_PREP_TEST_SEED), case {case}: {point}:{nth} {how}, chunks {chunk_rows}, every {every}"
+        assert "Traceback" not in stopped.stderr, where
+        resumed = gpu_prep_cli(*args, "--resume")
+        assert resumed.returncode == 0, f"{where}: {resumed.stderr}"
+        assert _tree(out) == want, where
+        assert rejects.read_bytes() == clean_rejects.read_bytes(), where
