@@ -130,7 +130,7 @@ def _process(run: RunContext, out_dir: Path, options: Options, checkpoints: Chec
             chunks = run_chunks(run, options.chunk_rows, checkpoints.rows_done)
             run_here(run, chunks, dedup, decisions, clock, commit, options.overlap)
     except BaseException as exc:
-        acct.abort(keep=isinstance(exc, (KeyboardInterrupt, Interrupted)))
+        acct.abort(keep=isinstance(exc, (KeyboardInterrupt, Interrupted)) or checkpoints.saved)
         raise
     acct.close()
     outcome.domains = clock.time("write", writer.finish)

@@ -33,7 +33,10 @@ CONFIG = {"input": {"type": "chat"}, "mask": {"assistant": "train"},
 @pytest.fixture
 def job(tmp_path: Path) -> tuple[Path, Path]:
     (tmp_path / "in").mkdir()
-    data = write_jsonl(tmp_path / "in" / "chat.jsonl", CHATS + ["{broken"])
+    rows: list = list(CHATS)
+    for k in range(0, len(rows), 97):  # bad rows all through, so the rejects file grows with the run
+        rows.insert(k, "{broken")
+    data = write_jsonl(tmp_path / "in" / "chat.jsonl", rows)
     config = tmp_path / "config.json"
     config.write_text(json.dumps(CONFIG))
     return data, config
