@@ -123,6 +123,13 @@ class InputConfig(_Frozen):
     # gpu-prep's own: a JSON Lines row longer than this many bytes is dropped (too_large) without being
     # parsed, and never held in memory whole.
     max_row_bytes: int = Field(64 << 20, ge=2)
+    # gpu-prep's own: the limits a chat template is held to on each row (a template is code every row runs):
+    # the seconds it may spend rendering the row (all its renders of the row together), and the characters
+    # its output, and any one value it builds, may have (null: twice preprocessing.max_chars, and at least
+    # 1,000,000, so every row the length filter lets through has room). A row that breaks one is dropped
+    # (template_limit), naming the limit.
+    template_time_limit: float = Field(2.0, gt=0)
+    template_max_chars: int | None = Field(None, ge=1)
 
     _role_of: dict[str, str] = PrivateAttr(default_factory=dict)
 

@@ -48,6 +48,7 @@ class Drop:
     UNKNOWN_SCHEMA = "unknown_schema"  # input.type "auto": the row matches no known shape
     EMPTY = "empty"
     TEMPLATE_ERROR = "template_error"
+    TEMPLATE_LIMIT = "template_limit"  # the chat template ran past input.template_time_limit or template_max_chars
     TOO_SHORT = "too_short"
     TOO_LONG = "too_long"
     TOO_LARGE = "too_large"  # a line over input.max_row_bytes, dropped unparsed
@@ -61,4 +62,4 @@ class Drop:
     # Reasons that mean the row itself is bad data (--strict stops at the first), as opposed to rows that are
     # well formed but filtered out by a rule (length, duplicate, nothing left to train).
     BAD_DATA = frozenset({MALFORMED_JSON, NOT_AN_OBJECT, MISSING_FIELD, WRONG_TYPE, UNKNOWN_SCHEMA, EMPTY, TEMPLATE_ERROR,
-                          TOKENIZER_MISMATCH})
+                          TEMPLATE_LIMIT, TOKENIZER_MISMATCH})

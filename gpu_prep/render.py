@@ -28,6 +28,7 @@ import jinja2
 import numpy as np
 
 from gpu_prep.affix import AffixTemplate
+from gpu_prep.chat_template import row_limits
 from gpu_prep.errors import ConfigError, Drop
 from gpu_prep.format import Conversation, RowError, Segments, Shape, Tokens
 from gpu_prep.locate import locate_contents, render_marked, render_text
@@ -331,6 +332,16 @@ def _segments(shape: Segments, ctx: RenderContext) -> RenderedRow:
     return RenderedRow(texts, trained, [], sum(len(t.encode("utf-8")) for t in texts), bool(ctx.suffix_text))
 
 
+def template_limits(config: PipelineConfig) -> tuple[float, int]:
+    """input.template_time_limit and input.template_max_chars; a null cap is twice preprocessing.max_chars
+    (the longest row the length filter lets through, written once, leaves as much again for reasoning, tool
+    calls and the template's own text), and at least 1,000,000 characters."""
+    chars = config.input.template_max_chars
+    if chars is None:
+        chars = max(2 * config.preprocessing.max_chars, 1_000_000)
+    return config.input.template_time_limit, chars
+
+
 def affix_disagreement(shapes: list[Shape], ctx: RenderContext) -> str | None:
     """Render the conversations the affix path would take through Jinja too; say where they differ."""
     if ctx.affix is None:
@@ -338,7 +349,8 @@ def affix_disagreement(shapes: list[Shape], ctx: RenderContext) -> str | None:
     for n, shape in enumerate(shapes[:AFFIX_CHECK_ROWS]):
         if isinstance(shape, Conversation) and ctx.affix.covers(shape.messages, shape.tools):
             try:
-                expected = ctx.template.render(shape.messages, shape.tools, shape.documents)
+                with row_limits(*template_limits(ctx.config)):
+                    expected = ctx.template.render(shape.messages, shape.tools, shape.documents)
             except jinja2.exceptions.TemplateError as exc:
                 return f"row {n}: Jinja refuses a conversation the affix path accepts ({exc})"
             if ctx.affix.render(shape.messages)[0] != expected:
@@ -355,10 +367,7 @@ def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
             bad = int(ids[(ids < 0) | (ids >= ctx.vocab_size)][0])
             raise RowError(Drop.WRONG_TYPE, f"input_ids holds {bad}, outside the vocabulary (0 to {ctx.vocab_size - 1})")
         return RenderedRow([""], [False], [], 0, given=(ids, np.asarray(shape.trained, dtype=np.int8)))
-    notes: tuple[str, ...] = ()
-    if ctx.config.preprocessing.truncation == "structured" and ctx.count_tokens is not None:
-        shape, notes = _structured(shape, ctx)
-    text, char_spans, left_out, unmarked = conversation_spans(shape, ctx)
+    text, char_spans, left_out, unmarked, notes = _within_limits(shape, ctx)
     if ctx.offsets:
         num_bytes = len(text.encode("utf-8"))
     else:
@@ -366,6 +375,26 @@ def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
     trained, roles = _trained(char_spans, ctx)
     return RenderedRow([text], [False], trained, num_bytes, left_out=left_out, notes=notes, span_roles=roles,
                        unmarked=unmarked)
+
+
+def _within_limits(conv: Conversation, ctx: RenderContext
+                   ) -> tuple[str, list[Span], tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """conversation_spans (after structured truncation, where asked), every render of the row held to the
+    config's template limits together. A row whose renders broke one is dropped as template_limit, naming
+    the limit, whatever error the template's interruption surfaced as; one the template refused stays
+    template_error, with the template's message."""
+    with row_limits(*template_limits(ctx.config)) as budget:
+        try:
+            notes: tuple[str, ...] = ()
+            if ctx.config.preprocessing.truncation == "structured" and ctx.count_tokens is not None:
+                conv, notes = _structured(conv, ctx)
+            return (*conversation_spans(conv, ctx), notes)
+        except (RowError, jinja2.exceptions.TemplateError) as exc:
+            if budget.exceeded is not None:
+                raise RowError(Drop.TEMPLATE_LIMIT, budget.exceeded) from None
+            if isinstance(exc, RowError):
+                raise
+            raise RowError(Drop.TEMPLATE_ERROR, f"the chat template refused the row: {exc}") from None
 
 
 def _structured(conv: Conversation, ctx: RenderContext) -> tuple[Conversation, tuple[str, ...]]:
