@@ -132,8 +132,10 @@ def build_context(config: PipelineConfig, tok: Tokenizer, backend: Backend, file
 def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
     chosen = resolve_template(config.chat_template, config.chat_template_name, tok.templates())
     kwargs = config.chat_template_kwargs
-    template = ChatTemplate(chosen.text, tok.special_tokens, kwargs) if chosen.text is not None else None
-    tool_template = ChatTemplate(chosen.tool_text, tok.special_tokens, kwargs) if chosen.tool_text else None
+    origin = f"the chat template ({chosen.source})"
+    template = ChatTemplate(chosen.text, tok.special_tokens, kwargs, origin=origin) if chosen.text is not None else None
+    tool_template = (ChatTemplate(chosen.tool_text, tok.special_tokens, kwargs, origin=f"{origin}, tool_use")
+                     if chosen.tool_text else None)
     generation = mask_method(config, template)
     chat = template is not None and config.input.type == "chat"
     affix = detect_affix(template.render) if chat and not (generation and template.marked) else None
