@@ -247,7 +247,7 @@ def test_a_template_with_a_syntax_error_is_a_config_error_naming_it_and_its_line
     message = " ".join(result.stderr.split())
     assert "the chat template (config string) has a syntax error at line 4: Expected an expression" in message
     assert "line 4: {% for m in %}{% endfor %}" in message
-    with pytest.raises(ConfigError, match="the chat template has a syntax error at line 4"):
+    with pytest.raises(ConfigError, match=r"the chat template \(config string\) has a syntax error at line 4"):
         _isolated(run_rows, tmp_path, _config(broken), [_conversation("Hello")], name="in-process")
 
 
