@@ -12,7 +12,7 @@ without the limits fails instead: `10 ** (10 ** 10)` runs inside CPython, where 
 from __future__ import annotations
 
 import json
-import multiprocessing
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -93,30 +93,23 @@ HOSTILE = "{% set c = messages[0].content %}" + "".join(
 
 
 def _isolated(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """fn(*args, **kwargs) in a forked process: its result, or its exception raised here; the test fails
-    (the process killed) when fn runs past HANG_SECONDS, as it would without the limits."""
-    context = multiprocessing.get_context("fork")
-    receive, send = context.Pipe(duplex=False)
+    """fn(*args, **kwargs) in a thread: its result, or its exception raised here; the test fails when fn
+    runs past HANG_SECONDS, as it would without the limits. (A thread, not a forked process: forking a test
+    process whose earlier tests started thread pools can deadlock the child.)"""
+    outcome: list[tuple[bool, Any]] = []
 
     def child() -> None:
         try:
-            outcome: tuple[bool, Any] = (True, fn(*args, **kwargs))
+            outcome.append((True, fn(*args, **kwargs)))
         except BaseException as exc:  # noqa: BLE001 - handed to the test, which raises it
-            outcome = (False, exc)
-        try:
-            send.send(outcome)
-        except Exception:  # noqa: BLE001 - an exception that does not pickle
-            send.send((False, RuntimeError(repr(outcome[1]))))
+            outcome.append((False, exc))
 
-    process = context.Process(target=child)
-    process.start()
-    try:
-        if not receive.poll(HANG_SECONDS):
-            pytest.fail(f"still running after {HANG_SECONDS} s: the template limits did not stop it")
-        ok, value = receive.recv()
-    finally:
-        process.kill()
-        process.join()
+    worker = threading.Thread(target=child, daemon=True)
+    worker.start()
+    worker.join(HANG_SECONDS)
+    if worker.is_alive():
+        pytest.fail(f"still running after {HANG_SECONDS} s: the template limits did not stop it")
+    ok, value = outcome[0]
     if not ok:
         raise value
     return value
@@ -259,7 +252,7 @@ def test_a_template_that_breaks_its_limits_on_every_row_is_refused_up_front(tmp_
     started = time.monotonic()
     result = gpu_prep_cli("run", "-c", config, data, "-o", tmp_path / "out", timeout=HANG_SECONDS)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "the chat template broke its limits rendering a two-message conversation" in " ".join(result.stderr.split())
+    assert "the chat template (config string) broke its limits rendering a two-message conversation" in " ".join(result.stderr.split())
     assert time.monotonic() - started < 30
 
 
