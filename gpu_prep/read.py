@@ -4,15 +4,21 @@ Which format a file is, checked against its content, and the readers of the form
 live in sources.py. A JSON Lines line that is not valid JSON, or not an object, becomes a row that carries
 its drop reason, so it is counted and never takes its neighbours with it. Blank lines are not rows. Rows
 of the columnar formats are numbered from 1 in the file, CSV rows by their line (the header is line 1).
+
+A file that cannot be read on (a damaged compressed stream, a Parquet page or Arrow batch that cannot be
+decoded, text that is not in its encoding) stops the run with an InputError naming the file and the last
+row read: the rows before it were read, the rest would be lost without a word.
 """
 
 from __future__ import annotations
 
 import glob
 import io
+import lzma
 import mmap
 import os
 import re
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +27,9 @@ from typing import Any
 import orjson
 
 from gpu_prep.errors import ConfigError, Drop, InputError
-from gpu_prep.sources import (KNOWN, batch_rows, batch_sizes, check_file, csv_rows, dataset_folder_files, file_size, is_url,
-                              hub_rows, json_array_rows, open_bytes, remote_files, split_name, text_rows)
+from gpu_prep.sources import (KNOWN, batch_rows, batch_sizes, column_names, csv_rows, dataset_folder_files, file_size,
+                              hub_rows, inspect_file, is_url, json_array_rows, open_bytes, remote_files, split_name,
+                              text_rows)
 
 # A JSON Lines chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so
 # memory stays bounded whatever the rows' sizes (Parquet and JSON-array rows count rows only).
@@ -40,12 +47,13 @@ class InputFile:
     index: int
     path: str
     size_bytes: int
-    # How it is read (sources.check_file): jsonl, json, csv, tsv, txt, parquet, arrow-file, arrow-stream.
+    # How it is read (sources.inspect_file): jsonl, json, csv, tsv, txt, parquet, arrow-file, arrow-stream.
     layout: str = "jsonl"
     compression: str | None = None  # gzip, bz2, xz, zstd
     text_key: str = "text"  # .txt rows: the field their text goes in
     text_per_line: bool = False  # .txt: a row per line (else the file is one row)
     hub: str | None = None  # layout "hub": the datasets.load_dataset arguments, as JSON
+    encoding: str | None = None  # a text file's encoding when its BOM says UTF-16 or UTF-32 (None: UTF-8)
 
 
 @dataclass(frozen=True)
@@ -121,10 +129,25 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
         if fmt is None:
             raise ConfigError(f"input {path!r}: not a format gpu-prep reads by its name (it reads {KNOWN}); "
                               "rename it, or name its format with a dataset's builder")
-        layout = check_file(path, fmt, compression)
+        layout, encoding = inspect_file(path, fmt, compression)
         files.append(InputFile(first_index + len(files), path, file_size(path), layout, compression,
-                               how.text_key, how.text_per_line))
+                               how.text_key, how.text_per_line, encoding=encoding))
     return files
+
+
+def check_columns(files: list[InputFile], needed: tuple[str, ...]) -> None:
+    """A ConfigError, before anything is written, for a Parquet or Arrow file that lacks a column every
+    row needs (needed: the input type's fields): each of its rows would only be dropped as missing_field.
+    It names the file, the columns missing and those the file has. Its schema alone is read."""
+    for file in files:
+        if file.layout != "parquet" and not file.layout.startswith("arrow"):
+            continue
+        have = column_names(file.path, file.layout)
+        missing = [name for name in needed if name not in have]
+        if missing:
+            raise ConfigError(f"input {file.path!r}: no column {', '.join(map(repr, missing))}, which every row needs; "
+                              f"its columns are {', '.join(map(repr, have)) or 'none'}: set the input type or its keys "
+                              "(input.*_key) to what the file holds")
 
 
 REJECT_TEXT_CHARS = 1 << 20  # how much of a malformed line a rejects file keeps
@@ -135,6 +158,11 @@ def _parse_line(raw: bytes) -> tuple[Any, tuple[str, str, Any] | None]:
         return orjson.loads(raw), None
     except orjson.JSONDecodeError as exc:
         text = raw[:REJECT_TEXT_CHARS].decode("utf-8", errors="replace").rstrip("\r\n")
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as bad:  # say so plainly: the file may be in another encoding
+            return None, (Drop.MALFORMED_JSON, f"not UTF-8: byte 0x{raw[bad.start]:02x} at column {bad.start + 1} "
+                          "(gpu-prep reads UTF-8, or UTF-16/32 with a BOM; convert the file, e.g. with iconv)", text)
         return None, (Drop.MALFORMED_JSON, f"not valid JSON: {exc}", text)
 
 
@@ -177,19 +205,33 @@ def _bounded_lines(handle: Any, cap: int, first_line: int = 1) -> Iterator[tuple
 
 
 def open_input(file: InputFile) -> Any:
-    """A binary file object over the input's bytes, decompressed as they are read."""
-    return open_bytes(file.path, file.compression)
+    """A binary file object over the input's bytes, decompressed (and converted to UTF-8) as they are read."""
+    return open_bytes(file.path, file.compression, file.encoding)
 
 
 def _jsonl_rows(file: InputFile, cap: int) -> Iterator[Row]:
-    line_no = 0
+    with open_input(file) as handle:
+        yield from _exact_rows(_bounded_lines(handle, cap), cap)
+
+
+# What reading a damaged file raises: decompressors' errors, pyarrow's (ArrowInvalid is a ValueError,
+# ArrowIOError an OSError), a decode error (a ValueError). Nothing else is caught: it would hide a bug.
+READ_ERRORS = (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error)
+
+
+def _guarded(file: InputFile, rows: Iterator[Row]) -> Iterator[Row]:
+    """The rows, until the file cannot be read on: then an InputError naming the file, what stopped it
+    and the last row read (its line, array element or row), and never a traceback."""
+    last = 0
     try:
-        with open_input(file) as handle:
-            for row in _exact_rows(_bounded_lines(handle, cap), cap):
-                line_no = row[0]
-                yield row
-    except (EOFError, OSError, ValueError) as exc:  # a damaged compressed file: stop, saying where
-        raise InputError(f"{file.path}: cannot decompress beyond line {line_no}: {type(exc).__name__}: {exc}") from None
+        for row in rows:
+            last = row[0]
+            yield row
+    except READ_ERRORS as exc:
+        what = "decompress" if file.compression is not None and not isinstance(exc, UnicodeError) else "read"
+        unit = {"json": "element", "parquet": "row"}.get(file.layout, "row" if file.layout.startswith("arrow") else "line")
+        raise InputError(f"{file.path}: cannot {what} beyond {unit} {last} ({type(exc).__name__}: {exc}); the "
+                         "file is damaged or cut short: rows after that one would be lost, so the run stops") from None
 
 
 # Reading JSON Lines as columns: the GPU backend parses byte ranges with cudf.read_json. Its recovery
@@ -274,20 +316,26 @@ class Columnar:
 
 
 def file_rows(file: InputFile, columnar: Columnar | None = None, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[Row]:
-    """(line or row number, record, error, bytes of JSON) for every row of one file."""
+    """(line or row number, record, error, bytes of JSON) for every row of one file; an InputError naming
+    the file when it cannot be read to its end."""
     layout = file.layout
+    if layout == "hub":
+        return hub_rows(orjson.loads(file.hub))
+    return _guarded(file, _rows_of(file, columnar, max_row_bytes))
+
+
+def _rows_of(file: InputFile, columnar: Columnar | None, max_row_bytes: int) -> Iterator[Row]:
+    layout, encoding = file.layout, file.encoding
     if layout == "parquet" or layout.startswith("arrow"):
         return batch_rows(file.path, layout)
     if layout in ("csv", "tsv"):
-        return csv_rows(file.path, file.compression, "," if layout == "csv" else "\t")
+        return csv_rows(file.path, file.compression, "," if layout == "csv" else "\t", encoding)
     if layout == "txt":
-        return text_rows(file.path, file.compression, file.text_key, file.text_per_line)
+        return text_rows(file.path, file.compression, file.text_key, file.text_per_line, encoding)
     if layout == "json":
-        return json_array_rows(file.path, file.compression, _parse_line)
-    if layout == "hub":
-        return hub_rows(orjson.loads(file.hub))
-    if columnar is not None and file.compression is None and not is_url(file.path):  # byte ranges of a local file
-        return _columnar_rows(file, columnar.fields, columnar.read_range, max_row_bytes)
+        return json_array_rows(file.path, file.compression, _parse_line, encoding=encoding, cap=max_row_bytes)
+    if columnar is not None and file.compression is None and encoding is None and not is_url(file.path):
+        return _columnar_rows(file, columnar.fields, columnar.read_range, max_row_bytes)  # byte ranges of a local file
     return _jsonl_rows(file, max_row_bytes)
 
 
@@ -305,8 +353,9 @@ class Part:
 
 def split_file(file: InputFile, part_bytes: int) -> list[Part]:
     """The file cut into parts of about part_bytes: uncompressed JSON Lines at lines' ends, Parquet at row
-    groups, Arrow IPC files at record batches. Other formats, compressed files and URLs are one part each."""
-    if file.size_bytes <= part_bytes or file.compression is not None or is_url(file.path):
+    groups, Arrow IPC files at record batches. Other formats, compressed or UTF-16/32 files and URLs are one
+    part each (their byte offsets are not their text's)."""
+    if file.size_bytes <= part_bytes or file.compression is not None or file.encoding is not None or is_url(file.path):
         return [Part(file)]
     if file.layout in ("parquet", "arrow-file"):
         cuts, size = [0], 0
@@ -350,7 +399,7 @@ def part_rows(part: Part, columnar: Columnar | None = None, max_row_bytes: int =
     if part.end is None:
         yield from file_rows(part.file, columnar, max_row_bytes)
     elif part.batches:
-        yield from batch_rows(part.file.path, part.file.layout, part.start, part.end, first_line)
+        yield from _guarded(part.file, batch_rows(part.file.path, part.file.layout, part.start, part.end, first_line))
     elif columnar is not None:
         yield from _columnar_rows(part.file, columnar.fields, columnar.read_range, max_row_bytes, part, first_line)
     else:

@@ -13,6 +13,13 @@ Feather, CSV and TSV (a header row names the columns; every cell is read as text
 per file, or per line with input.text_rows "line"); the text formats also gzip-, bz2-, xz- or
 zstd-compressed, decompressed as they are read. A `save_to_disk` folder (state.json + .arrow files) is its
 Arrow files in order; a DatasetDict folder (dataset_dict.json) is one split's (input.split).
+
+Text is UTF-8 unless a byte order mark says UTF-16 or UTF-32 (LE or BE); such a file is converted to UTF-8
+as it is read, so every reader sees UTF-8. The file's first bytes decide: a NUL byte (with no such BOM)
+means binary data, and refuses the file before anything is written, naming the byte. Bytes that are not
+UTF-8 refuse a CSV, TSV, plain text or JSON array file the same way (its reader could not go past them);
+in JSON Lines they are their line's problem alone: that row is dropped as malformed_json. A Parquet or Arrow file whose footer cannot be read (a truncated
+copy) is refused the same way.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import io
 import json
 import lzma
 import os
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +45,11 @@ EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "c
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd", ".zstd": "zstd"}
 _MAGIC = {"gzip": b"\x1f\x8b", "bz2": b"BZh", "xz": b"\xfd7zXZ\x00", "zstd": b"\x28\xb5\x2f\xfd"}
 LINE_LAYOUTS = ("jsonl", "csv", "tsv", "txt")  # their rows are numbered by line
+# Byte order marks of the encodings other than UTF-8 that a text file may be in; UTF-32's first, as
+# UTF-32 LE's BOM starts with UTF-16 LE's.
+BOMS = {codecs.BOM_UTF32_LE: "utf-32-le", codecs.BOM_UTF32_BE: "utf-32-be",
+        codecs.BOM_UTF16_LE: "utf-16-le", codecs.BOM_UTF16_BE: "utf-16-be"}
+HEAD_BYTES = 4096  # how much of a file (decompressed) its checks look at
 KNOWN = ", ".join(sorted(EXTENSIONS)) + " (the text ones also " + ", ".join(sorted(COMPRESSIONS)) + ")"
 
 
@@ -79,9 +92,16 @@ def open_raw(path: str) -> Any:
     return open(path, "rb")  # noqa: SIM115  the caller closes it
 
 
-def open_bytes(path: str, compression: str | None) -> Any:
-    """A binary file object over the file's bytes, decompressed as they are read."""
-    raw = open_raw(path)
+def open_bytes(path: str, compression: str | None, encoding: str | None = None) -> Any:
+    """A binary file object over the file's bytes, decompressed as they are read; with an encoding (a
+    BOM's, see BOMS), its text converted to UTF-8 as it is read, the BOM left out."""
+    handle = _decompressed(open_raw(path), compression)
+    if encoding is None:
+        return handle
+    return io.BufferedReader(_Transcoded(handle, encoding), 1 << 20)
+
+
+def _decompressed(raw: Any, compression: str | None) -> Any:
     if compression == "gzip":
         return gzip.GzipFile(fileobj=raw, mode="rb")
     if compression == "bz2":
@@ -133,6 +153,85 @@ class _Raw(io.RawIOBase):
         super().close()
 
 
+class _Transcoded(io.RawIOBase):
+    """A UTF-16 or UTF-32 text file as UTF-8 bytes, converted block by block as they are read, so the
+    readers of UTF-8 text read it unchanged (lines keep their numbers) and memory stays bounded. Bytes
+    that are not valid in the encoding raise a UnicodeError naming their offset in the file."""
+
+    def __init__(self, stream: Any, encoding: str) -> None:
+        self.stream, self.encoding = stream, encoding
+        self.decoder = codecs.getincrementaldecoder(encoding)(errors="strict")
+        bom = next(b for b, e in BOMS.items() if e == encoding)
+        self.offset = len(stream.read(len(bom)))  # bytes of the file given to the decoder so far
+        self.pending = b""
+        self.done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.pending and not self.done:
+            data = self.stream.read(1 << 16)
+            self.done = not data
+            held = len(self.decoder.getstate()[0])  # bytes of a character cut by the previous block
+            try:
+                text = self.decoder.decode(data)
+            except UnicodeDecodeError as exc:
+                raise UnicodeError(f"not valid {self.encoding.upper()} at byte {self.offset - held + exc.start}: "
+                                 f"{exc.reason}") from None
+            if self.done and self.decoder.getstate()[0]:  # the file ends inside a character: it was cut short
+                text += "\ufffd"  # (only its last row can hold it, and that row is cut too)
+            self.pending = text.encode("utf-8")
+            self.offset += len(data)
+        n = min(len(buffer), len(self.pending))
+        buffer[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        return n
+
+    def close(self) -> None:
+        self.stream.close()
+        super().close()
+
+
+def bom_encoding(head: bytes) -> str | None:
+    """The encoding a byte order mark at the start of the text says, when it is not UTF-8's (None: UTF-8,
+    whose BOM the readers skip)."""
+    return next((encoding for bom, encoding in BOMS.items() if head.startswith(bom)), None)
+
+
+def text_problem(head: bytes, encoding: str | None, rows_per_line: bool) -> tuple[str, bytes]:
+    """("", the head as UTF-8) when a text file's first bytes are text in its encoding (None: UTF-8); else
+    (what they are, naming the byte and its line, b""). A NUL byte means binary data: no text format has
+    one. Bytes that are not UTF-8 refuse a file whose reader would stop at them anyway (CSV, TSV, plain
+    text, a JSON array); in JSON Lines (rows_per_line) they are a problem of their line alone, which the
+    strict parser drops as malformed_json, so the head is returned as it is. A character cut short by the
+    head's end is not a problem: the rest of the file is not read here."""
+    bad = None
+    if encoding is not None:
+        skip = len(next(b for b, e in BOMS.items() if e == encoding))
+        try:
+            head = codecs.getincrementaldecoder(encoding)(errors="strict").decode(head[skip:]).encode("utf-8")
+        except UnicodeDecodeError as exc:
+            return f"bytes that are not {encoding.upper()}, as its BOM says, at byte {skip + exc.start}", b""
+    elif not rows_per_line:
+        try:
+            codecs.getincrementaldecoder("utf-8")(errors="strict").decode(head)
+        except UnicodeDecodeError as exc:
+            bad = exc.start
+    nul = head.find(b"\x00")
+    if nul >= 0:
+        return (f"binary data (a NUL byte at byte {nul}, line {_line(head, nul)}; UTF-16 or UTF-32 text needs a "
+                "byte order mark)"), b""
+    if bad is not None:
+        return (f"text that is not UTF-8 (byte 0x{head[bad]:02x} at byte {bad}, line {_line(head, bad)}); gpu-prep "
+                "reads UTF-8, or UTF-16 or UTF-32 with a BOM: convert it, e.g. iconv -f <encoding> -t UTF-8"), b""
+    return "", head
+
+
+def _line(data: bytes, offset: int) -> int:
+    return data.count(b"\n", 0, offset) + 1
+
+
 def _what(head: bytes) -> str:
     """What some first bytes look like, for an error message."""
     if head.startswith(b"PAR1"):
@@ -151,42 +250,79 @@ def _what(head: bytes) -> str:
 
 
 def check_file(path: str, fmt: str, compression: str | None) -> str:
-    """The file's layout once its first bytes agree with its format ("arrow" files: "arrow-file" or
-    "arrow-stream"); a ConfigError naming the file and what was found when they do not."""
+    """The file's layout once its first bytes agree with its format (see inspect_file)."""
+    return inspect_file(path, fmt, compression)[0]
+
+
+def inspect_file(path: str, fmt: str, compression: str | None) -> tuple[str, str | None]:
+    """(layout, encoding) of a file whose first bytes agree with its format: "arrow" files are "arrow-file"
+    or "arrow-stream", and a text file's encoding is its BOM's (None: UTF-8). A ConfigError naming the file
+    and what was found when they do not: another format, binary data, text not in UTF-8, or (Parquet and
+    Arrow) a footer or schema that cannot be read, as in a truncated copy. Reads the first HEAD_BYTES only."""
     with open_raw(path) as handle:
         raw = handle.read(64)
     if compression is not None and raw and not raw.startswith(_MAGIC[compression]):
         raise ConfigError(f"input {path!r}: named as {compression}-compressed, but it holds {_what(raw)}")
-    if compression is not None:
-        try:
-            with open_bytes(path, compression) as handle:
-                raw = handle.read(4096)
-        except (OSError, EOFError, ValueError, lzma.LZMAError) as exc:
-            raise ConfigError(f"input {path!r}: cannot decompress it as {compression}: {exc}") from None
-    else:
-        with open_raw(path) as handle:
-            raw = handle.read(4096)
+    try:
+        with open_bytes(path, compression) as handle:
+            raw = handle.read(HEAD_BYTES)
+    except (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error) as exc:
+        if compression is None:
+            raise
+        raise ConfigError(f"input {path!r}: cannot decompress it as {compression}: {exc}") from None
     if fmt == "parquet":
         if not raw.startswith(b"PAR1"):
             raise ConfigError(f"input {path!r}: named as Parquet, but it holds {_what(raw)}")
-        return fmt
+        return _readable(path, fmt), None
     if fmt in ("arrow", "feather"):
         if raw.startswith(b"ARROW1"):
-            return "arrow-file"
+            return _readable(path, "arrow-file"), None
         if raw.startswith(b"\xff\xff\xff\xff") and fmt == "arrow":
-            return "arrow-stream"
+            return _readable(path, "arrow-stream"), None
         raise ConfigError(f"input {path!r}: named as {'Arrow' if fmt == 'arrow' else 'Feather'}, but it holds {_what(raw)}")
-    binary = raw.startswith((b"PAR1", b"ARROW1", b"\xff\xff\xff\xff", *_MAGIC.values())) or b"\x00" in raw
-    if binary:
+    if raw.startswith((b"PAR1", b"ARROW1", b"\xff\xff\xff\xff", *_MAGIC.values())):
         raise ConfigError(f"input {path!r}: named as {fmt.upper()} text, but it holds {_what(raw)}")
+    encoding = bom_encoding(raw)
+    text = ""
     if fmt in ("jsonl", "json"):
-        text = raw.decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
+        text = raw.decode(encoding or "utf-8", errors="replace").lstrip("\ufeff \t\r\n")
+    lines_are_rows = fmt == "jsonl" or (fmt == "json" and text.startswith("{"))
+    problem, head = text_problem(raw, encoding, lines_are_rows)
+    if problem:
+        raise ConfigError(f"input {path!r}: named as {fmt.upper()} text, but it holds {problem}")
+    if fmt in ("jsonl", "json"):
         if text and text[0] not in "{[":
-            raise ConfigError(f"input {path!r}: named as JSON, but it holds {_what(raw)}; name its format "
+            raise ConfigError(f"input {path!r}: named as JSON, but it holds {_what(head)}; name its format "
                               "with a dataset's builder, or give it the extension of what it is")
         if fmt == "json" and text.startswith("{"):
-            return "jsonl"  # one object per line, named .json
-    return fmt
+            return "jsonl", encoding  # one object per line, named .json
+    return fmt, encoding
+
+
+def _readable(path: str, layout: str) -> str:
+    """The layout, once the file's footer (Parquet, Arrow IPC file) or schema (Arrow stream) is read; a
+    ConfigError naming the file when it cannot be, as when the file was cut short."""
+    try:
+        column_names(path, layout)
+    except (OSError, ValueError, EOFError) as exc:
+        name = "a Parquet" if layout == "parquet" else "an Arrow IPC"
+        raise ConfigError(f"input {path!r}: {name} file that cannot be read, truncated or damaged ({exc})") from None
+    return layout
+
+
+def column_names(path: str, layout: str) -> list[str]:
+    """The columns of a Parquet or Arrow file, from its footer or schema alone (no rows are read)."""
+    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
+
+    if layout == "parquet":
+        if not is_url(path):
+            return pq.read_schema(path).names
+        with open_raw(path) as handle:
+            return pq.read_schema(handle).names
+    with _source(path) as source:
+        reader = ipc.open_stream(source) if layout == "arrow-stream" else ipc.open_file(source)
+        return reader.schema.names
 
 
 # ---------------------------------------------------------------- folders written by datasets
@@ -213,18 +349,18 @@ def dataset_folder_files(folder: Path, split: str | None) -> list[str] | None:
 Row = tuple[int, Any, "tuple[str, str, Any] | None", int]  # as read.py: number, record, error, bytes
 
 
-def csv_rows(path: str, compression: str | None, delimiter: str) -> Iterator[Row]:
+def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str | None = None) -> Iterator[Row]:
     """CSV or TSV: the header row names the columns, every cell is text; row n is line n + 1 (the header
     is line 1) unless a quoted cell spans lines."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    with open_bytes(path, compression) as handle:
+    with open_bytes(path, compression, encoding) as handle:
         header = pacsv.open_csv(handle, parse_options=pacsv.ParseOptions(delimiter=delimiter)).schema.names
     types = {name: pa.string() for name in header}
     options = pacsv.ConvertOptions(column_types=types, strings_can_be_null=False, quoted_strings_can_be_null=False)
     row = 1
-    with open_bytes(path, compression) as handle:
+    with open_bytes(path, compression, encoding) as handle:
         reader = pacsv.open_csv(handle, read_options=pacsv.ReadOptions(block_size=4 << 20),
                                 parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True),
                                 convert_options=options)
@@ -234,9 +370,10 @@ def csv_rows(path: str, compression: str | None, delimiter: str) -> Iterator[Row
                 yield row, record, None, 0
 
 
-def text_rows(path: str, compression: str | None, key: str, per_line: bool) -> Iterator[Row]:
+def text_rows(path: str, compression: str | None, key: str, per_line: bool,
+              encoding: str | None = None) -> Iterator[Row]:
     """Plain text: the whole file as one row {key: text}, or (per_line) each non-blank line as one."""
-    with open_bytes(path, compression) as handle:
+    with open_bytes(path, compression, encoding) as handle:
         stream = io.TextIOWrapper(handle, encoding="utf-8", errors="strict", newline="")
         if not per_line:
             text = stream.read().removeprefix("\ufeff")
@@ -251,15 +388,22 @@ def text_rows(path: str, compression: str | None, key: str, per_line: bool) -> I
                 yield line_no, {key: line}, None, len(line)
 
 
-def json_array_rows(path: str, compression: str | None, parse: Any, block: int = 1 << 20) -> Iterator[Row]:
+def json_array_rows(path: str, compression: str | None, parse: Any, block: int = 1 << 20,
+                    encoding: str | None = None, cap: int | None = None) -> Iterator[Row]:
     """A JSON array, element by element: the text is decoded block by block and each element's end found
     with the standard decoder, then the element parsed by `parse` (the strict parser). Memory holds a
-    block and the largest element, not the file. A file that is not an array is one row, parsed whole."""
+    block and the largest element, not the file. An element over `cap` characters (input.max_row_bytes)
+    is a too_large row, not parsed; one whose end is not found within them (longer, or not JSON) also ends
+    the file, so garbage cannot fill memory. A file that is not an array is one row, parsed whole.
+
+    A file cut short keeps its whole elements; what follows the last one is one malformed_json row. Bytes
+    that are not UTF-8 stop the file with a UnicodeDecodeError (never replaced: that would change the
+    text silently), except a character cut by the file's end, which only a cut element can hold."""
     from gpu_prep.errors import Drop
 
     finder = json.JSONDecoder()
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    with open_bytes(path, compression) as handle:
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
+    with open_bytes(path, compression, encoding) as handle:
         buffer, pos, done = "", 0, False
 
         def more() -> bool:
@@ -268,7 +412,10 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
                 return False
             data = handle.read(block)
             done = not data
-            buffer = buffer[pos:] + decoder.decode(data, final=done)
+            text = decoder.decode(data)
+            if done:  # an incomplete character left at the end: the file was cut inside it
+                text += decoder.getstate()[0].decode("utf-8", errors="replace")
+            buffer = buffer[pos:] + text
             pos = 0
             return bool(data) or bool(buffer)
 
@@ -285,6 +432,7 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
         skip(" \t\r\n")
         if not buffer.startswith("[", pos):
             rest = buffer[pos:] + "".join(decoder.decode(chunk) for chunk in iter(lambda: handle.read(block), b""))
+            rest += decoder.getstate()[0].decode("utf-8", errors="replace")
             record, error = parse(rest.encode("utf-8"))
             yield 1, record, error, len(rest)
             return
@@ -301,6 +449,11 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
                     end = None
                 if end is not None and (end < len(buffer) or done):
                     break
+                if end is None and cap is not None and len(buffer) - pos > cap:
+                    yield index + 1, None, (Drop.TOO_LARGE, f"element {index + 1} of the array is over input."
+                                            f"max_row_bytes {cap:,} or not valid JSON; not parsed (the rest of "
+                                            "the file is not read)", None), len(buffer) - pos
+                    return
                 if not more():
                     if end is not None:
                         break
@@ -309,8 +462,12 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
                     return
             index += 1
             text = buffer[pos:end]
-            record, error = parse(text.encode("utf-8"))
-            yield index, record, error, len(text)
+            if cap is not None and len(text) > cap:
+                yield index, None, (Drop.TOO_LARGE, f"element {index} of the array is over input.max_row_bytes "
+                                    f"{cap:,}; not parsed", None), len(text)
+            else:
+                record, error = parse(text.encode("utf-8"))
+                yield index, record, error, len(text)
             pos = end
             skip(" \t\r\n")
             if buffer.startswith(",", pos):

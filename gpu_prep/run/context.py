@@ -19,7 +19,7 @@ from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError, InputError
 from gpu_prep.format import string_fields
 from gpu_prep.mix import HANDLERS, Dataset, with_tokenizer
-from gpu_prep.read import Columnar, InputFile, ReadAs, expand_inputs
+from gpu_prep.read import Columnar, InputFile, ReadAs, check_columns, expand_inputs
 from gpu_prep.sources import hub_dataset
 from gpu_prep.render import RenderContext
 from gpu_prep.templates import resolve_template
@@ -184,7 +184,9 @@ def run_inputs(config: PipelineConfig, inputs: list[str]) -> tuple[list[InputFil
     if not config.datasets:
         if not inputs:
             raise ConfigError("no input: give files, folders or globs, or a config with datasets")
-        return expand_inputs(inputs, read_as(config)), None
+        files = expand_inputs(inputs, read_as(config))
+        check_columns(files, needed_columns(config))
+        return files, None
     if inputs:
         raise ConfigError("the config's datasets name the inputs: give none on the command line")
     files: list[InputFile] = []
@@ -194,9 +196,18 @@ def run_inputs(config: PipelineConfig, inputs: list[str]) -> tuple[list[InputFil
             own = [hub_input(spec.hub.model_dump(), len(files))]
         else:
             own = expand_inputs(spec.data_paths, read_as(config.dataset_config(k), spec.builder), len(files))
+            if spec.builder is None:
+                check_columns(own, needed_columns(config.dataset_config(k)))
         files.extend(own)
         datasets.append(Dataset(spec.name, own, dataset_handlers(spec)))
     return files, datasets
+
+
+def needed_columns(config: PipelineConfig) -> tuple[str, ...]:
+    """The columns a Parquet or Arrow input must have for every row not to be dropped as missing_field:
+    those of the text and instruction types (chat rows may come in more than one shape)."""
+    inp = config.input
+    return {"text": (inp.text_key,), "instruction": (inp.prompt_key, inp.response_key)}.get(inp.type, ())
 
 
 def check_unchanged(files: list[InputFile], started: list[list[Any]]) -> None:

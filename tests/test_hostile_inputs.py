@@ -1,0 +1,311 @@
+"""Damaged and hostile input files: what can be read is read, what cannot stops the run naming the file.
+
+Rules under test:
+- a JSON array cut short keeps its whole elements; what follows them is one malformed_json row;
+- text is UTF-8, or UTF-16 / UTF-32 when a byte order mark says so (converted as it is read, so the
+  shards are those of the same rows in UTF-8); a UTF-8 BOM is skipped;
+- a file whose first bytes are binary (a NUL byte) or not UTF-8 is refused before anything is written
+  (exit 2), naming the file and the byte; bytes that are not UTF-8 further on stop the run naming the file
+  (exit 1), except in JSON Lines, where such a line is one malformed_json row like any broken line;
+- a truncated Parquet or Arrow file is refused (exit 2), a damaged compressed stream or Arrow stream stops
+  the run where it breaks (exit 1): always one line naming the file, never a traceback;
+- a Parquet file without the column the input type needs writes nothing (exit 3), naming file and column.
+"""
+
+from __future__ import annotations
+
+import codecs
+import gzip
+import json
+import lzma
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_prep.config import parse_config
+from gpu_prep.errors import ConfigError, InputError
+from gpu_prep.pipeline import Options, run
+from gpu_prep.read import check_columns, expand_inputs
+from helpers import gpu_prep_cli, samples
+
+TEXT = {"input": {"type": "text"}, "preprocessing": {"min_chars": 1, "deduplicate": False}}
+CHAT = {"input": {"type": "chat"}, "mask": {"assistant": "train"}}
+# Characters that are one, two, three and four bytes in UTF-8 (the last a surrogate pair in UTF-16).
+ROWS = [{"text": f"row {i}: plain, café, 日本語 and 🙂 #{i}"} for i in range(60)]
+
+
+def _jsonl(rows: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+
+
+def _csv(rows: list[dict[str, Any]]) -> str:
+    return "text\n" + "".join(f'"{r["text"]}"\n' for r in rows)
+
+
+def _run(tmp_path: Path, path: Path, config: dict[str, Any] = TEXT, name: str = "out", **options: Any) -> dict[str, Any]:
+    return run(parse_config(config), [str(path)], tmp_path / name, Options(**options))
+
+
+def _cli(tmp_path: Path, path: Path, config: dict[str, Any] = TEXT) -> Any:
+    """The CLI on one input: its result, after checking the error is one line naming the file."""
+    config_path = tmp_path / "config.json"
+    config_path.write_text(json.dumps(config))
+    done = gpu_prep_cli("run", "-q", "-c", config_path, path, "-o", tmp_path / "cli-out")
+    assert "Traceback" not in done.stderr, done.stderr
+    if done.returncode:
+        assert path.name in done.stderr, done.stderr
+    return done
+
+
+# ---------------------------------------------------------------- a JSON array cut short
+
+
+def test_a_cut_json_array_keeps_its_whole_elements(tmp_path: Path, fast_tokenizer: None) -> None:
+    path = tmp_path / "cut.json"
+    path.write_text('[{"text": "a"}, {"text": "b"}, {"tex')
+    manifest = _run(tmp_path, path)
+    totals = manifest["totals"]
+    assert (totals["rows_read"], totals["rows_written"], totals["rows_dropped"]) == (3, 2, {"malformed_json": 1})
+    example = manifest["dropped_examples"]["malformed_json"][0]
+    assert Path(example["file"]).name == "cut.json" and example["line"] == 3
+
+
+def test_a_long_json_array_cut_inside_a_character_keeps_its_whole_elements(tmp_path: Path, fast_tokenizer: None) -> None:
+    rows = ROWS * 400  # about 2 MB: several of the reader's 1 MB blocks
+    data = json.dumps(rows, ensure_ascii=False).encode()
+    cut = data.rindex("日".encode()) + 1  # inside the last row's three-byte character
+    path = tmp_path / "cut.json"
+    path.write_bytes(data[:cut])
+    totals = _run(tmp_path, path)["totals"]
+    assert totals["rows_read"] == len(rows) and totals["rows_written"] == len(rows) - 1
+    assert totals["rows_dropped"] == {"malformed_json": 1}
+
+
+def test_bytes_that_are_not_utf8_inside_a_json_array_stop_the_run(tmp_path: Path, fast_tokenizer: None) -> None:
+    """They were replaced by U+FFFD before: the row was written with other text than the file's."""
+    data = json.dumps(ROWS * 20, ensure_ascii=False).encode()
+    at = data.index("café".encode(), 8000) + 3
+    path = tmp_path / "latin.json"
+    path.write_bytes(data[:at] + b"\xe9" + data[at + 2:])  # é as Latin-1, past the first bytes checked
+    with pytest.raises(InputError, match=r"latin\.json: cannot read beyond element \d+ .*UnicodeDecodeError"):
+        _run(tmp_path, path)
+
+
+def test_an_unending_json_array_element_is_read_no_further_than_max_row_bytes(tmp_path: Path, fast_tokenizer: None) -> None:
+    config = {**TEXT, "input": {"type": "text", "max_row_bytes": 1000}}
+    big = json.dumps({"text": "x" * 3000})
+    path = tmp_path / "big.json"
+    path.write_text(f'[{{"text": "first"}}, {big}, {{"text": "after a big one"}}, {{"text": "' + "y" * 50_000)
+    manifest = _run(tmp_path, path, config)
+    totals = manifest["totals"]
+    assert totals["rows_written"] == 2  # the first and the one after the too-large one
+    assert totals["rows_dropped"] == {"too_large": 2}
+    details = [e["detail"] for e in manifest["dropped_examples"]["too_large"]]
+    assert any("the rest of the file is not read" in d for d in details), details
+
+
+# ---------------------------------------------------------------- encodings
+
+
+def _shards_of(tmp_path: Path, name: str, data: bytes, config: dict[str, Any] = TEXT) -> list[Any]:
+    path = tmp_path / name
+    path.write_bytes(data)
+    _run(tmp_path, path, config, name=f"out-{name}")
+    return samples(tmp_path / f"out-{name}")
+
+
+def _same(a: list[Any], b: list[Any]) -> bool:
+    return len(a) == len(b) and all((x[0] == y[0]).all() and (x[1] == y[1]).all() for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("encoding, bom", [("utf-16-le", codecs.BOM_UTF16_LE), ("utf-16-be", codecs.BOM_UTF16_BE),
+                                           ("utf-32-le", codecs.BOM_UTF32_LE), ("utf-32-be", codecs.BOM_UTF32_BE),
+                                           ("utf-8", codecs.BOM_UTF8)])
+@pytest.mark.parametrize("fmt", ["jsonl", "json", "csv", "txt"])
+def test_text_with_a_bom_is_read_in_its_encoding(tmp_path: Path, fast_tokenizer: None, fmt: str, encoding: str,
+                                                 bom: bytes) -> None:
+    text = {"jsonl": _jsonl(ROWS), "json": json.dumps(ROWS, ensure_ascii=False), "csv": _csv(ROWS),
+            "txt": "".join(r["text"] + "\n" for r in ROWS)}[fmt]
+    config = {**TEXT, "input": {"type": "text", "text_rows": "line"}} if fmt == "txt" else TEXT
+    want = _shards_of(tmp_path, f"plain.{fmt}", text.encode(), config)
+    got = _shards_of(tmp_path, f"bom.{fmt}", bom + text.encode(encoding), config)
+    assert len(want) == len(ROWS) and _same(got, want)
+
+
+def test_compressed_utf16_is_read(tmp_path: Path, fast_tokenizer: None) -> None:
+    want = _shards_of(tmp_path, "plain.jsonl", _jsonl(ROWS).encode())
+    assert _same(_shards_of(tmp_path, "u16.jsonl.gz", gzip.compress(_jsonl(ROWS).encode("utf-16"))), want)
+
+
+def test_utf16_cut_inside_a_character_keeps_its_whole_lines(tmp_path: Path, fast_tokenizer: None) -> None:
+    data = _jsonl(ROWS).encode("utf-16")
+    path = tmp_path / "cut16.jsonl"
+    path.write_bytes(data[:-5])  # inside the last line, half a code unit
+    totals = _run(tmp_path, path)["totals"]
+    assert (totals["rows_written"], totals["rows_dropped"]) == (len(ROWS) - 1, {"malformed_json": 1})
+
+
+def test_a_bad_surrogate_in_utf16_stops_the_run_naming_the_byte(tmp_path: Path, fast_tokenizer: None) -> None:
+    data = _jsonl(ROWS * 10).encode("utf-16-le")
+    at = 10_000
+    path = tmp_path / "bad16.jsonl"
+    path.write_bytes(codecs.BOM_UTF16_LE + data[:at] + b"\x00\xdc" + data[at:])  # a lone low surrogate
+    with pytest.raises(InputError, match=rf"bad16\.jsonl: cannot read beyond line \d+ .*not valid UTF-16-LE at byte {at + 2}"):
+        _run(tmp_path, path)
+
+
+def test_a_csv_file_that_is_not_utf8_is_refused_naming_byte_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.csv"
+    path.write_bytes(_csv(ROWS[:3]).encode() + "café\n".encode("latin-1"))
+    offset = len(_csv(ROWS[:3]).encode()) + len("caf")
+    with pytest.raises(ConfigError, match=rf"latin1\.csv.*not UTF-8 \(byte 0xe9 at byte {offset}, line 5\)"):
+        expand_inputs([str(path)])
+    done = _cli(tmp_path, path)
+    assert done.returncode == 2 and "not UTF-8" in done.stderr
+    assert not (tmp_path / "cli-out").exists()
+
+
+def test_a_jsonl_line_that_is_not_utf8_is_its_own_dropped_row_naming_the_byte(tmp_path: Path, fast_tokenizer: None) -> None:
+    """In JSON Lines a line is a row: one line in another encoding drops that row alone (with the byte
+    named in the rejects), however early in the file it is."""
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(_jsonl(ROWS[:1]).encode() + '{"text": "caf\xe9"}\n'.encode("latin-1") + _jsonl(ROWS[1:]).encode())
+    rejects = tmp_path / "rejects.jsonl"
+    totals = _run(tmp_path, path, rejects=rejects)["totals"]
+    assert (totals["rows_written"], totals["rows_dropped"]) == (len(ROWS), {"malformed_json": 1})
+    (reject,) = [json.loads(line) for line in rejects.read_text(encoding="utf-8").splitlines()]
+    assert reject["line"] == 2 and reject["detail"].startswith("not UTF-8: byte 0xe9 at column 14"), reject
+
+
+def test_utf16_without_a_bom_is_refused_as_binary(tmp_path: Path) -> None:
+    path = tmp_path / "nobom.csv"
+    path.write_bytes(_csv(ROWS).encode("utf-16-le"))
+    with pytest.raises(ConfigError, match=r"nobom\.csv.*binary data \(a NUL byte at byte 1, line 1; UTF-16 or UTF-32 text needs a byte order mark\)"):
+        expand_inputs([str(path)])
+
+
+@pytest.mark.parametrize("fmt", ["csv", "txt"])
+def test_bytes_that_are_not_utf8_past_the_start_stop_the_run(tmp_path: Path, fast_tokenizer: None, fmt: str) -> None:
+    text = (_csv(ROWS * 10) if fmt == "csv" else _jsonl(ROWS * 10)).encode()
+    path = tmp_path / f"late.{fmt}"
+    path.write_bytes(text + "café\n".encode("latin-1"))
+    config = {**TEXT, "input": {"type": "text", "text_rows": "line"}}
+    with pytest.raises(InputError, match=rf"late\.{fmt}: cannot read beyond line \d+"):
+        _run(tmp_path, path, config)
+
+
+def test_a_jsonl_line_that_is_not_utf8_past_the_start_is_one_dropped_row(tmp_path: Path, fast_tokenizer: None) -> None:
+    path = tmp_path / "late.jsonl"
+    path.write_bytes(_jsonl(ROWS * 10).encode() + '{"text": "caf\xe9"}\n'.encode("latin-1"))
+    totals = _run(tmp_path, path)["totals"]
+    assert (totals["rows_written"], totals["rows_dropped"]) == (len(ROWS) * 10, {"malformed_json": 1})
+
+
+# ---------------------------------------------------------------- binary and damaged files (through the CLI)
+
+
+def _parquet(path: Path, rows: list[dict[str, Any]]) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path.read_bytes()
+
+
+def _arrow(rows: list[dict[str, Any]], stream: bool, batches: int = 1) -> bytes:
+    import pyarrow as pa
+
+    table = pa.Table.from_pylist(rows)
+    sink = pa.BufferOutputStream()
+    with (pa.ipc.new_stream if stream else pa.ipc.new_file)(sink, table.schema) as writer:
+        for _ in range(batches):
+            writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _random(n: int, no_nul: bool = False) -> bytes:
+    data = random.Random(n).randbytes(n)
+    return data.replace(b"\x00", b"\x01") if no_nul else data
+
+
+PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + _random(2000)
+# name, content, exit code, what stderr says
+HOSTILE = [
+    ("random.jsonl", _random(5000), 2, "binary data"),
+    ("image.jsonl", PNG, 2, "binary data (a NUL byte at byte 8"),
+    ("noise.txt", _random(300, no_nul=True), 2, "not UTF-8"),
+    ("cut.parquet", "parquet-half", 2, "a Parquet file that cannot be read"),
+    ("cut.feather", "feather-half", 2, "an Arrow IPC file that cannot be read"),
+    ("cut.arrow", "arrow-stream-half", 1, "cannot read beyond row"),
+    ("cut.csv.gz", "csv-gzip-half", 1, "cannot decompress beyond line"),
+    ("cut.txt.xz", "txt-xz-half", 1, "cannot decompress beyond line"),
+    ("cut.json.gz", "json-gzip-half", 1, "cannot decompress beyond element"),
+    ("cut.jsonl.zst", "zstd-half", 2, "cannot decompress it as zstd"),
+]
+
+
+def _hostile(kind: Any, folder: Path) -> bytes:
+    if isinstance(kind, bytes):
+        return kind
+    rng = random.Random(0)  # rows that do not compress to nothing: a compressed file's half is past its first bytes
+    many = [{"text": f"row {i}: {rng.getrandbits(256):x} café"} for i in range(20_000)]
+    whole = {"parquet-half": lambda: _parquet(folder / "whole.parquet", many),
+             "feather-half": lambda: _arrow(many, stream=False),
+             "arrow-stream-half": lambda: _arrow(ROWS, stream=True, batches=50),
+             "csv-gzip-half": lambda: gzip.compress(_csv(many).encode()),
+             "txt-xz-half": lambda: lzma.compress(_csv(many).encode()),
+             "json-gzip-half": lambda: gzip.compress(json.dumps(many).encode()),
+             "zstd-half": lambda: _zstd(_jsonl(many).encode())}[kind]()
+    return whole[: len(whole) // 2]
+
+
+def _zstd(data: bytes) -> bytes:
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.output_stream(sink, compression="zstd") as out:
+        out.write(data)
+    return sink.getvalue().to_pybytes()
+
+
+@pytest.mark.parametrize("name, kind, code, says", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_a_damaged_or_binary_file_ends_the_run_naming_it(tmp_path: Path, name: str, kind: Any, code: int,
+                                                         says: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(_hostile(kind, tmp_path))
+    config = {**TEXT, "input": {"type": "text", "text_rows": "line"}} if ".txt" in name else TEXT
+    done = _cli(tmp_path, path, config)
+    assert done.returncode == code, done.stderr
+    assert says in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_parquet_file_without_the_column_the_input_type_needs_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "texts.parquet"
+    _parquet(path, ROWS)
+    done = _cli(tmp_path, path, CHAT)
+    assert done.returncode == 3 and "field 'messages' is missing" in done.stderr, done.stderr
+
+
+def test_check_columns_names_the_file_the_missing_columns_and_those_it_has(tmp_path: Path) -> None:
+    _parquet(tmp_path / "texts.parquet", ROWS)
+    (tmp_path / "texts.arrow").write_bytes(_arrow(ROWS, stream=True))
+    files = expand_inputs([str(tmp_path / "texts.parquet"), str(tmp_path / "texts.arrow")])
+    check_columns(files, ("text",))
+    for file in files:
+        with pytest.raises(ConfigError, match=rf"{Path(file.path).name}'?: no column 'messages', which every row "
+                                              r"needs; its columns are 'text'"):
+            check_columns([file], ("messages",))
+
+
+def test_a_parquet_file_without_the_text_column_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """Among good inputs, a Parquet file that lacks the text column would only add dropped rows to a run
+    that exits 0: it is refused up front instead (exit 2), naming the file and its columns."""
+    good, bad = tmp_path / "good.jsonl", tmp_path / "other.parquet"
+    good.write_text(_jsonl(ROWS), encoding="utf-8")
+    _parquet(bad, [{"body": r["text"]} for r in ROWS])
+    (tmp_path / "config.json").write_text(json.dumps(TEXT))
+    done = gpu_prep_cli("run", "-q", "-c", tmp_path / "config.json", good, bad, "-o", tmp_path / "cli-out")
+    assert done.returncode == 2 and "other.parquet" in done.stderr and "its columns are 'body'" in done.stderr, done.stderr
+    assert not (tmp_path / "cli-out").exists()
