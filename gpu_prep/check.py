@@ -16,10 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpu_prep.builders import BuilderTokenizer, build_row
 from gpu_prep.config import TEMPLATE_ROLES, PipelineConfig
-from gpu_prep.format import Conversation, RowError, detect_schema, get_builder
+from gpu_prep.errors import Drop
+from gpu_prep.format import Conversation, RowError, detect_schema, registered
 from gpu_prep.read import read_chunks
-from gpu_prep.run.context import run_inputs
+from gpu_prep.run.context import DEFAULT_TOKENIZER, run_inputs
+from gpu_prep.tokenizer import load_tokenizer
 
 
 @dataclass
@@ -40,7 +43,7 @@ def check_sample(config: PipelineConfig, inputs: list[str], sample: int) -> Samp
     report = SampleReport()
     files, datasets = run_inputs(config, inputs)
     auto = config.input.type == "auto"
-    builder = None if auto else get_builder(config.input.type)
+    tokenizer = _builder_tokenizer(config) if not auto and registered(config.input.type).takes_tokenizer else None
     for chunk in read_chunks(files, 256, max_items=sample):
         for record, error in zip(chunk.records, (chunk.errors.get(i) for i in range(len(chunk)))):
             report.rows += 1
@@ -48,9 +51,11 @@ def check_sample(config: PipelineConfig, inputs: list[str], sample: int) -> Samp
                 continue
             record = {config.input.messages_key: record} if isinstance(record, list) else record
             try:
-                shape = get_builder(detect_schema(record, config) or "chat")(record, config) if auto \
-                    else builder(record, config)
+                shape = build_row((detect_schema(record, config) or "chat") if auto else config.input.type, record,
+                                  config, tokenizer)
             except RowError as exc:
+                if exc.reason == Drop.SKIPPED_BY_BUILDER:  # the builder's choice, not a row it cannot read
+                    continue
                 report.failed[exc.reason] += 1
                 report.first_failure.setdefault(exc.reason, exc.detail)
                 report.suggested[detect_schema(record, config)] += 1
@@ -59,6 +64,11 @@ def check_sample(config: PipelineConfig, inputs: list[str], sample: int) -> Samp
                 report.roles.update(m["role"] for m in shape.messages)
     _judge(config, report)
     return report
+
+
+def _builder_tokenizer(config: PipelineConfig) -> BuilderTokenizer:
+    """The run's tokenizer, for a plugin's builder that takes one."""
+    return BuilderTokenizer(load_tokenizer(config.tokenizer.name or DEFAULT_TOKENIZER, config.tokenizer.revision))
 
 
 def _judge(config: PipelineConfig, report: SampleReport) -> None:

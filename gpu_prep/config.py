@@ -63,6 +63,10 @@ class InputConfig(_Frozen):
     roles_to_train: list[str] = []
     prompt_key: str = "prompt"
     response_key: str = "response"
+    # The input type auto gives a row with prompt_key and response_key: instruction (the two tokenized as
+    # they are, no chat template) or prompt_response (a user turn and an assistant turn through the chat
+    # template, as the QLoRA seed's dataset_schema auto reads them).
+    auto_prompt_type: Literal["instruction", "prompt_response"] = "instruction"
     text_key: str = "text"
     # gpu-prep's own: a .txt input is one row (file) or a row per non-blank line (line), under text_key.
     text_rows: Literal["file", "line"] = "file"
@@ -109,8 +113,13 @@ class InputConfig(_Frozen):
     # The rendered reasoning of a trained turn (from its <think> tag, where the template writes one) is
     # trained with the turn; false: masked, only the answer and its end-of-turn token are trained.
     think_loss: bool = False
-    # Text rows: close each with the tokenizer's eos token (trained), after any BOS the tokenizer adds.
-    add_eos: bool = False
+    # Text rows (pretraining documents): each ends with the end-of-document token, trained, as Megatron's
+    # --append-eod does, so documents packed or concatenated stay apart. eod_token: that token's text (a
+    # single token of the vocabulary); null: the tokenizer's eos token (or, for tokenizers without one that
+    # close every text themselves, as BERT's [SEP], that closing token, and nothing is added).
+    # add_eos is accepted as another name for append_eod.
+    append_eod: bool = True
+    eod_token: str | None = None
     # Alpaca-style instruction rows (input.type "alpaca"): the fields, and how the prompt is written from
     # them ({instruction}, {input}, {system} are replaced; no_input_format when the input is absent or empty).
     field_instruction: str = "instruction"
@@ -148,11 +157,12 @@ class InputConfig(_Frozen):
     @model_validator(mode="before")
     @classmethod
     def _eot_alias(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "train_on_eot" in data:
-            data = dict(data)
-            eot = data.pop("train_on_eot")
-            if data.setdefault("train_on_eos", eot) != eot:
-                raise ValueError("input.train_on_eot and input.train_on_eos disagree (they name one setting)")
+        for alias, key in (("train_on_eot", "train_on_eos"), ("add_eos", "append_eod")):
+            if isinstance(data, dict) and alias in data:
+                data = dict(data)
+                value = data.pop(alias)
+                if data.setdefault(key, value) != value:
+                    raise ValueError(f"input.{alias} and input.{key} disagree (they name one setting)")
         return data
 
     @model_validator(mode="before")
@@ -202,14 +212,16 @@ class OutputConfig(_Frozen):
     # ids, else int32 (Megatron's rule). Unset: int64 (the seed's), or auto for megatron.
     token_dtype: Literal["int64", "int32", "uint32", "uint16", "auto"] | None = None
     # gpu-prep's own: the type of bin and h5 loss masks (megatron's sidecar is uint8; parquet has labels).
-    loss_mask_dtype: Literal["int64", "uint8"] = "int64"
+    # Unset: int64 (the seed's), except uint8 when every row is pretraining text (a mask of ones: eight
+    # bytes a token would be spent on nothing).
+    loss_mask_dtype: Literal["int64", "uint8"] | None = None
 
     @model_validator(mode="after")
     def _fits_format(self) -> OutputConfig:
         if self.storage_format == "megatron" and self.token_dtype == "uint32":
             raise ValueError("storage_format megatron: Megatron's index has no uint32 token type; use uint16, "
                              "int32, int64 or auto")
-        if self.storage_format in ("megatron", "parquet") and self.loss_mask_dtype != "int64":
+        if self.storage_format in ("megatron", "parquet") and self.loss_mask_dtype is not None:
             raise ValueError(f"loss_mask_dtype applies to bin and h5; {self.storage_format} stores the mask its own way")
         return self
 
@@ -327,6 +339,14 @@ class PipelineConfig(_Frozen):
     datasets: list[DatasetConfig] | None = None
     dataprocessor: DataprocessorConfig = DataprocessorConfig()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _qlora_keys(cls, data: Any) -> Any:
+        """The QLoRA seed's flat keys (dataset_schema, max_length, ...) are other names of keys here."""
+        from gpu_prep.qlora_keys import resolve
+
+        return resolve(data)
+
     @model_validator(mode="after")
     def _ratios(self) -> PipelineConfig:
         if not self.datasets:
@@ -371,6 +391,18 @@ class PipelineConfig(_Frozen):
         except ValidationError as exc:
             raise ValueError(f"datasets[{k}] ({spec.name}): {exc.errors()[0]['msg']} at "
                              f"{'.'.join(str(x) for x in exc.errors()[0]['loc'])}") from None
+
+    def all_configs(self) -> list[PipelineConfig]:
+        """The configs the run's rows are formatted with: this one, or each dataset's own."""
+        return [self.dataset_config(k) for k in range(len(self.datasets))] if self.datasets else [self]
+
+    def input_types(self) -> set[str]:
+        """The input types of the run's rows."""
+        return {c.input.type for c in self.all_configs()}
+
+    def mask_dtype(self) -> str:
+        """output.loss_mask_dtype, or when unset: uint8 if every row is pretraining text, else int64."""
+        return self.output.loss_mask_dtype or ("uint8" if self.input_types() == {"text"} else "int64")
 
     def sampling_ratios(self) -> list[float] | None:
         ratios = [d.sampling for d in self.datasets or []]

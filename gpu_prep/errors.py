@@ -58,8 +58,10 @@ class Drop:
     TOKENIZER_MISMATCH = "tokenizer_mismatch"
     HANDLER_ERROR = "handler_error"  # a dataset's data handler failed on the row
     SKIPPED_BY_HANDLER = "skipped_by_handler"  # a data handler asked to skip the row
+    BUILDER_ERROR = "builder_error"  # a plugin's builder raised, or returned what its contract does not allow
+    SKIPPED_BY_BUILDER = "skipped_by_builder"  # a plugin's builder returned None for the row
 
     # Reasons that mean the row itself is bad data (--strict stops at the first), as opposed to rows that are
     # well formed but filtered out by a rule (length, duplicate, nothing left to train).
     BAD_DATA = frozenset({MALFORMED_JSON, NOT_AN_OBJECT, MISSING_FIELD, WRONG_TYPE, UNKNOWN_SCHEMA, EMPTY, TEMPLATE_ERROR,
-                          TEMPLATE_LIMIT, TOKENIZER_MISMATCH})
+                          TEMPLATE_LIMIT, TOKENIZER_MISMATCH, BUILDER_ERROR})

@@ -17,4 +17,9 @@ FOREIGN_KEYS = {
     "dataset_prepared_path": "the output folder (gpu-prep run -o OUT)", "output_dir": "gpu-prep run -o OUT",
     "assistant_only_loss": "mask (mask.assistant: train is the default for chat configs)",
     "completion_only_loss": "mask (mask.prompt: mask, mask.response: train)",
+    # The QLoRA seed's keys, read at the top level of a config (gpu_prep/qlora_keys.py), found in a section.
+    "dataset_schema": "input.type (the QLoRA seed's dataset_schema is read at the top level)",
+    "messages_field": "input.messages_key (the QLoRA seed's messages_field is read at the top level)",
+    "assistant_roles": "input.roles_to_train (the QLoRA seed's assistant_roles is read at the top level)",
+    "truncate_side": "preprocessing.truncation (the QLoRA seed's truncate_side is read at the top level)",
 }

@@ -6,10 +6,15 @@ the row with a reason. New input types register a builder:
 
     @register("my_format")
     def build(record, config): return Segments([(record["body"], "text")])
+
+A plugin's builder may also be a class (one instance is made, its build method called), take the run's
+tokenizer as a third argument, and return {"ids", "loss_mask", "domain"} or None: gpu_prep/builders.py
+holds that contract and calls every builder (builders.build_row).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from collections.abc import Callable
@@ -49,11 +54,13 @@ class Segments:
 
     train_all: every token is trained whatever the mask rules say (pretraining text).
     add_eos: the tokenizer's eos token closes the last piece (and is trained with it).
+    add_eod: the end-of-document token (input.eod_token, else eos) closes it, as add_eos does.
     """
 
     pieces: list[tuple[str, str | bool | None]]  # label: a mask rule's name, or True / False (None) outright
     train_all: bool = False
     add_eos: bool = False
+    add_eod: bool = False
     source: str | None = None  # the row's own text, when the pieces add text of a format to it
 
 
@@ -63,27 +70,67 @@ class Tokens:
 
     ids: list[int]
     trained: list[bool]
+    domain: str | None = None  # the domain a plugin's builder named for the row (None: output.domain_key's)
 
 
 Shape = Union[Conversation, Segments, Tokens]
-Builder = Callable[[dict[str, Any], "PipelineConfig"], Shape]
-_BUILDERS: dict[str, Builder] = {}
+Builder = Callable[..., Any]  # (record, config) or (record, config, tokenizer) -> a Shape (plugins: see builders.py)
 
 
-def register(name: str) -> Callable[[Builder], Builder]:
-    def add(builder: Builder) -> Builder:
-        _BUILDERS[name] = builder
+@dataclass(frozen=True)
+class Registered:
+    """A registered builder: what to call (a function, or the build method of the one instance of a class),
+    whether it takes the tokenizer (a third positional parameter), and whether it is one of gpu-prep's own
+    (defined in this module: called as it is, so a bug in it is not counted as a plugin's builder_error)."""
+
+    call: Builder
+    takes_tokenizer: bool
+    builtin: bool
+
+
+_BUILDERS: dict[str, Registered] = {}
+
+
+def register(name: str) -> Callable[[Any], Any]:
+    """Register a builder for input.type `name`: a function build(record, config) or build(record, config,
+    tokenizer), or a class whose build(self, item, config[, tokenizer]) is called on one instance made here
+    (its __init__ takes no arguments). Returns what it was given, so it works as a decorator."""
+
+    def add(builder: Any) -> Any:
+        if isinstance(builder, type):
+            if not callable(getattr(builder, "build", None)):
+                raise TypeError(f"register({name!r}): class {builder.__name__} has no build(item, config[, tokenizer]) method")
+            call = builder().build
+        elif callable(builder):
+            call = builder
+        else:
+            raise TypeError(f"register({name!r}): a builder is a function or a class, not {_type_name(builder)}")
+        _BUILDERS[name] = Registered(call, _takes_tokenizer(call), getattr(builder, "__module__", None) == __name__)
         return builder
 
     return add
+
+
+def _takes_tokenizer(call: Builder) -> bool:
+    try:
+        params = inspect.signature(call).parameters.values()
+    except (TypeError, ValueError):  # a callable Python cannot introspect: the two-argument contract
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
 def registered_types() -> list[str]:
     return sorted([*_BUILDERS, "auto"])
 
 
-def get_builder(name: str) -> Builder:
+def registered(name: str) -> Registered:
     return _BUILDERS[name]
+
+
+def get_builder(name: str) -> Builder:
+    """What was registered for input.type `name`, to call as it is (builders.build_row applies the contract)."""
+    return _BUILDERS[name].call
 
 
 def _string_field(record: dict[str, Any], key: str, where: str = "") -> str:
@@ -236,6 +283,22 @@ def build_instruction(record: dict[str, Any], config: PipelineConfig) -> Segment
     return Segments([(prompt, "prompt"), (response, "response")], add_eos=True)
 
 
+@register("prompt_response")
+def build_prompt_response(record: dict[str, Any], config: PipelineConfig) -> Conversation:
+    """{"prompt": ..., "response": ...} (input.prompt_key / response_key) as a user turn and an assistant
+    turn, rendered with the chat template like any conversation, as the QLoRA seed's prompt_response schema
+    does: the model is trained on the layout it will be prompted with. (instruction rows of the same keys
+    are tokenized as they are, without a template.)"""
+    inp = config.input
+    prompt = _string_field(record, inp.prompt_key)
+    response = _string_field(record, inp.response_key)
+    if not response.strip():
+        raise RowError(Drop.EMPTY, f"field {inp.response_key!r} is empty")
+    turns = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+    # Through what every conversation goes through: think tags and reasoning keys, the row's tools.
+    return _conversation({**record, "messages": turns}, "messages", "role", "content", config)
+
+
 @register("alpaca")
 def build_alpaca(record: dict[str, Any], config: PipelineConfig) -> Segments:
     """Alpaca-style rows ({"instruction", "input", "output", "system"}, names set by input.field_*): the
@@ -304,7 +367,7 @@ def detect_schema(record: dict[str, Any], config: PipelineConfig) -> str | None:
     if "segments" in record:
         return "segments"
     if inp.prompt_key in record and inp.response_key in record:
-        return "instruction"
+        return inp.auto_prompt_type
     if inp.field_instruction in record and inp.field_output in record:
         return "alpaca"
     if inp.text_key in record:
@@ -312,15 +375,16 @@ def detect_schema(record: dict[str, Any], config: PipelineConfig) -> str | None:
     return None
 
 
-def build_auto(record: dict[str, Any], config: PipelineConfig) -> tuple[str, Shape]:
-    """Rows of several shapes in one input: each is built by the builder its keys name."""
+def auto_schema(record: dict[str, Any], config: PipelineConfig) -> str:
+    """The input type of a row of input.type auto (rows of several shapes in one input): the one its keys
+    name, else unknown_schema."""
     schema = detect_schema(record, config)
     if schema is None:
         inp = config.input
         known = ["input_ids", inp.messages_key, sharegpt_keys(config)[0], "segments", f"{inp.prompt_key}+{inp.response_key}",
                  f"{inp.field_instruction}+{inp.field_output}", inp.text_key]
         raise RowError(Drop.UNKNOWN_SCHEMA, f"no known shape: the row has none of the keys {', '.join(known)}")
-    return schema, _BUILDERS[schema](record, config)
+    return schema
 
 
 @register("pretokenized")
@@ -359,7 +423,7 @@ def _int_list(record: dict[str, Any], key: str, length: int | None = None) -> li
 @register("text")
 def build_text(record: dict[str, Any], config: PipelineConfig) -> Segments:
     text = _string_field(record, config.input.text_key)
-    return Segments([(text, "text")], train_all=True, add_eos=config.input.add_eos)
+    return Segments([(text, "text")], train_all=True, add_eod=config.input.append_eod)
 
 
 def string_fields(config: PipelineConfig) -> tuple[str, ...] | None:

@@ -115,7 +115,7 @@ def _process(run: RunContext, out_dir: Path, options: Options, checkpoints: Chec
     acct = Accounting(run.files, rejects=rejects, strict=options.strict, state=resumed.get("accounting"))
     split = config.preprocessing.max_seq_len if config.preprocessing.truncation == "split" else None
     writer = DatasetWriter(out_dir, Storage.from_config(config, run.render.vocab_size),
-                           config.output.max_tokens_per_shard, split, about={"tokenizer": run.tok.summary()})
+                           config.output.max_tokens_per_shard, split, about={"tokenizer": run.tokenizer_summary()})
     writer.restore(resumed.get("writer", []))
     dedup = Deduplicator(checkpoints.seen()) if config.preprocessing.deduplicate else None
     commit = Committer(run, acct, writer, checkpoints, decisions, options.progress)

@@ -53,6 +53,7 @@ class RenderContext:
     prefix_text: str  # what the tokenizer adds before a plain text (BOS, [CLS]), as text
     suffix_text: str  # what it adds after one ([SEP]), as text
     eos_text: str | None
+    eod_text: str | None = None  # what closes a pretraining document (input.append_eod), when anything does
     vocab_size: int = 0  # ids of pre-tokenized rows must be below it
     generation: bool = False  # {% generation %} blocks, where the template has them, say what is trained
     tool_template: ChatTemplate | None = None  # rows with tools take this one (the tokenizer's tool_use)
@@ -324,8 +325,9 @@ def _segments(shape: Segments, ctx: RenderContext) -> RenderedRow:
     """Pieces are tokenized one by one, so a piece's tokens are exactly its own: its label decides them all
     (no byte positions needed, which is what lets tokenizers that drop whitespace, like WordPiece, work)."""
     pieces: list[tuple[str, str | bool | None]] = [(t, label) for t, label in shape.pieces if t]
-    if shape.add_eos and ctx.eos_text and pieces:
-        pieces.append((ctx.eos_text, pieces[-1][1]))
+    end = ctx.eos_text if shape.add_eos else ctx.eod_text if shape.add_eod else None
+    if end and pieces and not pieces[-1][0].endswith(end):  # a row (or data handler) that ends with it already
+        pieces.append((end, pieces[-1][1]))
     pieces = [(ctx.prefix_text, None)] * bool(ctx.prefix_text) + pieces + [(ctx.suffix_text, None)] * bool(ctx.suffix_text)
     trained = [shape.train_all or ctx.trains(label) for _, label in pieces]
     texts = [t for t, _ in pieces]

@@ -169,11 +169,13 @@ class Tokenizer:
         return found + sorted((self.directory / "additional_chat_templates").glob("*.jinja"))
 
     def special_ids(self) -> dict[str, int | None]:
-        """The ids of bos, eos, pad and unk (None where the tokenizer has none), and eod, which ends a
-        document in Megatron-style packing: the eos token."""
+        """The ids of bos, eos, pad and unk (None where the tokenizer has none), and eod, which ends every
+        pretraining document (input.append_eod): the eos token's, else the token the tokenizer closes
+        every text with (BERT's [SEP]); a run's input.eod_token overrides it (run/context.py)."""
         ids = {f"{key}_id": self.engine.token_to_id(self.special_tokens[f"{key}_token"])
                if f"{key}_token" in self.special_tokens else None for key in ("bos", "eos", "pad", "unk")}
-        return {**ids, "eod_id": ids["eos_id"]}
+        eod = self.eos_text or self.suffix_text
+        return {**ids, "eod_id": self.engine.token_to_id(eod) if eod else None}
 
     def summary(self) -> dict[str, Any]:
         """What meta.json says of the tokenizer: where it came from, one sha256 over its files, its size and

@@ -25,7 +25,7 @@ from helpers import load_json, samples, write_jsonl
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")
 
 MIN, MAX = 20, 400
-TEXT_CONFIG = {"input": {"type": "text"}, "preprocessing": {"min_chars": MIN, "max_chars": MAX}}
+TEXT_CONFIG = {"input": {"type": "text", "append_eod": False}, "preprocessing": {"min_chars": MIN, "max_chars": MAX}}
 PREFIX = "".join(f"{i % 10}" for i in range(200))  # 200 characters shared by the prefix-dedup rows
 KEPT = None  # the fate of a row that is written
 
@@ -218,7 +218,7 @@ def test_chat_dedup_ignores_a_long_shared_system_prompt(tmp_path: Path) -> None:
 
 
 def test_a_chunk_of_empty_texts_is_counted_not_crashed(tmp_path: Path) -> None:
-    config = {"input": {"type": "text"}, "preprocessing": {"min_chars": 0}}
+    config = {"input": {"type": "text", "append_eod": False}, "preprocessing": {"min_chars": 0}}
     rows = [({"text": ""}, Drop.NO_TRAINED_TOKENS), ({"text": ""}, Drop.DUPLICATE)]
     manifest = _run(config, [_write(tmp_path, "empty.jsonl", rows)], tmp_path / "out")
     (entry,) = manifest["inputs"]

@@ -205,7 +205,7 @@ def test_a_plugin_registers_its_own_handler(tmp_path: Path, data: Path) -> None:
     _run(data, config, tmp_path / "out")
     tok = gpu_prep.tokenizer.load_tokenizer("qwen2.5")
     texts = [tok.decode(ids) for ids, _ in gpu_prep.open_dataset(tmp_path / "out")["mixed"]]
-    assert "A PAGE CALLED WEB-0." in texts
+    assert "A PAGE CALLED WEB-0.<|im_end|>" in texts  # and the end-of-document token
 
 
 def test_each_dataset_takes_its_own_input_and_mask_settings(tmp_path: Path, data: Path) -> None:
@@ -220,7 +220,7 @@ def test_each_dataset_takes_its_own_input_and_mask_settings(tmp_path: Path, data
     out = gpu_prep.open_dataset(tmp_path / "out")
     trained = [tok.decode(ids[mask == 1]) for ids, mask in out["mixed"]]
     assert trained[0].startswith("Name qa-0.") and "qa-0" in trained[0]  # prompt and response
-    assert trained[-1] == "A page called web-5."  # a text row, every token
+    assert trained[-1] == "A page called web-5.<|im_end|>"  # a text row, every token, and its end of document
     chat = [tok.decode(ids[mask == 1]) for ids, mask in out["chat"]]
     assert chat[0] == "chat-0<|im_end|>"  # the chat dataset masks its prompts (the config's mask)
     with pytest.raises(ConfigError, match=r"datasets\[0\] \(chat\)"):
@@ -241,10 +241,10 @@ def test_handlers_that_use_the_tokenizer(tmp_path: Path, data: Path) -> None:
     chat = [tok.decode(ids) for ids, _ in out["chat"]]
     assert chat[0] == tok.engine.decode(tok.engine.encode(
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
-        "<|im_start|>user\nSay chat-0.<|im_end|>\n<|im_start|>assistant\nchat-0<|im_end|>\n").ids,
-        skip_special_tokens=False)
+        "<|im_start|>user\nSay chat-0.<|im_end|>\n<|im_start|>assistant\nchat-0<|im_end|>\n<|im_end|>").ids,
+        skip_special_tokens=False)  # a text row (the rendered chat), ended by the end-of-document token
     web = [tok.decode(ids) for ids, _ in out["mixed"]][-1]
-    assert web == f"A page called web-5.{tok.eos_text}"
+    assert web == f"A page called web-5.{tok.eos_text}"  # the handler's eos ends it already: not added twice
 
 
 def test_the_shipped_mix_config_runs_on_the_examples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,8 +21,8 @@ from gpu_prep.output.files import JOURNAL
 from gpu_prep.pipeline import Options, run
 from helpers import REPO, write_jsonl
 
-PINNED = "b55f67cadeb1cb8f3b4446095d4f0592cfcc337a184b48504487c42af36ee211"
-PINNED_EXAMPLE = "ad288106e36107de3430ac1aeac8c87203b74c418b4141d57bb1df7b0b36b0d0"
+PINNED = "e5a1a87d48116e3bc82af16b09d1d3fa5a2b4134df5c111ea613085abbc322cd"
+PINNED_EXAMPLE = "f1108f8a2db5cd6ef07d39dd6419a02e153b2cf91239293b9c983f0c1fb7b1be"
 MANIFEST_KEYS = ("totals", "domains", "packing")  # what the manifest says that no path or timing enters
 
 

@@ -117,8 +117,11 @@ def test_instruction_pieces_are_normalized_one_by_one(qwen: Any, tmp_path: Path)
 def test_text_rows_decode_to_their_text(qwen: Any, tmp_path: Path) -> None:
     rows = [{"text": r["content"]} for r in _jsonl(REPO / "examples" / "pretrain.jsonl")]
     rows += [{"text": t} for t in AWKWARD]
-    out = run_rows(tmp_path, {"input": {"type": "text"}, "preprocessing": NO_DEDUP}, rows)
+    out = run_rows(tmp_path, {"input": {"type": "text", "append_eod": False}, "preprocessing": NO_DEDUP}, rows)
     _assert_round_trip(qwen, out, [_nfc(r["text"]) for r in rows])
+    with_eod = run_rows(tmp_path, {"input": {"type": "text"}, "preprocessing": NO_DEDUP}, rows, name="eod")
+    assert [list(ids) for ids, _ in samples(with_eod)] == [list(ids) + [qwen.engine.token_to_id("<|im_end|>")]
+                                                           for ids, _ in samples(out)]
 
 
 def _all_samples(out: Path) -> dict[str, list[tuple[list[int], list[int]]]]:

@@ -39,7 +39,7 @@ def scan(job: Job, p: int, buckets: int) -> Scan:
     recorder = _Recorder()
     where, at = [], 0
     for chunk in read_chunks([], job.chunk_rows, rows=part_rows_handled(run, job, p, first_line, data)):
-        formatted = format_rows(chunk, run.config, run.sources).rows
+        formatted = format_rows(chunk, run.config, run.sources, run.builder_tokenizer).rows
         reasons = filter_reasons(run, formatted, recorder)
         where += [at + i for i, r in zip(formatted.index, reasons) if r is None]
         at += len(chunk)

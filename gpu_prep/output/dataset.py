@@ -64,8 +64,9 @@ def load_shard(directory: Path, record: dict[str, Any], meta: dict[str, Any]) ->
     files, fmt = record["files"], meta["storage_format"]
     if fmt == "bin":
         segments = files.get("segment_offsets")
-        return ShardArrays(_memmap(directory / files["sequence"], np.dtype(meta["sequence"]["dtype"]).newbyteorder("<")),
-                           _memmap(directory / files["loss_mask"], np.dtype(meta["loss_mask"]["dtype"]).newbyteorder("<")),
+        own = {k: record.get(k, meta[k])["dtype"] for k in ("sequence", "loss_mask")}  # the shard's entry, where it has one
+        return ShardArrays(_memmap(directory / files["sequence"], np.dtype(own["sequence"]).newbyteorder("<")),
+                           _memmap(directory / files["loss_mask"], np.dtype(own["loss_mask"]).newbyteorder("<")),
                            np.array(_memmap(directory / files["sample_offsets"], np.dtype("<i8"))),
                            None if segments is None else np.array(_memmap(directory / segments, np.dtype("<i8"))))
     if fmt == "megatron":

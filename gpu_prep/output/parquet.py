@@ -1,5 +1,5 @@
 """storage_format parquet: data.parquet per shard, a row per sequence, as Hugging Face trainers take
-pre-tokenized data (input_ids, attention_mask, labels; position_ids when packed)."""
+pre-tokenized data (input_ids, attention_mask, labels; position_ids and seq_lengths when packed)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ IGNORE_INDEX = -100  # labels of tokens outside the loss
 class ParquetShard(OneFileShard):
     """One Parquet file per shard, a row per sequence: input_ids, attention_mask (all 1: no padding is
     stored) and labels (the token where the loss mask is 1, else -100), as Hugging Face trainers take
-    pre-tokenized data; packed shards add position_ids, starting from 0 at every segment, from which
-    flash-attention kernels and padding-free collators find the boundaries. A row group per block."""
+    pre-tokenized data. Packed shards add the boundaries of the samples in each row twice, as each trainer
+    reads them: position_ids, from 0 at every sample (what flash-attention kernels and transformers'
+    packed-sequence detection look at), and seq_lengths, the samples' lengths (what TRL's padding-free
+    collator rebuilds position_ids from; it ignores a position_ids column). A row group per block."""
 
     extension = "parquet"
 
@@ -29,14 +31,19 @@ class ParquetShard(OneFileShard):
         fields = [("input_ids", pa.list_(pa.from_numpy_dtype(self.storage.token_dtype))),
                   ("attention_mask", pa.list_(pa.int8())), ("labels", pa.list_(pa.int64()))]
         if layout.packed:
-            fields.append(("position_ids", pa.list_(pa.int64())))
+            fields += [("position_ids", pa.list_(pa.int64())), ("seq_lengths", pa.list_(pa.int32()))]
         schema = pa.schema(fields, metadata={"gpu-prep": json.dumps({"loss_mask_meaning": LOSS_MASK_MEANING,
                                                                      "ignore_index": IGNORE_INDEX})})
         with pq.ParquetWriter(tmp, schema, compression="zstd") as out:
             for ids, mask, sequences, segments in self._blocks(layout):
                 offsets = pa.array(sequences.astype(np.int32))
                 columns = [ids, np.ones(len(ids), np.int8), np.where(mask.astype(bool), ids.astype(np.int64), IGNORE_INDEX)]
+                lists = [pa.ListArray.from_arrays(offsets, pa.array(c)) for c in columns]
                 if layout.packed:
-                    columns.append(np.arange(len(ids), dtype=np.int64) - np.repeat(segments[:-1], np.diff(segments)))
-                out.write_table(pa.Table.from_arrays([pa.ListArray.from_arrays(offsets, pa.array(c)) for c in columns],
-                                                     schema=schema))
+                    lengths = np.diff(segments)
+                    lists.append(pa.ListArray.from_arrays(offsets, pa.array(np.arange(len(ids), dtype=np.int64)
+                                                                   - np.repeat(segments[:-1], lengths))))
+                    # each row's samples: the segments between its first and its end
+                    rows = pa.array(np.searchsorted(segments, sequences).astype(np.int32))
+                    lists.append(pa.ListArray.from_arrays(rows, pa.array(lengths.astype(np.int32))))
+                out.write_table(pa.Table.from_arrays(lists, schema=schema))

@@ -81,7 +81,7 @@ class Storage:
         if vocab_size - 1 > np.iinfo(token).max:
             raise ConfigError(f"output.token_dtype {token.name} cannot hold the vocabulary's ids (0 to {vocab_size - 1})")
         # megatron and parquet keep the mask as one byte a token (the sidecar; labels are made from it)
-        mask = np.dtype("u1") if out.storage_format in ("megatron", "parquet") else np.dtype(out.loss_mask_dtype).newbyteorder("<")
+        mask = np.dtype("u1") if out.storage_format in ("megatron", "parquet") else np.dtype(config.mask_dtype()).newbyteorder("<")
         return cls(out.storage_format, token, mask, config.preprocessing.packing, config.preprocessing.max_seq_len)
 
     def dtype(self, array: str) -> np.dtype:

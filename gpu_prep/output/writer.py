@@ -42,6 +42,22 @@ def safe_dir_name(name: str) -> str:
 SHARDS: dict[str, type[RawShard]] = {"bin": BinShard, "h5": H5Shard, "megatron": MegatronShard, "parquet": ParquetShard}
 
 
+def shard_arrays(storage: Storage, record: dict[str, Any]) -> dict[str, Any]:
+    """Each array of one shard with its own shape and dtype, so a shard memory-maps from its own entry
+    (np.memmap(path, dtype=..., shape=...)) as a one-shard domain does from meta.json's top level. Parquet
+    shards carry their own schema; Megatron's .bin is the sequence and its sidecar the loss mask."""
+    if storage.format == "parquet":
+        return {}
+    tokens = [record["num_tokens"]]
+    arrays = {"sequence": {"shape": tokens, "dtype": storage.token_dtype.name},
+              "loss_mask": {"shape": tokens, "dtype": storage.mask_dtype.name}}
+    if storage.format in ("bin", "h5"):
+        arrays["sample_offsets"] = {"shape": [record["num_samples"] + 1], "dtype": OFFSET_DTYPE.name}
+        if "num_segments" in record:
+            arrays["segment_offsets"] = {"shape": [record["num_segments"] + 1], "dtype": OFFSET_DTYPE.name}
+    return arrays
+
+
 class DomainWriter:
     """Appends samples of one domain, opening a new shard whenever the current one is full."""
 
@@ -80,6 +96,7 @@ class DomainWriter:
             record = {"num_samples": self.fill_samples, **self.current.close(self.directory)}
             self.obsolete.extend(p for p in self.current.tmp.values() if p.exists())
             record.update(num_tokens=self.fill_tokens, num_trained_tokens=self.fill_trained)
+            record.update(shard_arrays(self.storage, record))
             self.shards.append(record)
             self.current = None
             self.fill_tokens = self.fill_samples = self.fill_trained = 0

@@ -7,6 +7,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import orjson
 
 from gpu_prep.affix import detect_affix
 from gpu_prep.backend import Backend
+from gpu_prep.builders import BuilderTokenizer
 from gpu_prep.chat_template import ChatTemplate
 from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError, InputError
@@ -112,6 +114,17 @@ class RunContext:
     columnar: Columnar | None = None  # reads JSON Lines as columns (gpu.reader cudf); None: line by line
     threads: int | None = None  # tokenizer threads
 
+    @cached_property
+    def builder_tokenizer(self) -> BuilderTokenizer:
+        """The tokenizer a plugin's builder that takes one is handed: one per process, made on first use."""
+        return BuilderTokenizer(self.tok)
+
+    def tokenizer_summary(self) -> dict[str, Any]:
+        """What meta.json and the manifest say of the tokenizer, with this run's end-of-document id."""
+        summary = self.tok.summary()
+        eod = self.render.eod_text
+        return summary if eod is None else {**summary, "eod_id": self.tok.engine.token_to_id(eod)}
+
     @property
     def dataset_of(self) -> dict[int, Dataset]:
         """Each file's dataset, by file index."""
@@ -152,10 +165,32 @@ def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
         prefix_text=tok.prefix_text,
         suffix_text=tok.suffix_text,
         eos_text=tok.eos_text,
+        eod_text=end_of_document(config, tok),
         vocab_size=int(tok.engine.get_vocab_size(with_added_tokens=True)),
         first_tokens=tok.first_tokens,
         count_tokens=tok.count_tokens,
     )
+
+
+def end_of_document(config: PipelineConfig, tok: Tokenizer) -> str | None:
+    """The text that closes every pretraining document (input.append_eod): input.eod_token, which must be
+    one token of the vocabulary, or the tokenizer's eos token. A tokenizer without one that closes every
+    text itself (BERT's [SEP]) needs nothing added (None); one that does neither cannot mark the ends, and
+    a run that would append them is refused rather than write documents that run into each other."""
+    wanted = config.input.eod_token
+    if wanted is not None:
+        token_id = tok.engine.token_to_id(wanted)
+        if token_id is None or tok.engine.encode(wanted, add_special_tokens=False).ids != [token_id]:
+            raise ConfigError(f"input.eod_token {wanted!r} is not one token of the tokenizer ({tok.source or tok.name}): "
+                              f"name one of its tokens, or leave it null for its eos token ({tok.eos_text!r})")
+        return wanted
+    if tok.eos_text is not None or tok.suffix_text:
+        return tok.eos_text
+    appends = any(c.input.type == "text" and c.input.append_eod for c in config.all_configs())
+    if appends:
+        raise ConfigError(f"input.append_eod: the tokenizer ({tok.source or tok.name}) has no eos token to end each "
+                          "document with: name one with input.eod_token, or set input.append_eod to false")
+    return None
 
 
 # Role-span options the {% generation %} markers overrule.

@@ -19,11 +19,12 @@ from typing import Any
 
 import numpy as np
 
+from gpu_prep.builders import BuilderTokenizer, build_row
 from gpu_prep.config import TEMPLATE_ROLES, PipelineConfig
 from gpu_prep.errors import Drop
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter import DEDUP_PREFIX_CHARS, Deduplicator, filter_rows
-from gpu_prep.format import Conversation, RowError, Segments, build_auto, dedup_text, domain_of, get_builder, source_text
+from gpu_prep.format import Conversation, RowError, Segments, Tokens, auto_schema, dedup_text, domain_of, source_text
 from gpu_prep.mask import (Masked, contiguous_places, kept_span_tokens, mask_from_ranges, offset_places, row_of,
                            span_tokens, truncate_and_filter)
 from gpu_prep.ragged import offsets_from_lengths, segment_sums
@@ -127,8 +128,10 @@ class Done:
 # ---------------------------------------------------------------- format
 
 
-def format_rows(chunk: RawChunk, base: PipelineConfig, sources: Sources | None = None) -> Formatted:
-    """Each record into its canonical shape, by its dataset's input type (sources, by file index; else base)."""
+def format_rows(chunk: RawChunk, base: PipelineConfig, sources: Sources | None = None,
+                tokenizer: BuilderTokenizer | None = None) -> Formatted:
+    """Each record into its canonical shape, by its dataset's input type (sources, by file index; else base).
+    tokenizer: what builders that take one are handed (RunContext.builder_tokenizer)."""
     out = Formatted(Rows(), [], Counter(), Counter())
     for i, record in enumerate(chunk.records):
         if record is None:
@@ -147,12 +150,14 @@ def format_rows(chunk: RawChunk, base: PipelineConfig, sources: Sources | None =
             domain = domain_of(record, config.output.domain_key)
             if own_domain is not None and config.output.domain_key is None:  # a dataset's own domain
                 domain = own_domain
-            shape = (build_auto if auto else get_builder(config.input.type))(record, config)
             if auto:
-                schema, shape = shape
+                schema = auto_schema(record, config)
+            shape = build_row(schema, record, config, tokenizer)
         except RowError as err:
             out.drops.append(Dropped(i, err.reason, err.detail, record))
             continue
+        if isinstance(shape, Tokens) and shape.domain is not None:  # a plugin's builder named it
+            domain = shape.domain
         out.schemas[schema] += 1
         if isinstance(shape, Conversation):
             # Rows with tools, and roles chat templates do not know (rendered as the template sees fit,
@@ -218,7 +223,7 @@ def prepare(chunks: Iterator[RawChunk], run: RunContext, dedup: Deduplicator | N
     contexts = dataset_contexts(ctx, run.config, run.sources)
     while (chunk := clock.time("read", next, chunks, None)) is not None:
         failpoint("read")
-        formatted = clock.time("format", format_rows, chunk, run.config, run.sources)
+        formatted = clock.time("format", format_rows, chunk, run.config, run.sources, run.builder_tokenizer)
         rows = formatted.rows
         if ctx.affix is not None and decisions.affix is None and rows.index:
             if clock.time("render", affix_disagreement, rows.payload, ctx) is not None:

