@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from gpu_prep.errors import ConfigError
+from gpu_prep import qlora_keys
 from gpu_prep.foreign import FOREIGN_KEYS
 
 Action = Literal["mask", "train"]
@@ -343,9 +344,7 @@ class PipelineConfig(_Frozen):
     @classmethod
     def _qlora_keys(cls, data: Any) -> Any:
         """The QLoRA seed's flat keys (dataset_schema, max_length, ...) are other names of keys here."""
-        from gpu_prep.qlora_keys import resolve
-
-        return resolve(data)
+        return qlora_keys.resolve(data, TEMPLATE_ROLES)
 
     @model_validator(mode="after")
     def _ratios(self) -> PipelineConfig:

@@ -36,8 +36,9 @@ SIDES: dict[str, str] = {"left": "structured"}
 SEED_KEYS = (*SAME_VALUES, "dataset_schema", "truncate_side", "assistant_roles")
 
 
-def resolve(data: Any) -> Any:
-    """The config with the seed's top-level keys moved to gpu-prep's (data itself when it has none)."""
+def resolve(data: Any, template_roles: tuple[str, ...]) -> Any:
+    """The config with the seed's top-level keys moved to gpu-prep's (data itself when it has none);
+    template_roles: the roles a chat template knows (what assistant_roles' "no other role" covers)."""
     if not isinstance(data, dict) or not any(key in data for key in SEED_KEYS):
         return data
     data = dict(data)
@@ -52,7 +53,7 @@ def resolve(data: Any) -> Any:
         value = data.pop("truncate_side")
         _place(data, "truncate_side", value, "preprocessing", {"truncation": _truncation(value)})
     if "assistant_roles" in data:
-        _assistant_roles(data, data.pop("assistant_roles"))
+        _assistant_roles(data, data.pop("assistant_roles"), template_roles)
     return data
 
 
@@ -95,17 +96,15 @@ def _truncation(side: Any) -> str:
     return SIDES[side]
 
 
-def _assistant_roles(data: dict[str, Any], roles: Any) -> None:
+def _assistant_roles(data: dict[str, Any], roles: Any, template_roles: tuple[str, ...]) -> None:
     """assistant_roles trains those roles and no other: input.roles_to_train, with mask rules and
     mask_default that may not train another role or mask one of them."""
-    from gpu_prep.config import TEMPLATE_ROLES
-
     if not isinstance(roles, list) or not roles or not all(isinstance(r, str) for r in roles):
         raise ValueError(f"assistant_roles: give a list of role names, e.g. ['assistant'], not {roles!r}")
     _place(data, "assistant_roles", roles, "input", {"roles_to_train": roles})
     rules = data.get("mask")
     for role, action in (rules.items() if isinstance(rules, dict) else ()):
-        if (action == "mask" and role in roles) or (action == "train" and role in TEMPLATE_ROLES and role not in roles):
+        if (action == "mask" and role in roles) or (action == "train" and role in template_roles and role not in roles):
             raise ValueError(f"assistant_roles: {roles!r} trains exactly those roles, and mask.{role} is "
                              f"{action!r}: they disagree; give one of them")
     if data.get("mask_default") == "train":

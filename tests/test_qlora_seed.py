@@ -219,3 +219,17 @@ def test_prompt_response_rows_are_checked_like_instruction_rows() -> None:
         with pytest.raises(RowError) as caught:
             build(row, config)
         assert caught.value.reason == reason, json.dumps(row)
+
+
+def test_resolve_moves_the_seed_keys_and_leaves_a_config_without_them_alone() -> None:
+    from gpu_prep.qlora_keys import resolve
+
+    roles = ("system", "user", "assistant", "tool")
+    plain = {"input": {"type": "chat"}}
+    assert resolve(plain, roles) is plain
+    moved = resolve({"dataset_schema": "messages", "max_length": 512, "assistant_roles": ["assistant"],
+                     "input": {"messages_key": "messages"}}, roles)
+    assert moved == {"input": {"messages_key": "messages", "type": "chat", "roles_to_train": ["assistant"]},
+                     "preprocessing": {"max_seq_len": 512}}
+    with pytest.raises(ValueError, match=r"mask.user is 'train'"):
+        resolve({"assistant_roles": ["assistant"], "mask": {"user": "train"}}, roles)
