@@ -309,3 +309,12 @@ def test_a_parquet_file_without_the_text_column_is_refused_before_anything_is_wr
     done = gpu_prep_cli("run", "-q", "-c", tmp_path / "config.json", good, bad, "-o", tmp_path / "cli-out")
     assert done.returncode == 2 and "other.parquet" in done.stderr and "its columns are 'body'" in done.stderr, done.stderr
     assert not (tmp_path / "cli-out").exists()
+
+
+def test_a_prompt_response_parquet_without_its_columns_is_refused_up_front(tmp_path: Path) -> None:
+    path = tmp_path / "pairs.parquet"
+    _parquet(path, [{"prompt": "Hi?", "answer": "Hello."}])
+    config = {**TEXT, "input": {"type": "prompt_response"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    done = gpu_prep_cli("run", "-q", "-c", tmp_path / "config.json", path, "-o", tmp_path / "cli-out")
+    assert done.returncode == 2 and "no column 'response'" in done.stderr and "'answer'" in done.stderr, done.stderr

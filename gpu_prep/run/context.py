@@ -240,9 +240,10 @@ def run_inputs(config: PipelineConfig, inputs: list[str]) -> tuple[list[InputFil
 
 def needed_columns(config: PipelineConfig) -> tuple[str, ...]:
     """The columns a Parquet or Arrow input must have for every row not to be dropped as missing_field:
-    those of the text and instruction types (chat rows may come in more than one shape)."""
+    those of the text, instruction and prompt_response types (chat rows may come in more than one shape)."""
     inp = config.input
-    return {"text": (inp.text_key,), "instruction": (inp.prompt_key, inp.response_key)}.get(inp.type, ())
+    pair = (inp.prompt_key, inp.response_key)
+    return {"text": (inp.text_key,), "instruction": pair, "prompt_response": pair}.get(inp.type, ())
 
 
 def check_unchanged(files: list[InputFile], started: list[list[Any]]) -> None:
