@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from gpu_prep.tokenizer import Tokenizer
 
 DICT_KEYS = ("ids", "loss_mask", "domain")
-SPECIAL = ("bos", "eos", "pad", "unk", "sep", "cls", "mask")
 
 
 def build_row(name: str, record: dict[str, Any], config: Any, tokenizer: BuilderTokenizer | None) -> Shape:
@@ -104,7 +103,7 @@ def _special_token(key: str) -> property:
 
 
 def _special_id(key: str) -> property:
-    return property(lambda self: self._special_ids[key], doc=f"The {key} token's id, or None.")
+    return property(lambda self: self._tok.special_id(key), doc=f"The {key} token's id, or None.")
 
 
 class BuilderTokenizer:
@@ -135,8 +134,6 @@ class BuilderTokenizer:
         self._tok = tok
         self.backend_tokenizer = tok.engine
         self.name_or_path = tok.source or tok.name
-        self._special_ids = {key: tok.engine.token_to_id(tok.special_tokens[f"{key}_token"])
-                             if f"{key}_token" in tok.special_tokens else None for key in SPECIAL}
 
     bos_token, bos_token_id = _special_token("bos"), _special_id("bos")
     eos_token, eos_token_id = _special_token("eos"), _special_id("eos")

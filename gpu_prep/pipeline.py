@@ -24,7 +24,7 @@ from typing import Any
 
 from gpu_prep.backend import CPU, select_backend
 from gpu_prep.config import PipelineConfig
-from gpu_prep.errors import ConfigError, Interrupted, WriteError
+from gpu_prep.errors import Interrupted, WriteError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter import Deduplicator
 from gpu_prep.output.files import journal, sha256_file, write_json_atomic
@@ -62,8 +62,6 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, options:
     check_paths(out_dir, rejects, [*inputs, *named, *(f.path for f in files)])
     if options.resume and (out_dir / MANIFEST).exists():  # finished already: nothing to do
         return json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"output {str(out_dir)!r} is a file, not a directory")
     with output_lock(out_dir):
         check_output(out_dir, options.overwrite, options.resume)
         tok = clock.time("load tokenizer", load_tokenizer, options.tokenizer_for(config), config.tokenizer.revision)
@@ -96,11 +94,11 @@ def _run(config: PipelineConfig, files: list[InputFile], datasets: Any, out_dir:
         write_json_atomic(out_dir / MANIFEST, manifest)
     except BaseException as exc:
         checkpoints.close()
-        resumable = isinstance(exc, (KeyboardInterrupt, Interrupted)) or checkpoints.saved
+        resumable = isinstance(exc, (KeyboardInterrupt, Interrupted)) or checkpoints.rows_saved is not None
         if not resumable:  # what a checkpoint refers to stays for --resume; else the temporaries go
             remove_partial_files(out_dir)
         if isinstance(exc, OSError):
-            raise WriteError(exc, checkpoints.rows_saved if checkpoints.saved else None) from None
+            raise WriteError(exc, checkpoints.rows_saved) from None
         raise
     checkpoints.finish()
     return manifest
@@ -130,7 +128,7 @@ def _process(run: RunContext, out_dir: Path, options: Options, checkpoints: Chec
             chunks = run_chunks(run, options.chunk_rows, checkpoints.rows_done)
             run_here(run, chunks, dedup, decisions, clock, commit, options.overlap)
     except BaseException as exc:
-        acct.abort(keep=isinstance(exc, (KeyboardInterrupt, Interrupted)) or checkpoints.saved)
+        acct.abort(keep=isinstance(exc, (KeyboardInterrupt, Interrupted)) or checkpoints.rows_saved is not None)
         raise
     acct.close()
     outcome.domains = clock.time("write", writer.finish)

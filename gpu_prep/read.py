@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import glob
 import io
-import lzma
 import mmap
 import os
 import re
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,9 +25,9 @@ from typing import Any
 import orjson
 
 from gpu_prep.errors import ConfigError, Drop, InputError
-from gpu_prep.sources import (KNOWN, batch_rows, batch_sizes, column_names, csv_rows, dataset_folder_files, file_size,
-                              hub_rows, inspect_file, is_url, json_array_rows, open_bytes, remote_files, split_name,
-                              text_rows)
+from gpu_prep.sources import (KNOWN, READ_ERRORS, batch_rows, batch_sizes, column_names, csv_rows, dataset_folder_files,
+                              file_size, hub_rows, inspect_file, is_url, json_array_rows, open_bytes, remote_files,
+                              split_name, text_rows)
 
 # A JSON Lines chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so
 # memory stays bounded whatever the rows' sizes (Parquet and JSON-array rows count rows only).
@@ -212,11 +210,6 @@ def open_input(file: InputFile) -> Any:
 def _jsonl_rows(file: InputFile, cap: int) -> Iterator[Row]:
     with open_input(file) as handle:
         yield from _exact_rows(_bounded_lines(handle, cap), cap)
-
-
-# What reading a damaged file raises: decompressors' errors, pyarrow's (ArrowInvalid is a ValueError,
-# ArrowIOError an OSError), a decode error (a ValueError). Nothing else is caught: it would hide a bug.
-READ_ERRORS = (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error)
 
 
 def _guarded(file: InputFile, rows: Iterator[Row]) -> Iterator[Row]:

@@ -49,6 +49,10 @@ LINE_LAYOUTS = ("jsonl", "csv", "tsv", "txt")  # their rows are numbered by line
 # UTF-32 LE's BOM starts with UTF-16 LE's.
 BOMS = {codecs.BOM_UTF32_LE: "utf-32-le", codecs.BOM_UTF32_BE: "utf-32-be",
         codecs.BOM_UTF16_LE: "utf-16-le", codecs.BOM_UTF16_BE: "utf-16-be"}
+BOM_OF = {encoding: bom for bom, encoding in BOMS.items()}
+# What reading a damaged file raises: decompressors' errors, pyarrow's (ArrowInvalid is a ValueError,
+# ArrowIOError an OSError), a decode error (a ValueError). Nothing else is caught: it would hide a bug.
+READ_ERRORS = (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error)
 HEAD_BYTES = 4096  # how much of a file (decompressed) its checks look at
 KNOWN = ", ".join(sorted(EXTENSIONS)) + " (the text ones also " + ", ".join(sorted(COMPRESSIONS)) + ")"
 
@@ -161,8 +165,7 @@ class _Transcoded(io.RawIOBase):
     def __init__(self, stream: Any, encoding: str) -> None:
         self.stream, self.encoding = stream, encoding
         self.decoder = codecs.getincrementaldecoder(encoding)(errors="strict")
-        bom = next(b for b, e in BOMS.items() if e == encoding)
-        self.offset = len(stream.read(len(bom)))  # bytes of the file given to the decoder so far
+        self.offset = len(stream.read(len(BOM_OF[encoding])))  # bytes of the file given to the decoder so far
         self.pending = b""
         self.done = False
 
@@ -208,7 +211,7 @@ def text_problem(head: bytes, encoding: str | None, rows_per_line: bool) -> tupl
     head's end is not a problem: the rest of the file is not read here."""
     bad = None
     if encoding is not None:
-        skip = len(next(b for b, e in BOMS.items() if e == encoding))
+        skip = len(BOM_OF[encoding])
         try:
             head = codecs.getincrementaldecoder(encoding)(errors="strict").decode(head[skip:]).encode("utf-8")
         except UnicodeDecodeError as exc:
@@ -249,11 +252,6 @@ def _what(head: bytes) -> str:
     return f"text starting {text[:40]!r}" if text else "an empty file"
 
 
-def check_file(path: str, fmt: str, compression: str | None) -> str:
-    """The file's layout once its first bytes agree with its format (see inspect_file)."""
-    return inspect_file(path, fmt, compression)[0]
-
-
 def inspect_file(path: str, fmt: str, compression: str | None) -> tuple[str, str | None]:
     """(layout, encoding) of a file whose first bytes agree with its format: "arrow" files are "arrow-file"
     or "arrow-stream", and a text file's encoding is its BOM's (None: UTF-8). A ConfigError naming the file
@@ -266,7 +264,7 @@ def inspect_file(path: str, fmt: str, compression: str | None) -> tuple[str, str
     try:
         with open_bytes(path, compression) as handle:
             raw = handle.read(HEAD_BYTES)
-    except (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error) as exc:
+    except READ_ERRORS as exc:
         if compression is None:
             raise
         raise ConfigError(f"input {path!r}: cannot decompress it as {compression}: {exc}") from None
@@ -567,4 +565,4 @@ def batch_sizes(path: str, layout: str) -> list[tuple[int, int]]:
         if layout == "arrow-stream":
             return [(b.num_rows, b.nbytes) for b in ipc.open_stream(source)]
         reader = ipc.open_file(source)
-        return [(reader.get_batch(i).num_rows, reader.get_batch(i).nbytes) for i in range(reader.num_record_batches)]
+        return [(batch.num_rows, batch.nbytes) for batch in map(reader.get_batch, range(reader.num_record_batches))]

@@ -172,10 +172,14 @@ class Tokenizer:
         """The ids of bos, eos, pad and unk (None where the tokenizer has none), and eod, which ends every
         pretraining document (input.append_eod): the eos token's, else the token the tokenizer closes
         every text with (BERT's [SEP]); a run's input.eod_token overrides it (run/context.py)."""
-        ids = {f"{key}_id": self.engine.token_to_id(self.special_tokens[f"{key}_token"])
-               if f"{key}_token" in self.special_tokens else None for key in ("bos", "eos", "pad", "unk")}
+        ids = {f"{key}_id": self.special_id(key) for key in ("bos", "eos", "pad", "unk")}
         eod = self.eos_text or self.suffix_text
         return {**ids, "eod_id": self.engine.token_to_id(eod) if eod else None}
+
+    def special_id(self, key: str) -> int | None:
+        """The id of the tokenizer's `key` token ("eos", "pad", ...; tokenizer_config.json), None without one."""
+        text = self.special_tokens.get(f"{key}_token")
+        return None if text is None else self.engine.token_to_id(text)
 
     def summary(self) -> dict[str, Any]:
         """What meta.json says of the tokenizer: where it came from, one sha256 over its files, its size and

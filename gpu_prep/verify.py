@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from gpu_prep.output.dataset import ShardArrays, load_shard
-from gpu_prep.output.files import manifest_checksum, sha256_file
+from gpu_prep.output.files import manifest_edited, sha256_file
 
 
 def _check_shard(directory: Path, shard: dict[str, Any], meta: dict[str, Any], where: str) -> list[str]:
@@ -97,9 +97,9 @@ def verify(out_dir: str | Path) -> list[str]:
 
 def _verify(out_dir: Path, manifest: dict[str, Any]) -> list[str]:
     faults: list[str] = []
-    if manifest.get("manifest_sha256") != manifest_checksum(manifest):
-        faults.append(f"{out_dir / 'manifest.json'}: edited after the run (its totals, config or file list no "
-                      "longer match its manifest_sha256)")
+    edited = manifest_edited(out_dir / "manifest.json", manifest)
+    if edited:
+        faults.append(edited)
     for name, size in manifest.get("files", {}).items():
         path = out_dir / name
         if not path.is_file():

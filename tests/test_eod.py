@@ -59,6 +59,8 @@ def test_eod_token_names_another_token_and_meta_records_it(tmp_path: Path, fast_
     assert all(ids[-1] == ENDOFTEXT and IM_END not in ids for ids, _ in samples(out))
     meta = json.loads((out / "__default__" / "meta.json").read_text(encoding="utf-8"))
     assert (meta["tokenizer"]["eod_id"], meta["tokenizer"]["eos_id"]) == (ENDOFTEXT, IM_END)
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["tokenizer"]["eod_id"] == ENDOFTEXT  # the manifest says what meta.json says
 
 
 def test_an_eod_token_outside_the_vocabulary_is_refused(tmp_path: Path, fast_tokenizer: None) -> None:

@@ -1,7 +1,7 @@
 """The reader and the row builders never raise on what they are fed: random bytes, random JSON values and
 random chat-shaped rows each become a row or a named drop. Reading as columns (the GPU backend's path)
 gives the strict parser's rows on the same soup. Whether a file is JSON Lines at all is checked before it
-is read (sources.check_file): on random bytes that check takes the file or refuses it with a ConfigError,
+is read (sources.inspect_file): on random bytes that check takes the file or refuses it with a ConfigError,
 nothing else; the reader is fed the bytes directly."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from gpu_prep.errors import Drop
 from gpu_prep.format import RowError, get_builder
 from gpu_prep.errors import ConfigError
 from gpu_prep.read import Columnar, InputFile, as_read, read_chunks
-from gpu_prep.sources import check_file
+from gpu_prep.sources import inspect_file
 from test_columnar_read import lenient_read_range
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -51,7 +51,7 @@ def test_the_content_check_takes_or_refuses_random_bytes(data: bytes, fmt: str) 
         path = Path(tmp) / f"fuzz.{fmt}"
         path.write_bytes(data)
         try:
-            check_file(str(path), fmt, None)
+            inspect_file(str(path), fmt, None)
         except ConfigError as exc:
             assert str(path) in str(exc)
 

@@ -26,7 +26,7 @@ from corpora import sharegpt_chats
 from gpu_prep.config import load_config, parse_config
 from gpu_prep.errors import ConfigError
 from gpu_prep.pipeline import Options, run
-from gpu_prep.sources import check_file, split_name
+from gpu_prep.sources import inspect_file, split_name
 from helpers import REPO, write_jsonl
 
 ROWS = 120
@@ -239,7 +239,7 @@ def test_formats_by_name() -> None:
 
 def test_a_json_named_file_of_lines_is_read_as_lines(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "lines.json", [{"text": "one"}, {"text": "two"}])
-    assert check_file(str(path), "json", None) == "jsonl"
+    assert inspect_file(str(path), "json", None)[0] == "jsonl"
 
 
 # ---------------------------------------------------------------- paths inside a config

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu_prep.output.files import manifest_checksum
+from gpu_prep.output.files import manifest_edited
 
 TOTALS = ("num_samples", "num_tokens", "num_trained_tokens")
 
@@ -190,9 +190,9 @@ class Dataset:
             raise FileNotFoundError(f"{path}: missing, so {self.out_dir} is not a finished run (one that was stopped "
                                     "is finished by running it again with --resume)")
         manifest = json.loads(path.read_text(encoding="utf-8"))
-        if manifest.get("manifest_sha256") != manifest_checksum(manifest):
-            raise ValueError(f"{path}: edited after the run (its totals, config or file list no longer match its "
-                             "manifest_sha256)")
+        edited = manifest_edited(path, manifest)
+        if edited:
+            raise ValueError(edited)
         self.manifest = manifest
         self.domains = {name: Domain(self.out_dir / name) for name in sorted(manifest["domains"])}
 

@@ -186,6 +186,13 @@ def manifest_checksum(manifest: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(signed, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
+def manifest_edited(path: Path, manifest: dict[str, Any]) -> str | None:
+    """What is wrong with a manifest whose checksum no longer holds (None: it holds), naming its file."""
+    if manifest.get("manifest_sha256") == manifest_checksum(manifest):
+        return None
+    return f"{path}: edited after the run (its totals, config or file list no longer match its manifest_sha256)"
+
+
 def written_files(root: Path) -> dict[str, int]:
     """The finished files a run wrote in root (by the journal), with their sizes: not its temporaries or its
     own bookkeeping (.gpu-prep-*), which go when the run is complete."""

@@ -95,8 +95,8 @@ class Checkpointer:
                  state: dict[str, Any] | None = None) -> None:
         self.out_dir, self.identity, self.every = out_dir, identity, every_seconds
         self.rows_done = 0 if state is None else state["rows_done"]
-        self.saved = state is not None  # a checkpoint exists to resume from, holding rows_saved rows
-        self.rows_saved = self.rows_done
+        # The rows the last checkpoint holds (None: none was written yet, nothing to resume from).
+        self.rows_saved: int | None = None if state is None else self.rows_done
         self.digests = 0 if state is None else state["dedup_digests"]
         log = out_dir / DEDUP_LOG
         if state is None:
@@ -131,7 +131,7 @@ class Checkpointer:
         failpoint("checkpoint")
         write_json_atomic(self.out_dir / CHECKPOINT, {"identity": self.identity, "rows_done": self.rows_done,
                                                       "dedup_digests": self.digests, **state})
-        self.saved, self.rows_saved = True, self.rows_done
+        self.rows_saved = self.rows_done
         failpoint("checkpoint_written")
         self.last = time.monotonic()
 

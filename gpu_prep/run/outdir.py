@@ -51,6 +51,7 @@ def output_lock(out_dir: Path) -> Iterator[None]:
     file is taken over, and two runs starting together cannot both win."""
     import fcntl
 
+    _check_not_a_file(out_dir)
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / LOCK
@@ -79,10 +80,14 @@ def output_lock(out_dir: Path) -> Iterator[None]:
             out_dir.rmdir()  # a run refused before it wrote anything leaves no folder behind
 
 
-def check_output(out_dir: Path, overwrite: bool, resume: bool) -> None:
-    """Refuse an output that cannot be used, before any work (or deletion) is done."""
+def _check_not_a_file(out_dir: Path) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"output {str(out_dir)!r} is a file, not a directory")
+
+
+def check_output(out_dir: Path, overwrite: bool, resume: bool) -> None:
+    """Refuse an output that cannot be used, before any work (or deletion) is done."""
+    _check_not_a_file(out_dir)
     if not (out_dir.is_dir() and set(os.listdir(out_dir)) - {LOCK}):
         return
     if not (out_dir / MANIFEST).exists() and not (out_dir / RUN_MARKER).exists():
