@@ -77,25 +77,23 @@ class Budget:
     characters any one value or output may have. One per row, held per thread: no deadline is shared between
     the threads that render."""
 
-    __slots__ = ("deadline", "exceeded", "left", "max_chars", "started", "time_limit", "written")
+    __slots__ = ("deadline", "exceeded", "left", "max_chars", "time_limit", "written")
 
     def __init__(self, time_limit: float, max_chars: int) -> None:
         self.time_limit = time_limit
         self.max_chars = max_chars
         self.left = time_limit  # seconds the template has not spent yet
         self.deadline = math.inf  # while a render runs: when its time is up
-        self.started = 0.0
         self.written = 0  # characters the render in progress printed with {{ }} in macros and set blocks
         self.exceeded: str | None = None  # the first limit broken, worded for a drop's detail
 
     def begin(self) -> None:
         """A render starts: only time spent inside the template counts (not tokenizing between renders)."""
-        self.started = time.monotonic()
-        self.deadline = self.started + self.left
+        self.deadline = time.monotonic() + self.left
         self.written = 0
 
     def end(self) -> None:
-        self.left -= time.monotonic() - self.started
+        self.left = self.deadline - time.monotonic()
         self.deadline = math.inf
 
     def fail(self, detail: str) -> NoReturn:
@@ -459,11 +457,7 @@ class _Looped:
         return len(self.iterable)
 
     def __iter__(self) -> Iterator[Any]:
-        budget = self.budget
-        for n, item in enumerate(self.iterable):
-            if not n & 15:
-                budget.check_time()
-            yield item
+        return _checked_items(iter(self.iterable), self.budget, None)
 
 
 def _guard_loop(iterable: Any) -> Any:
@@ -792,16 +786,13 @@ class ChatTemplate:
     tokens (bos_token, eos_token, ...) and the config's chat_template_kwargs, which win, as in transformers.
 
     Renders are held to limits: those of the row being rendered on this thread (row_limits, which render.py
-    sets from the config), else time_limit and max_chars per render. A template that does not compile, or
-    that cannot render a two-message conversation within its limits, is a ConfigError naming origin."""
+    sets from the config), else the default ones per render. A template that does not compile, or that
+    cannot render a two-message conversation within the default limits, is a ConfigError naming origin."""
 
     def __init__(self, source: str, special_tokens: dict[str, str], kwargs: dict[str, Any] | None = None, *,
-                 origin: str = "the chat template", time_limit: float = DEFAULT_TIME_LIMIT,
-                 max_chars: int = DEFAULT_MAX_CHARS) -> None:
+                 origin: str = "the chat template") -> None:
         self.source = source
         self.origin = origin
-        self.time_limit = time_limit
-        self.max_chars = max_chars
         try:
             self.template = compile_template(source)
         except (jinja2.exceptions.TemplateError, RecursionError, MemoryError, ValueError) as exc:
@@ -812,8 +803,8 @@ class ChatTemplate:
 
     def _try(self) -> None:
         try:
-            self._generate(self._arguments(list(_TRIAL), None, None, False), None,
-                           Budget(self.time_limit, self.max_chars))
+            with row_limits(DEFAULT_TIME_LIMIT, DEFAULT_MAX_CHARS):
+                self._generate(self._arguments(list(_TRIAL), None, None, False), None)
         except TemplateLimit as exc:
             raise ConfigError(f"{self.origin} broke its limits rendering a two-message conversation, as it would "
                               f"on every row: {exc}") from None
@@ -842,12 +833,11 @@ class ChatTemplate:
             _tracking.tracker = None
         return text, tracker.spans
 
-    def _generate(self, arguments: dict[str, Any], tracker: _Tracker | None, budget: Budget | None = None) -> str:
-        """The output, streamed and stopped once it passes the cap, under the given budget, else the row's on
-        this thread, else one of this template's own. Whatever the template raises comes out a TemplateError:
-        TemplateLimit for a broken limit, the template's own error, or a TemplateFailure with its message."""
-        if budget is None:
-            budget = _limits.row or Budget(self.time_limit, self.max_chars)
+    def _generate(self, arguments: dict[str, Any], tracker: _Tracker | None) -> str:
+        """The output, streamed and stopped once it passes the cap, under the row's budget on this thread,
+        else a default one. Whatever the template raises comes out a TemplateError: TemplateLimit for a
+        broken limit, the template's own error, or a TemplateFailure with its message."""
+        budget = _limits.row or Budget(DEFAULT_TIME_LIMIT, DEFAULT_MAX_CHARS)
         previous = _limits.budget
         _limits.budget = budget
         budget.begin()

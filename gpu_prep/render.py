@@ -63,6 +63,11 @@ class RenderContext:
     count_tokens: Callable[[str], int] | None = None  # a text's tokens (structured truncation)
     _trains: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)  # label -> trained
 
+    @functools.cached_property
+    def limits(self) -> tuple[float, int]:
+        """The template limits each row's renders are held to (template_limits of this context's config)."""
+        return template_limits(self.config)
+
     def template_for(self, conv: Conversation) -> ChatTemplate:
         return self.tool_template if conv.tools and self.tool_template is not None else self.template
 
@@ -351,7 +356,7 @@ def affix_disagreement(shapes: list[Shape], ctx: RenderContext) -> str | None:
     for n, shape in enumerate(shapes[:AFFIX_CHECK_ROWS]):
         if isinstance(shape, Conversation) and ctx.affix.covers(shape.messages, shape.tools):
             try:
-                with row_limits(*template_limits(ctx.config)):
+                with row_limits(*ctx.limits):
                     expected = ctx.template.render(shape.messages, shape.tools, shape.documents)
             except jinja2.exceptions.TemplateError as exc:
                 return f"row {n}: Jinja refuses a conversation the affix path accepts ({exc})"
@@ -383,20 +388,18 @@ def _within_limits(conv: Conversation, ctx: RenderContext
                    ) -> tuple[str, list[Span], tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """conversation_spans (after structured truncation, where asked), every render of the row held to the
     config's template limits together. A row whose renders broke one is dropped as template_limit, naming
-    the limit, whatever error the template's interruption surfaced as; one the template refused stays
-    template_error, with the template's message."""
-    with row_limits(*template_limits(ctx.config)) as budget:
+    the limit, whatever error the template's interruption surfaced as (locate.py makes every template error
+    a RowError); one the template refused stays template_error, with the template's message."""
+    with row_limits(*ctx.limits) as budget:
         try:
             notes: tuple[str, ...] = ()
             if ctx.config.preprocessing.truncation == "structured" and ctx.count_tokens is not None:
                 conv, notes = _structured(conv, ctx)
             return (*conversation_spans(conv, ctx), notes)
-        except (RowError, jinja2.exceptions.TemplateError) as exc:
+        except RowError:
             if budget.exceeded is not None:
                 raise RowError(Drop.TEMPLATE_LIMIT, budget.exceeded) from None
-            if isinstance(exc, RowError):
-                raise
-            raise RowError(Drop.TEMPLATE_ERROR, f"the chat template refused the row: {exc}") from None
+            raise
 
 
 def _structured(conv: Conversation, ctx: RenderContext) -> tuple[Conversation, tuple[str, ...]]:
