@@ -1,27 +1,39 @@
-"""Tokenizer engines: HF tokenizers (the reference, any tokenizer.json) and tiktoken (byte-level BPE only,
-several times faster). Each turns text pieces into (flat int64 ids, int64 token count per piece), adding no
-special tokens.
+"""Tokenizer engines: HF tokenizers (the reference, any tokenizer.json) and two faster exact engines,
+fastokens (reads tokenizer.json itself; BPE of several families) and tiktoken (byte-level BPE only). Each
+turns text pieces into (flat int64 ids, int64 token count per piece), adding no special tokens.
 
-tiktoken is built from the tokenizer.json itself: ranks are the vocabulary ids of each token's bytes, the
-split pattern is the Split pre-tokenizer's regex, every added token is a special token, and an NFC
-normalizer is applied before encoding. Whether that reproduces HF exactly is checked, not assumed: before
-a run uses it, `choose_engine` compares both on a sample of the run's own input and falls back to HF on
-any difference.
+A fast engine is trusted only where it is seen to equal HF, twice over:
+- before a run uses it, `choose_engine` compares it with HF on the first 256 KiB of the run's own input and
+  falls back (to the next fast engine, then HF) on any difference;
+- while the run goes, an `Audit` re-encodes a seeded share of every chunk's pieces with HF in a thread of its
+  own, and a chunk is masked and written only once its check is in. A difference stops trusting the fast
+  engine: that chunk and every later one are encoded by HF (or, under --strict, the run stops).
+
+tiktoken is built from the tokenizer.json: ranks are the vocabulary ids of each token's bytes, the split
+pattern is the Split pre-tokenizer's regex, every added token is a special token, and an NFC normalizer is
+applied before encoding. fastokens builds from the file; neither can be saved and loaded again, so each is
+built once per process, in a thread of its own (both release the GIL) while the run reads its first rows.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import unicodedata
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 NORMAL_FORMS = frozenset({"NFC", "NFD", "NFKC", "NFKD"})  # normalizers that are a Unicode normal form
+FAST_ENGINES = ("fastokens", "tiktoken")  # tried in this order under tokenizer.engine auto
+AUDIT_RATE = 0.01  # share of pieces the audit re-encodes with HF
+AUDIT_SEED = 0x5EED
 
 
 def _pack(batches: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -102,6 +114,9 @@ class TiktokenEngine:
         form = (spec.get("normalizer") or {}).get("type")
         return cls(encoding, form, os.cpu_count() or 1)
 
+    def with_threads(self, threads: int | None) -> TiktokenEngine:
+        return TiktokenEngine(self.encoding, self.form, threads or os.cpu_count() or 1)
+
     def _encode_slice(self, pieces: list[str]) -> list[np.ndarray]:
         form, special, encode = self.form, self.encoding.special_tokens_set, self.encoding.encode_to_numpy
         if form:
@@ -122,6 +137,35 @@ class TiktokenEngine:
         return ids, counts
 
 
+class FastokensEngine:
+    """fastokens, built from the tokenizer.json file: ids come back as one flat buffer (no Python int per
+    token); its own threads (FASTOKENS_BPE_THREADS, read when it first encodes) run the batch."""
+
+    name = "fastokens"
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def from_file(cls, path: Path) -> FastokensEngine:
+        import fastokens
+
+        tokenizer = fastokens.Tokenizer.from_file(str(path))
+        tokenizer.no_truncation()  # lengths are the pipeline's job, as for HF (tokenizer.load_tokenizer)
+        tokenizer.no_padding()
+        return cls(tokenizer)
+
+    def with_threads(self, threads: int | None) -> FastokensEngine:
+        if threads:
+            os.environ["FASTOKENS_BPE_THREADS"] = str(threads)
+        return self
+
+    def encode(self, pieces: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        ids, offsets = self.tokenizer.encode_batch_flat(pieces, add_special_tokens=False)
+        ends = np.frombuffer(offsets, np.uint64).astype(np.int64)
+        return np.frombuffer(ids, np.uint32).astype(np.int64), np.diff(ends)
+
+
 def first_difference(a: Any, b: Any, pieces: list[str]) -> str | None:
     """None when two engines' outputs agree; else which piece differs first."""
     (ids_a, counts_a), (ids_b, counts_b) = a, b
@@ -135,48 +179,146 @@ def first_difference(a: Any, b: Any, pieces: list[str]) -> str | None:
     return "the outputs differ"
 
 
-_BUILT: dict[Any, TiktokenEngine] = {}  # building one takes a good part of a second: once per process
+class Unusable(Exception):
+    """A fast engine cannot run this tokenizer (the message says why)."""
 
 
-def build_fast_engine(requested: str, spec: dict[str, Any], cache_key: Any) -> TiktokenEngine | None:
-    """The tiktoken engine choose_engine will consider, built once per process (as part of loading the
-    tokenizer, before any input is read); None when tiktoken cannot run this tokenizer."""
-    if requested == "hf" or tiktoken_problem(spec) is not None:
-        return None
-    if cache_key is None or cache_key not in _BUILT:
+def _build(name: str, spec: dict[str, Any], path: Path) -> Any:
+    if name == "tiktoken":
+        if (problem := tiktoken_problem(spec)) is not None:
+            raise Unusable(problem)
         try:
-            built = TiktokenEngine.from_spec(spec)
+            return TiktokenEngine.from_spec(spec)
         except ImportError:
-            return None
-        if cache_key is None:
-            return built
-        _BUILT[cache_key] = built
-    return _BUILT[cache_key]
+            raise Unusable("tiktoken is not installed") from None
+    try:
+        return FastokensEngine.from_file(path)
+    except ImportError:
+        raise Unusable("fastokens is not installed") from None
+    except Exception as exc:  # noqa: BLE001  fastokens raises a bare ValueError/RuntimeError naming the part it lacks
+        raise Unusable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
 
 
-def choose_engine(requested: str, spec: dict[str, Any], hf: HfEngine, pieces: list[str], sample_size: int,
-                  threads: int | None = None, cache_key: Any = None) -> tuple[Any, str, tuple[np.ndarray, np.ndarray]]:
+def _in_thread(work: Callable[[], Any]) -> Future:
+    """work() in a daemon thread (a build still going when the run ends must not hold the process)."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(work())
+        except BaseException as exc:  # noqa: BLE001  handed to whoever waits
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="gpu-prep-engine-build", daemon=True).start()
+    return future
+
+
+_BUILDS: dict[tuple[str, Any], Future] = {}  # building one takes about a second: once per process
+_BUILDS_LOCK = threading.Lock()
+
+
+def candidates(requested: str) -> tuple[str, ...]:
+    """The fast engines tokenizer.engine lets a run try, in order."""
+    return FAST_ENGINES if requested == "auto" else () if requested == "hf" else (requested,)
+
+
+def start_builds(requested: str, spec: dict[str, Any], path: Path, cache_key: Any) -> None:
+    """Start building, each in a thread of its own, the fast engines a run may use (as part of loading the
+    tokenizer; the run reads its first rows meanwhile). cache_key names the tokenizer.json (path, size,
+    mtime): a process builds each engine of it once."""
+    for name in candidates(requested):
+        with _BUILDS_LOCK:
+            if (name, cache_key) not in _BUILDS:
+                _BUILDS[(name, cache_key)] = _in_thread(lambda name=name: _build(name, spec, path))
+
+
+def fast_engine(name: str, spec: dict[str, Any], path: Path, cache_key: Any) -> tuple[Any, str | None]:
+    """(the built engine, None), or (None, why it cannot run this tokenizer)."""
+    start_builds(name, spec, path, cache_key)
+    try:
+        return _BUILDS[(name, cache_key)].result(), None
+    except Unusable as exc:
+        return None, str(exc)
+
+
+def choose_engine(requested: str, spec: dict[str, Any], path: Path, hf: HfEngine, pieces: list[str],
+                  sample_size: int, threads: int | None = None, cache_key: Any = None
+                  ) -> tuple[Any, str, tuple[np.ndarray, np.ndarray]]:
     """The engine to run, a sentence saying why, and `pieces` encoded by that engine. `requested`: auto |
-    hf | tiktoken.
+    hf | fastokens | tiktoken.
 
-    The fast engine is used only if it equals HF on the first sample_size pieces. HF encodes those in a
-    thread of its own while the fast engine encodes all the pieces, so the check adds HF's share of the
-    work and nothing else. cache_key identifies the tokenizer.json (path, size, mtime) so a process builds
-    its tiktoken once."""
+    A fast engine is used only if it equals HF on the first sample_size pieces (with none, as a resumed run
+    restores the choice it made, it is taken as it is). HF encodes the sample in a thread of its own while
+    the fast engine encodes all the pieces, so the check adds HF's share of the work and nothing else."""
     if requested == "hf":
         return hf, "hf: requested", hf.encode(pieces)
-    built = build_fast_engine(requested, spec, cache_key)
-    if built is None:
-        problem = tiktoken_problem(spec) or "tiktoken is not installed"
-        return hf, f"hf: tiktoken cannot run this tokenizer ({problem})", hf.encode(pieces)
-    fast = TiktokenEngine(built.encoding, built.form, threads or os.cpu_count() or 1)
     sample = pieces[:sample_size]
+    reasons = []
     with ThreadPoolExecutor(1, thread_name_prefix="gpu-prep-engine-check") as pool:
-        reference = pool.submit(hf.encode, sample)
-        encoded = fast.encode(pieces)
-        want = reference.result()
-    counts = encoded[1][:len(sample)]
-    difference = first_difference((encoded[0][:int(counts.sum())], counts), want, sample)
-    if difference is not None:
-        return hf, f"hf: tiktoken differs from HF on this input ({difference}); falling back", hf.encode(pieces)
-    return fast, f"tiktoken: identical to HF on a sample of {len(sample)} pieces of this input", encoded
+        reference = pool.submit(hf.encode, sample) if sample else None
+        for name in candidates(requested):
+            built, problem = fast_engine(name, spec, path, cache_key)
+            if built is None:
+                reasons.append(f"{name} cannot run this tokenizer ({problem})")
+                continue
+            fast = built.with_threads(threads)
+            encoded = fast.encode(pieces)
+            if reference is None:
+                return fast, f"{name}: chosen earlier in this run", encoded
+            counts = encoded[1][:len(sample)]
+            difference = first_difference((encoded[0][:int(counts.sum())], counts), reference.result(), sample)
+            if difference is None:
+                return fast, f"{name}: identical to HF on a sample of {len(sample)} pieces of this input", encoded
+            reasons.append(f"{name} differs from HF on this input ({difference}); falling back")
+    return hf, "hf: " + "; ".join(reasons), hf.encode(pieces)
+
+
+class Audit:
+    """Checks a fast engine all the way through a run: a seeded share of each batch's pieces is encoded
+    again by HF in a thread of its own. Batches are checked in the order they were submitted, so once one
+    differs every later one is known to come from an engine no longer trusted."""
+
+    def __init__(self, hf: HfEngine, engine: str, rate: float | None = None, seed: int = AUDIT_SEED) -> None:
+        self.hf, self.engine, self.seed = hf, engine, seed
+        self.rate = AUDIT_RATE if rate is None else rate
+        self.pieces_checked = 0
+        self.batches = self._submitted = 0  # batches checked; batches handed to check (numbers them)
+        self.difference: str | None = None  # the first difference seen: the engine is no longer trusted
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="gpu-prep-engine-audit")
+
+    def picks(self, batch: int, count: int) -> np.ndarray:
+        """Which of a batch's pieces are checked: the same for the same batch number, whatever ran before."""
+        return np.flatnonzero(np.random.default_rng([self.seed, batch]).random(count) < self.rate)
+
+    def submit(self, pieces: list[str], ids: np.ndarray, counts: np.ndarray,
+               then: Callable[[str | None], Any]) -> Future:
+        """Check these pieces' encoding (flat ids, tokens per piece) in the background; the future gives
+        then(None) where HF agrees, then(why) where this batch or an earlier one differs."""
+        batch, self._submitted = self._submitted, self._submitted + 1
+        return self._pool.submit(self._check, batch, pieces, ids, counts, then)
+
+    def _check(self, batch: int, pieces: list[str], ids: np.ndarray, counts: np.ndarray,
+               then: Callable[[str | None], Any]) -> Any:
+        self.batches += 1
+        if self.difference is None:
+            picked = self.picks(batch, len(pieces))
+            ends = np.cumsum(counts)
+            starts = ends - counts
+            got_ids = [ids[starts[i]:ends[i]] for i in picked]
+            got = (np.concatenate(got_ids) if got_ids else np.zeros(0, np.int64), counts[picked])
+            texts = [pieces[i] for i in picked]
+            difference = first_difference(got, self.hf.encode(texts), texts)
+            self.pieces_checked += len(picked)
+            if difference is not None:
+                self.difference = f"{self.engine} differs from HF in batch {batch}: {difference}"
+        return then(self.difference)
+
+    def resume(self, summary: dict[str, Any]) -> None:
+        """Go on from an interrupted run's check (its summary as of its last chunk committed)."""
+        self.batches = self._submitted = summary["batches"]
+        self.pieces_checked, self.difference = summary["pieces_checked"], summary["difference"]
+
+    def summary(self) -> dict[str, Any]:
+        """What the manifest says of the check."""
+        return {"engine": self.engine, "share": self.rate, "seed": self.seed, "batches": self.batches,
+                "pieces_checked": self.pieces_checked, "difference": self.difference}

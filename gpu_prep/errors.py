@@ -34,6 +34,10 @@ class WriteError(GpuPrepError):
         super().__init__(f"{where}{error.strerror or error}; the run stopped, {after}")
 
 
+class EngineMismatch(GpuPrepError):
+    """Under --strict, the fast tokenizer engine was seen to differ from HF tokenizers during the run."""
+
+
 class InputError(GpuPrepError):
     """A row broke a rule and --strict asked to stop: names file, line, field and rule."""
 

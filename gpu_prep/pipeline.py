@@ -84,7 +84,7 @@ def _run(config: PipelineConfig, files: list[InputFile], datasets: Any, out_dir:
     # The inputs' checksums are taken beside the run (hashing releases the GIL), not after it.
     checksums = in_background(lambda: [sha256_file(f.path) for f in files])
     try:
-        run_ctx = build_context(config, tok, backend, files, datasets, options.workers)
+        run_ctx = build_context(config, tok, backend, files, datasets, options.workers, options.strict)
         outcome = _process(run_ctx, out_dir, options, checkpoints, resumed or {}, clock)
         hashes = clock.time("checksums", checksums)
         check_unchanged(files, resume_identity["inputs"])

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from gpu_prep.engines import NORMAL_FORMS, HfEngine, build_fast_engine, choose_engine
+from gpu_prep.engines import NORMAL_FORMS, Audit, HfEngine, choose_engine, start_builds
 from gpu_prep.errors import ConfigError
 from gpu_prep.hub import looks_like_model_id, resolve_model_id
 from gpu_prep.output.files import copy_atomic, write_atomic
@@ -66,6 +66,7 @@ class Tokenizer:
     spec: dict[str, Any] = field(default_factory=dict, repr=False)  # the parts of tokenizer.json in use
     active: Any = None  # the engine encode() runs: HF until use_engine() picks
     engine_choice: str = "hf: default"
+    audit: Audit | None = None  # checks the fast engine the run chose, all the way through
     source: str = ""  # what the run was told: a directory, "bundled <name>", or "<model id>@<commit>"
     _summary: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
@@ -134,22 +135,42 @@ class Tokenizer:
         return str(self.directory.resolve()), stat.st_size, stat.st_mtime_ns
 
     def prepare_engines(self, requested: str) -> None:
-        """Build the fast engine a run may use (auto | hf | tiktoken) before it reads any input."""
-        build_fast_engine(requested, self.spec, self._engine_key())
+        """Start building the fast engines a run may use (auto | hf | fastokens | tiktoken), in threads of their
+        own, before it reads any input."""
+        start_builds(requested, self.spec, self.directory / "tokenizer.json", self._engine_key())
+
+    def _choose(self, requested: str, pieces: list[str], sample_size: int,
+                threads: int | None) -> tuple[np.ndarray, np.ndarray]:
+        hf = HfEngine(self.engine)
+        self.active, self.engine_choice, encoded = choose_engine(
+            requested, self.spec, self.directory / "tokenizer.json", hf, pieces, sample_size, threads,
+            cache_key=self._engine_key())
+        self.audit = Audit(hf, self.active.name) if self.active.name != hf.name else None
+        return encoded
 
     def use_engine(self, requested: str, pieces: list[str], sample_size: int,
                    threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Pick the engine for this run (auto | hf | tiktoken), checked on the first sample_size of these
-        pieces of the input, and return the pieces encoded by it (as encode() does)."""
-        self.active, self.engine_choice, encoded = choose_engine(
-            requested, self.spec, HfEngine(self.engine), pieces, sample_size, threads, cache_key=self._engine_key())
-        return encoded
+        """Pick the engine for this run (auto | hf | fastokens | tiktoken), checked on the first sample_size
+        of these pieces of the input, and return the pieces encoded by it (as encode() does)."""
+        return self._choose(requested, pieces, sample_size, threads)
 
     def restore_engine(self, name: str, choice: str, threads: int | None = None) -> None:
-        """Run the engine an interrupted run chose (--resume), without checking it again on other rows."""
-        self.active, _, _ = choose_engine(name, self.spec, HfEngine(self.engine), [], 0, threads,
-                                          cache_key=self._engine_key())
+        """Run the engine an interrupted run chose (--resume), without checking it again on other rows (the
+        audit goes on checking it)."""
+        self._choose(name, [], 0, threads)
         self.engine_choice = choice
+
+    def resume_audit(self, summary: dict[str, Any]) -> None:
+        """The check of an interrupted run goes on from its summary (also where the engine it checked was
+        distrusted already, so the manifest still says so)."""
+        if self.audit is None:
+            self.audit = Audit(HfEngine(self.engine), summary["engine"], summary["share"], summary["seed"])
+        self.audit.resume(summary)
+
+    def distrust_engine(self, why: str) -> None:
+        """The audit saw the fast engine differ from HF: HF encodes from here on."""
+        self.active = HfEngine(self.engine)
+        self.engine_choice = f"hf: {why}; encoded by HF from there on"
 
     def count_tokens(self, text: str) -> int:
         """How many tokens the text is, no special tokens added."""

@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import run_rows
 
@@ -31,15 +32,20 @@ def test_tiktoken_and_hf_write_identical_shards(tmp_path: Path, input_type: str)
     chats = sharegpt_chats(150)
     rows = chats if input_type == "chat" else [{"text": m["content"]} for c in chats for m in c["messages"]]
     outs = {}
-    for engine in ("hf", "tiktoken", "auto"):
+    for engine in ("hf", "tiktoken", "fastokens", "auto"):
         config = {"tokenizer": {"name": "qwen2.5", "engine": engine}, "input": {"type": input_type},
                   "mask": {"assistant": "train"}, "preprocessing": {"deduplicate": False, "min_chars": 1}}
         outs[engine] = run_rows(tmp_path, config, rows, name=engine, chunk_rows=64)
     assert _engine(outs["hf"])["engine"] == "hf"
     assert _engine(outs["tiktoken"])["engine"] == "tiktoken"
-    assert _engine(outs["auto"])["engine"] == "tiktoken"
+    assert _engine(outs["fastokens"])["engine"] == "fastokens"
+    assert _engine(outs["auto"])["engine"] == "fastokens"  # the fastest exact engine, first under auto
     assert "identical to HF" in _engine(outs["auto"])["engine_choice"]
-    assert _shard_hashes(outs["hf"]) == _shard_hashes(outs["tiktoken"]) == _shard_hashes(outs["auto"])
+    check = _engine(outs["auto"])["engine_check"]
+    assert check["engine"] == "fastokens" and check["difference"] is None and check["pieces_checked"] > 0
+    assert _engine(outs["hf"])["engine_check"] is None
+    hashes = [_shard_hashes(outs[engine]) for engine in outs]
+    assert all(h == hashes[0] for h in hashes)
 
 
 def test_a_vocabulary_whose_ids_are_not_in_merge_order_falls_back_to_hf(tmp_path: Path) -> None:
@@ -64,14 +70,16 @@ def test_a_vocabulary_whose_ids_are_not_in_merge_order_falls_back_to_hf(tmp_path
     assert _shard_hashes(out) == _shard_hashes(run_rows(tmp_path, hf_config, rows, name="hf"))
 
 
-def test_wordpiece_is_not_a_tiktoken_vocabulary() -> None:
+def test_wordpiece_runs_on_hf_saying_why_neither_fast_engine_can() -> None:
     try:
         tok = load_tokenizer("bert-uncased")
     except ConfigError as exc:
         pytest.skip(str(exc))
     assert "WordPiece" in tiktoken_problem(tok.spec)
     ids, counts = tok.use_engine("auto", ["hello"], sample_size=1)
-    assert tok.engine_choice.startswith("hf: tiktoken cannot run")
+    assert tok.engine_choice.startswith("hf: fastokens cannot run this tokenizer (")
+    assert "BertNormalizer" in tok.engine_choice and "tiktoken cannot run this tokenizer (model is WordPiece" in tok.engine_choice
+    assert tok.audit is None
     assert ids.tolist() == tok.engine.encode("hello", add_special_tokens=False).ids and counts.tolist() == [len(ids)]
 
 
@@ -85,3 +93,73 @@ def test_output_does_not_depend_on_workers_or_chunk_size(tmp_path: Path) -> None
     ]
     assert all(h == hashes[0] for h in hashes[1:])
     assert sum(len(v) for v in hashes[0].values()) > 1  # several shards, so shard cuts are compared too
+
+
+# ---------------------------------------------------------------- the check all the way through
+
+MARKER = "zebra-quartz"  # text only rows far past the first sample carry
+
+
+def _corrupting(original):
+    """A fast engine that is exact except on pieces with MARKER, where its first token is off by one: the
+    kind of rare difference the first sample cannot see."""
+    def encode(self, pieces):
+        ids, counts = original(self, pieces)
+        ids = ids.copy()
+        starts = np.cumsum(counts) - counts
+        for i, piece in enumerate(pieces):
+            if MARKER in piece and counts[i]:
+                ids[starts[i]] += 1
+        return ids, counts
+    return encode
+
+
+def _late_marker_rows() -> list[dict]:
+    rows = [{"text": m["content"]} for c in sharegpt_chats(200) for m in c["messages"]]
+    rows = rows[:600]  # run in chunks of 50 rows: the first sample (of the first chunk) never sees row 450
+    rows[450] = {"text": f"A line about the {MARKER} that only this row has."}
+    return rows
+
+
+@pytest.mark.parametrize("engine", ["fastokens", "tiktoken"])
+def test_a_difference_after_the_first_sample_is_caught_and_re_encoded_by_hf(tmp_path: Path, engine: str,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu_prep import engines
+
+    monkeypatch.setattr(engines, "AUDIT_RATE", 1.0)  # every piece checked, so the one bad piece is seen
+    engine_class = {"fastokens": engines.FastokensEngine, "tiktoken": engines.TiktokenEngine}[engine]
+    monkeypatch.setattr(engine_class, "encode", _corrupting(engine_class.encode))
+    rows = _late_marker_rows()
+    config = {"tokenizer": {"name": "qwen2.5", "engine": engine}, "input": {"type": "text"},
+              "preprocessing": {"deduplicate": False, "min_chars": 1}}
+    out = run_rows(tmp_path, config, rows, name="caught", chunk_rows=50)
+    identity = _engine(out)
+    assert identity["engine"] == "hf"
+    assert f"{engine} differs from HF" in identity["engine_choice"] and MARKER in identity["engine_choice"]
+    assert MARKER in identity["engine_check"]["difference"]
+    assert identity["engine_check"]["pieces_checked"] >= 450
+    hf = run_rows(tmp_path, {**config, "tokenizer": {"name": "qwen2.5", "engine": "hf"}}, rows, name="hf")
+    assert _shard_hashes(out) == _shard_hashes(hf)  # nothing the corrupt engine made was written
+
+
+def test_under_strict_a_difference_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu_prep import engines
+    from gpu_prep.errors import EngineMismatch
+
+    monkeypatch.setattr(engines, "AUDIT_RATE", 1.0)
+    monkeypatch.setattr(engines.FastokensEngine, "encode", _corrupting(engines.FastokensEngine.encode))
+    config = {"tokenizer": {"name": "qwen2.5", "engine": "auto"}, "input": {"type": "text"},
+              "preprocessing": {"deduplicate": False, "min_chars": 1}}
+    with pytest.raises(EngineMismatch, match=f"fastokens differs from HF.*{MARKER}.*--strict"):
+        run_rows(tmp_path, config, _late_marker_rows(), name="strict", chunk_rows=50, strict=True)
+
+
+def test_the_audit_checks_a_seeded_share_of_each_batch(qwen) -> None:
+    from gpu_prep.engines import Audit, HfEngine
+
+    audit = Audit(HfEngine(qwen.engine), "fastokens", rate=0.01, seed=7)
+    picks = [audit.picks(batch, 100_000) for batch in range(3)]
+    assert all(800 < len(p) < 1200 for p in picks)  # about 1%
+    assert np.array_equal(picks[1], audit.picks(1, 100_000))  # the same batch, the same pieces
+    assert not np.array_equal(picks[0][:50], picks[1][:50])  # another batch, others
+    assert not np.array_equal(picks[0], Audit(HfEngine(qwen.engine), "fastokens", rate=0.01, seed=8).picks(0, 100_000))

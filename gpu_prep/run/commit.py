@@ -39,6 +39,8 @@ class Committer:
     def __call__(self, done: Done, clock: Stopwatch) -> None:
         prepared = done.prepared
         self.account_and_write(prepared, done.mask, clock)
+        if done.engine_check is not None:
+            self.decisions.engine_check = done.engine_check
         if self.checkpoints.chunk_done(len(prepared.chunk), prepared.digests, self.state):
             self.writer.remove_obsolete()
         if self.progress is not None:

@@ -65,20 +65,23 @@ class Decisions:
     decides it). None: not decided yet. A resumed run and a cluster's workers are handed them, so the
     decisions are never taken again on other rows."""
 
-    def __init__(self, affix: bool | None = None, engine: list[str] | tuple[str, str] | None = None) -> None:
+    def __init__(self, affix: bool | None = None, engine: list[str] | tuple[str, str] | None = None,
+                 engine_check: dict[str, Any] | None = None) -> None:
         self.affix = affix
         self.engine = tuple(engine) if engine is not None else None
+        self.engine_check = engine_check  # the fast engine's check (engines.Audit) as of the last chunk committed
         self._lock = threading.Lock()
 
     @classmethod
     def from_state(cls, state: dict[str, Any] | None) -> Decisions:
         state = state or {}
-        return cls(state.get("affix"), state.get("engine"))
+        return cls(state.get("affix"), state.get("engine"), state.get("engine_check"))
 
     def state(self) -> dict[str, Any]:
         """As a checkpoint keeps them."""
         with self._lock:
-            return {"affix": self.affix, "engine": list(self.engine) if self.engine is not None else None}
+            return {"affix": self.affix, "engine": list(self.engine) if self.engine is not None else None,
+                    "engine_check": self.engine_check}
 
     def settle_affix(self, trusted: bool) -> None:
         with self._lock:
@@ -90,6 +93,11 @@ class Decisions:
         with self._lock:
             if self.engine is not None:
                 raise RuntimeError("the tokenizer engine was decided twice")
+            self.engine = (name, choice)
+
+    def replace_engine(self, name: str, choice: str) -> None:
+        """The engine chosen stopped being trusted during the run (engines.Audit)."""
+        with self._lock:
             self.engine = (name, choice)
 
     def pending(self, render: RenderContext) -> bool:
@@ -113,6 +121,7 @@ class RunContext:
     sources: Sources = field(default_factory=dict)  # a dataset's own config and domain, by file index
     columnar: Columnar | None = None  # reads JSON Lines as columns (gpu.reader cudf); None: line by line
     threads: int | None = None  # tokenizer threads
+    strict: bool = False  # --strict: a fast engine seen to differ from HF stops the run
 
     @cached_property
     def builder_tokenizer(self) -> BuilderTokenizer:
@@ -132,14 +141,14 @@ class RunContext:
 
 
 def build_context(config: PipelineConfig, tok: Tokenizer, backend: Backend, files: list[InputFile],
-                  datasets: list[Dataset] | None, threads: int | None) -> RunContext:
+                  datasets: list[Dataset] | None, threads: int | None, strict: bool = False) -> RunContext:
     """The run context of a process: the one that runs gpu-prep, or a cluster's worker."""
     sources: Sources = {}
     if datasets is not None:
         with_tokenizer(datasets, tok)
         sources = dataset_sources(config, datasets)
     return RunContext(config, tok, backend, render_context(config, tok), files, datasets, sources,
-                      columnar_reader(config, backend), threads)
+                      columnar_reader(config, backend), threads, strict)
 
 
 def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:

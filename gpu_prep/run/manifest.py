@@ -39,7 +39,9 @@ def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], 
         "config_sha256": identity["config_sha256"],
         # The engine is chosen during the run, on its first rows.
         "tokenizer": {**identity["tokenizer"], **run.tokenizer_summary(), "engine": tok.active.name,
-                      "engine_choice": tok.engine_choice},
+                      "engine_choice": tok.engine_choice,
+                      # The fast engine's check against HF, all the way through (None: HF ran).
+                      "engine_check": tok.audit.summary() if tok.audit is not None else None},
         "chat_template": chat_template_summary(run),
         "device": outcome.cluster.get("device", run.backend.name),
         **({"cluster": outcome.cluster} if outcome.cluster else {}),

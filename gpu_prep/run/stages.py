@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +23,8 @@ import numpy as np
 
 from gpu_prep.builders import BuilderTokenizer, build_row
 from gpu_prep.config import TEMPLATE_ROLES, PipelineConfig
-from gpu_prep.errors import Drop
+from gpu_prep.engines import HfEngine
+from gpu_prep.errors import Drop, EngineMismatch
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter import DEDUP_PREFIX_CHARS, Deduplicator, filter_rows
 from gpu_prep.format import Conversation, RowError, Segments, Tokens, auto_schema, dedup_text, domain_of, source_text
@@ -104,6 +107,10 @@ class Encoded:
     # byte-level BPE places tokens by their byte lengths instead).
     starts: np.ndarray | None = None
     ends: np.ndarray | None = None
+    # A fast engine's tokens still being checked against HF (engines.Audit): the future gives the Encoded to
+    # use, these same tokens or HF's. None: nothing to wait for.
+    pending: Future | None = None
+    engine_check: dict[str, Any] | None = None  # the check's summary (engines.Audit) once these tokens passed it
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,7 @@ class Done:
 
     prepared: Prepared
     mask: MaskResult | None  # None: nothing was left to tokenize
+    engine_check: dict[str, Any] | None = None  # the engine check's summary once this chunk was checked
 
 
 # ---------------------------------------------------------------- format
@@ -279,14 +287,19 @@ def _engine_sample_size(rendered: list[RenderedRow]) -> int:
 
 class Tokenizing:
     """Tokenizes chunks with the engine the run's first rows chose (decisions.engine; a resumed run and a
-    cluster's workers are handed the choice)."""
+    cluster's workers are handed the choice). A fast engine's chunks are checked against HF all the way
+    through (engines.Audit): a chunk that comes after a difference is encoded again by HF, or under --strict
+    the run stops."""
 
     def __init__(self, run: RunContext, decisions: Decisions) -> None:
         self.run, self.decisions = run, decisions
         self.encode = None
+        self._lock = threading.Lock()
         if decisions.engine is not None:
             run.tok.restore_engine(*decisions.engine, run.threads)
             self.encode = run.backend.encoder(run.tok)
+            if decisions.engine_check is not None:  # the check goes on where the interrupted run left it
+                run.tok.resume_audit(decisions.engine_check)
 
     def __call__(self, rendered: list[RenderedRow], clock: Stopwatch) -> Encoded:
         failpoint("tokenize")
@@ -298,14 +311,45 @@ class Tokenizing:
                 tok.restore_engine(*self.decisions.engine, self.run.threads)
             return clock.time("tokenize", tokenize_rows, tok.encode_offsets, rendered)
         if self.encode is not None:
-            return clock.time("tokenize", tokenize_rows, self.encode, rendered)
+            return self._audited(rendered, clock, self.encode)
         # The first rows choose the engine, checking it on a sample of them.
         first = functools.partial(tok.use_engine, self.run.config.tokenizer.engine,
                                   sample_size=_engine_sample_size(rendered), threads=self.run.threads)
-        tokens = clock.time("tokenize", tokenize_rows, first, rendered)
+        tokens = self._audited(rendered, clock, first)
         self.encode = self.run.backend.encoder(tok)
         self.decisions.settle_engine(tok.active.name, tok.engine_choice)
         return tokens
+
+    def _audited(self, rendered: list[RenderedRow], clock: Stopwatch, encode: Callable) -> Encoded:
+        raw = []
+
+        def keeping(pieces: list[str]) -> tuple[np.ndarray, np.ndarray]:
+            raw.append((pieces, encode(pieces)))
+            return raw[-1][1]
+
+        tokens = clock.time("tokenize", tokenize_rows, keeping, rendered)
+        audit = self.run.tok.audit
+        if audit is None or self.run.tok.active.name != audit.engine:
+            return tokens
+        (pieces, (ids, counts)), = raw
+        return dataclasses.replace(tokens, pending=audit.submit(pieces, ids, counts,
+                                                                functools.partial(self._settle, rendered, tokens)))
+
+    def _settle(self, rendered: list[RenderedRow], tokens: Encoded, difference: str | None) -> Encoded:
+        """In the audit's thread, once a chunk is checked: its tokens as they are, or HF's once the fast engine
+        differed from HF on it or on an earlier chunk."""
+        tok = self.run.tok
+        check = tok.audit.summary()
+        if difference is None:
+            return dataclasses.replace(tokens, pending=None, engine_check=check)
+        with self._lock:
+            if tok.active.name != "hf":
+                if self.run.strict:
+                    raise EngineMismatch(f"{difference}; --strict stops the run (without it, HF encodes from "
+                                         "that chunk on; tokenizer.engine hf avoids the fast engine)")
+                tok.distrust_engine(difference)
+                self.decisions.replace_engine("hf", tok.engine_choice)
+        return dataclasses.replace(tokenize_rows(HfEngine(tok.engine).encode, rendered), engine_check=check)
 
 
 def prepare_and_tokenize(chunks: Iterator[RawChunk], run: RunContext, dedup: Deduplicator | None, clock: Stopwatch,
@@ -388,4 +432,6 @@ def mask_chunk(run: RunContext, clock: Stopwatch, item: tuple[Prepared, Encoded 
     prepared, tokens = item
     if tokens is None:
         return Done(prepared, None)
-    return Done(prepared, clock.time("mask", mask_rows, run, prepared.rows.payload, tokens))
+    if tokens.pending is not None:
+        tokens = clock.time("engine check", tokens.pending.result)
+    return Done(prepared, clock.time("mask", mask_rows, run, prepared.rows.payload, tokens), tokens.engine_check)
