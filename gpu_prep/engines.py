@@ -273,52 +273,60 @@ def choose_engine(requested: str, spec: dict[str, Any], path: Path, hf: HfEngine
     return hf, "hf: " + "; ".join(reasons), hf.encode(pieces)
 
 
+def _mix(keys: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer: 64 well-mixed bits from each uint64 key (array arithmetic wraps)."""
+    x = keys + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
 class Audit:
-    """Checks a fast engine all the way through a run: a seeded share of each batch's pieces is encoded
-    again by HF in a thread of its own. Batches are checked in the order they were submitted, so once one
-    differs every later one is known to come from an engine no longer trusted."""
+    """Checks a fast engine all the way through a run: a seeded share of the pieces is encoded again by HF,
+    in a thread of its own. Which pieces is decided by each piece's key (its row's place in the input and
+    its number in the row), so the same pieces are checked however the run is chunked, spread over workers
+    or interrupted. Batches are checked in the order submitted: once one differs, every later one is known
+    to come from an engine no longer trusted."""
 
     def __init__(self, hf: HfEngine, engine: str, rate: float | None = None, seed: int = AUDIT_SEED) -> None:
         self.hf, self.engine, self.seed = hf, engine, seed
         self.rate = AUDIT_RATE if rate is None else rate
-        self.pieces_checked = 0
-        self.batches = self._submitted = 0  # batches checked; batches handed to check (numbers them)
         self.difference: str | None = None  # the first difference seen: the engine is no longer trusted
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="gpu-prep-engine-audit")
 
-    def picks(self, batch: int, count: int) -> np.ndarray:
-        """Which of a batch's pieces are checked: the same for the same batch number, whatever ran before."""
-        return np.flatnonzero(np.random.default_rng([self.seed, batch]).random(count) < self.rate)
+    def picks(self, keys: np.ndarray) -> np.ndarray:
+        """The places of the pieces (by their uint64 keys) that are checked."""
+        mixed = _mix(keys.astype(np.uint64) ^ np.uint64(self.seed))
+        return np.flatnonzero((mixed >> np.uint64(11)) < np.uint64(int(self.rate * (1 << 53))))
 
-    def submit(self, pieces: list[str], ids: np.ndarray, counts: np.ndarray,
-               then: Callable[[str | None], Any]) -> Future:
+    def submit(self, pieces: list[str], keys: np.ndarray, ids: np.ndarray, counts: np.ndarray,
+               then: Callable[[dict[str, Any]], Any]) -> Future:
         """Check these pieces' encoding (flat ids, tokens per piece) in the background; the future gives
-        then(None) where HF agrees, then(why) where this batch or an earlier one differs."""
-        batch, self._submitted = self._submitted, self._submitted + 1
-        return self._pool.submit(self._check, batch, pieces, ids, counts, then)
+        then(check), check saying how many pieces were checked and the difference (None: HF agrees on this
+        batch and every earlier one)."""
+        return self._pool.submit(self._check, pieces, keys, ids, counts, then)
 
-    def _check(self, batch: int, pieces: list[str], ids: np.ndarray, counts: np.ndarray,
-               then: Callable[[str | None], Any]) -> Any:
-        self.batches += 1
+    def _check(self, pieces: list[str], keys: np.ndarray, ids: np.ndarray, counts: np.ndarray,
+               then: Callable[[dict[str, Any]], Any]) -> Any:
+        checked = 0
         if self.difference is None:
-            picked = self.picks(batch, len(pieces))
+            picked = self.picks(keys)
             ends = np.cumsum(counts)
             starts = ends - counts
             got_ids = [ids[starts[i]:ends[i]] for i in picked]
             got = (np.concatenate(got_ids) if got_ids else np.zeros(0, np.int64), counts[picked])
             texts = [pieces[i] for i in picked]
             difference = first_difference(got, self.hf.encode(texts), texts)
-            self.pieces_checked += len(picked)
+            checked = len(picked)
             if difference is not None:
-                self.difference = f"{self.engine} differs from HF in batch {batch}: {difference}"
-        return then(self.difference)
+                self.difference = f"{self.engine} differs from HF: {difference}"
+        return then({"engine": self.engine, "share": self.rate, "seed": self.seed, "pieces_checked": checked,
+                     "difference": self.difference})
 
-    def resume(self, summary: dict[str, Any]) -> None:
-        """Go on from an interrupted run's check (its summary as of its last chunk committed)."""
-        self.batches = self._submitted = summary["batches"]
-        self.pieces_checked, self.difference = summary["pieces_checked"], summary["difference"]
 
-    def summary(self) -> dict[str, Any]:
-        """What the manifest says of the check."""
-        return {"engine": self.engine, "share": self.rate, "seed": self.seed, "batches": self.batches,
-                "pieces_checked": self.pieces_checked, "difference": self.difference}
+def add_checks(total: dict[str, Any] | None, check: dict[str, Any]) -> dict[str, Any]:
+    """Two engine checks' summaries as one (the pieces counted, the first difference kept)."""
+    if total is None:
+        return dict(check)
+    return {**total, "pieces_checked": total["pieces_checked"] + check["pieces_checked"],
+            "difference": total["difference"] or check["difference"]}

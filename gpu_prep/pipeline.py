@@ -131,6 +131,7 @@ def _process(run: RunContext, out_dir: Path, options: Options, checkpoints: Chec
         acct.abort(keep=isinstance(exc, (KeyboardInterrupt, Interrupted)) or checkpoints.rows_saved is not None)
         raise
     acct.close()
+    outcome.engine_check = decisions.engine_check
     outcome.domains = clock.time("write", writer.finish)
     template = run.render.template
     clock.time("write", run.tok.copy_to, out_dir, template.source if template is not None else None)

@@ -160,13 +160,6 @@ class Tokenizer:
         self._choose(name, [], 0, threads)
         self.engine_choice = choice
 
-    def resume_audit(self, summary: dict[str, Any]) -> None:
-        """The check of an interrupted run goes on from its summary (also where the engine it checked was
-        distrusted already, so the manifest still says so)."""
-        if self.audit is None:
-            self.audit = Audit(HfEngine(self.engine), summary["engine"], summary["share"], summary["seed"])
-        self.audit.resume(summary)
-
     def distrust_engine(self, why: str) -> None:
         """The audit saw the fast engine differ from HF: HF encodes from here on."""
         self.active = HfEngine(self.engine)

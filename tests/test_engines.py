@@ -154,12 +154,21 @@ def test_under_strict_a_difference_stops_the_run(tmp_path: Path, monkeypatch: py
         run_rows(tmp_path, config, _late_marker_rows(), name="strict", chunk_rows=50, strict=True)
 
 
-def test_the_audit_checks_a_seeded_share_of_each_batch(qwen) -> None:
+def test_the_audit_checks_a_seeded_share_picked_by_each_piece_s_place(qwen) -> None:
     from gpu_prep.engines import Audit, HfEngine
 
     audit = Audit(HfEngine(qwen.engine), "fastokens", rate=0.01, seed=7)
-    picks = [audit.picks(batch, 100_000) for batch in range(3)]
-    assert all(800 < len(p) < 1200 for p in picks)  # about 1%
-    assert np.array_equal(picks[1], audit.picks(1, 100_000))  # the same batch, the same pieces
-    assert not np.array_equal(picks[0][:50], picks[1][:50])  # another batch, others
-    assert not np.array_equal(picks[0], Audit(HfEngine(qwen.engine), "fastokens", rate=0.01, seed=8).picks(0, 100_000))
+    keys = np.arange(300_000, dtype=np.uint64)
+    picked = audit.picks(keys)
+    assert 2_600 < len(picked) < 3_400  # about 1%
+    # A piece is picked for its key alone, wherever it lies in a batch: chunking cannot change the sample.
+    assert np.array_equal(keys[picked[picked >= 1000]], keys[1000:][audit.picks(keys[1000:])])
+    assert not np.array_equal(picked, Audit(HfEngine(qwen.engine), "fastokens", rate=0.01, seed=8).picks(keys))
+
+
+def test_the_pieces_checked_do_not_depend_on_chunking_or_workers(tmp_path: Path) -> None:
+    rows = sharegpt_chats(120)
+    config = {"tokenizer": {"name": "qwen2.5"}, "mask": {"assistant": "train"}}
+    checks = [_engine(run_rows(tmp_path, config, rows, name=f"c{chunk}", chunk_rows=chunk))["engine_check"]
+              for chunk in (7, 64, 2048)]
+    assert checks[0] == checks[1] == checks[2] and checks[0]["pieces_checked"] > 0

@@ -100,7 +100,10 @@ def test_decisions_are_taken_once_and_kept_as_a_checkpoint_keeps_them() -> None:
         decisions.settle_engine("hf", "again")
     again = Decisions.from_state(decisions.state())
     assert (again.affix, again.engine) == (True, ("tiktoken", "matched HF"))
-    assert Decisions.from_state(None).state() == {"affix": None, "engine": None}
+    assert Decisions.from_state(None).state() == {"affix": None, "engine": None, "engine_check": None}
+    check = {"engine": "fastokens", "share": 0.01, "seed": 1, "pieces_checked": 12, "difference": None}
+    again.engine_check = check
+    assert Decisions.from_state(again.state()).engine_check == check  # a resumed run counts on from here
 
 
 def test_options_fall_back_to_the_config() -> None:

@@ -117,4 +117,4 @@ def lighten(done: Done, backend: Backend) -> Done:
     rows = Rows(prepared.rows.index, prepared.rows.domain,
                 [_Kept(row.left_out, row.notes, row.span_roles, row.unmarked) for row in prepared.rows.payload])
     chunk = dataclasses.replace(prepared.chunk, records=records)
-    return Done(dataclasses.replace(prepared, chunk=chunk, rows=rows), mask)
+    return Done(dataclasses.replace(prepared, chunk=chunk, rows=rows), mask, done.engine_check)

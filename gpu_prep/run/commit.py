@@ -18,6 +18,7 @@ from gpu_prep.run.accounting import PIECES, Accounting
 from gpu_prep.run.checkpoint import Checkpointer
 from gpu_prep.run.context import Decisions, RunContext
 from gpu_prep.run.overlap import Stopwatch
+from gpu_prep.engines import add_checks
 from gpu_prep.run.stages import Done, Dropped, MaskResult, Prepared
 
 
@@ -40,7 +41,7 @@ class Committer:
         prepared = done.prepared
         self.account_and_write(prepared, done.mask, clock)
         if done.engine_check is not None:
-            self.decisions.engine_check = done.engine_check
+            self.decisions.engine_check = add_checks(self.decisions.engine_check, done.engine_check)
         if self.checkpoints.chunk_done(len(prepared.chunk), prepared.digests, self.state):
             self.writer.remove_obsolete()
         if self.progress is not None:

@@ -24,6 +24,7 @@ class Outcome:
     acct: Accounting
     domains: dict[str, Any]
     cluster: dict[str, Any] = field(default_factory=dict)
+    engine_check: dict[str, Any] | None = None  # the fast engine's check against HF over every chunk written
 
 
 def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], checksums: list[str],
@@ -41,7 +42,7 @@ def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], 
         "tokenizer": {**identity["tokenizer"], **run.tokenizer_summary(), "engine": tok.active.name,
                       "engine_choice": tok.engine_choice,
                       # The fast engine's check against HF, all the way through (None: HF ran).
-                      "engine_check": tok.audit.summary() if tok.audit is not None else None},
+                      "engine_check": outcome.engine_check},
         "chat_template": chat_template_summary(run),
         "device": outcome.cluster.get("device", run.backend.name),
         **({"cluster": outcome.cluster} if outcome.cluster else {}),

@@ -298,10 +298,10 @@ class Tokenizing:
         if decisions.engine is not None:
             run.tok.restore_engine(*decisions.engine, run.threads)
             self.encode = run.backend.encoder(run.tok)
-            if decisions.engine_check is not None:  # the check goes on where the interrupted run left it
-                run.tok.resume_audit(decisions.engine_check)
 
-    def __call__(self, rendered: list[RenderedRow], clock: Stopwatch) -> Encoded:
+    def __call__(self, rendered: list[RenderedRow], clock: Stopwatch, keys: np.ndarray | None = None) -> Encoded:
+        """keys: each row's place in the input (file index and line, as one uint64), which picks the pieces
+        the engine check looks at; None: the rows' order here."""
         failpoint("tokenize")
         tok = self.run.tok
         if self.run.render.offsets and any(row.spans for row in rendered):
@@ -310,17 +310,19 @@ class Tokenizing:
                 self.decisions.settle_engine("hf", OFFSETS_CHOICE.format(model=tok.model))
                 tok.restore_engine(*self.decisions.engine, self.run.threads)
             return clock.time("tokenize", tokenize_rows, tok.encode_offsets, rendered)
+        if keys is None:
+            keys = np.arange(len(rendered), dtype=np.uint64)
         if self.encode is not None:
-            return self._audited(rendered, clock, self.encode)
+            return self._audited(rendered, clock, self.encode, keys)
         # The first rows choose the engine, checking it on a sample of them.
         first = functools.partial(tok.use_engine, self.run.config.tokenizer.engine,
                                   sample_size=_engine_sample_size(rendered), threads=self.run.threads)
-        tokens = self._audited(rendered, clock, first)
+        tokens = self._audited(rendered, clock, first, keys)
         self.encode = self.run.backend.encoder(tok)
         self.decisions.settle_engine(tok.active.name, tok.engine_choice)
         return tokens
 
-    def _audited(self, rendered: list[RenderedRow], clock: Stopwatch, encode: Callable) -> Encoded:
+    def _audited(self, rendered: list[RenderedRow], clock: Stopwatch, encode: Callable, keys: np.ndarray) -> Encoded:
         raw = []
 
         def keeping(pieces: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -332,14 +334,19 @@ class Tokenizing:
         if audit is None or self.run.tok.active.name != audit.engine:
             return tokens
         (pieces, (ids, counts)), = raw
-        return dataclasses.replace(tokens, pending=audit.submit(pieces, ids, counts,
+        per_row = np.fromiter((len(row.pieces) for row in rendered), np.int64, len(rendered))
+        starts = np.cumsum(per_row) - per_row
+        # A piece's key: its row's key and its number in the row.
+        piece_keys = (np.repeat(keys.astype(np.uint64) << np.uint64(10), per_row)
+                      + (np.arange(len(pieces)) - np.repeat(starts, per_row)).astype(np.uint64))
+        return dataclasses.replace(tokens, pending=audit.submit(pieces, piece_keys, ids, counts,
                                                                 functools.partial(self._settle, rendered, tokens)))
 
-    def _settle(self, rendered: list[RenderedRow], tokens: Encoded, difference: str | None) -> Encoded:
+    def _settle(self, rendered: list[RenderedRow], tokens: Encoded, check: dict[str, Any]) -> Encoded:
         """In the audit's thread, once a chunk is checked: its tokens as they are, or HF's once the fast engine
         differed from HF on it or on an earlier chunk."""
         tok = self.run.tok
-        check = tok.audit.summary()
+        difference = check["difference"]
         if difference is None:
             return dataclasses.replace(tokens, pending=None, engine_check=check)
         with self._lock:
@@ -359,7 +366,14 @@ def prepare_and_tokenize(chunks: Iterator[RawChunk], run: RunContext, dedup: Ded
     tokenizing = Tokenizing(run, decisions)
     prepared = prepare(chunks, run, dedup, clock, decisions)
     for item in overlapped(prepared) if overlap else prepared:
-        yield item, tokenizing(item.rows.payload, clock) if item.rows.index else None
+        yield item, tokenizing(item.rows.payload, clock, row_keys(item)) if item.rows.index else None
+
+
+def row_keys(prepared: Prepared) -> np.ndarray:
+    """Each live row's place in the input as one uint64: file index and line."""
+    chunk = prepared.chunk
+    return np.fromiter(((chunk.file_index[i] << 32) | chunk.line[i] for i in prepared.rows.index), np.uint64,
+                       len(prepared.rows.index))
 
 
 # ---------------------------------------------------------------- mask
