@@ -92,7 +92,9 @@ def timed(command: list[str], env: dict[str, str] | None = None) -> Timed:
 
 
 def gpu_prep_route(ws: Workspace, out: Path) -> list[str]:
-    config = {"tokenizer": str(ws.tokenizer), "input": {"type": ws.kind}, "mask": {"assistant": "train"},
+    # Documents without the end-of-document token gpu-prep adds by default: tok(text) adds none either.
+    config = {"tokenizer": str(ws.tokenizer), "input": {"type": ws.kind, **({"append_eod": False} if ws.kind == "text" else {})},
+              "mask": {"assistant": "train"},
               "preprocessing": {"max_seq_len": 1 << 30, "deduplicate": False, "min_chars": 0, "max_chars": 1 << 40}}
     path = ws.root / "config.json"
     path.write_text(json.dumps(config))

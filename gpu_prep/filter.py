@@ -26,21 +26,69 @@ from gpu_prep.errors import Drop
 DEDUP_PREFIX_CHARS = 200
 
 
+DIGEST = np.dtype("V16")  # one MD5 digest, held as 16 bytes in an array: no Python object per row
+
+
+class DigestSet:
+    """Fixed-size digests in sorted numpy runs (16 bytes a row). New digests form a run of their own and runs
+    of like size are merged, so n digests cost O(n log n) to add in all and a lookup is a binary search per
+    run (at most log2(n) runs)."""
+
+    def __init__(self, digests: Any = ()) -> None:
+        self.runs: list[np.ndarray] = []
+        batch = self._array(digests)
+        if len(batch):
+            self._add(np.unique(batch))
+
+    @staticmethod
+    def _array(digests: Any) -> np.ndarray:
+        if isinstance(digests, np.ndarray):
+            return digests.view(DIGEST).reshape(-1)
+        return np.frombuffer(b"".join(digests), dtype=DIGEST)
+
+    def __len__(self) -> int:
+        return sum(len(run) for run in self.runs)
+
+    def __iter__(self):  # noqa: ANN204  bytes, in no particular order
+        return (item.tobytes() for run in self.runs for item in run)
+
+    def contains(self, batch: np.ndarray) -> np.ndarray:
+        found = np.zeros(len(batch), dtype=bool)
+        for run in self.runs:
+            at = np.minimum(np.searchsorted(run, batch), len(run) - 1)
+            found |= run[at] == batch
+        return found
+
+    def _add(self, new: np.ndarray) -> None:
+        self.runs.append(np.sort(new))
+        while len(self.runs) > 1 and len(self.runs[-2]) <= 2 * len(self.runs[-1]):
+            last = self.runs.pop()
+            self.runs[-1] = np.sort(np.concatenate([self.runs[-1], last]))
+
+    def first_seen(self, digests: Any) -> np.ndarray:
+        """For each digest, in order: True where neither the set nor an earlier one of these holds it (and
+        remember those)."""
+        batch = self._array(digests)
+        first = np.zeros(len(batch), dtype=bool)
+        if len(batch):
+            first[np.unique(batch, return_index=True)[1]] = True
+            first &= ~self.contains(batch)
+            if first.any():
+                self._add(batch[first])
+        return first
+
+
 class Deduplicator:
     """Remembers the digests of rows already kept, across chunks and input files. `added` collects the
     digests remembered since the caller last took them (a checkpoint logs them, --resume reloads them)."""
 
-    def __init__(self, seen: set[bytes] | None = None) -> None:
-        self.seen: set[bytes] = seen or set()
+    def __init__(self, seen: Any = ()) -> None:
+        self.seen = seen if isinstance(seen, DigestSet) else DigestSet(seen)
         self.added: list[bytes] = []
 
     def first_seen(self, digests: list[bytes]) -> np.ndarray:
-        keep = np.zeros(len(digests), dtype=bool)
-        for i, digest in enumerate(digests):
-            if digest not in self.seen:
-                self.seen.add(digest)
-                self.added.append(digest)
-                keep[i] = True
+        keep = self.seen.first_seen(digests)
+        self.added.extend(d for d, new in zip(digests, keep) if new)
         return keep
 
     def take_added(self) -> list[bytes]:

@@ -51,3 +51,24 @@ def test_a_failpoint_kills_the_process_the_nth_time_only() -> None:
     env.pop("GPU_PREP_FAILPOINT")
     free = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert free.returncode == 0 and free.stdout.split() == ["0", "1", "2", "3", "4"]
+
+
+def test_the_dedup_set_keeps_first_occurrences_in_16_bytes_a_digest() -> None:
+    import hashlib
+
+    from gpu_prep.filter import Deduplicator, DigestSet
+
+    digests = [hashlib.md5(str(i % 700).encode()).digest() for i in range(3000)]  # repeats across batches
+    dedup, reference = Deduplicator(), set()
+    for start in range(0, len(digests), 256):
+        batch = digests[start:start + 256] + digests[start:start + 3]  # repeats inside a batch too
+        want = []
+        for d in batch:
+            want.append(d not in reference)
+            reference.add(d)
+        assert dedup.first_seen(batch).tolist() == want
+    assert len(dedup.seen) == 700 and set(dedup.seen) == reference
+    assert sum(run.nbytes for run in dedup.seen.runs) == 700 * 16
+    assert len(dedup.seen.runs) <= 10  # runs of like size were merged
+    again = Deduplicator(DigestSet(np.frombuffer(b"".join(reference), dtype="V16")))  # as a checkpoint reloads
+    assert not again.first_seen(digests[:50]).any()

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from gpu_prep.errors import ConfigError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.output.files import create, remove_written, write_json_atomic, writing
@@ -107,11 +109,11 @@ class Checkpointer:
             self.log.seek(0, 2)
         self.last = time.monotonic()
 
-    def seen(self) -> set[bytes]:
-        """The digests in force at the checkpoint."""
+    def seen(self) -> np.ndarray:
+        """The digests in force at the checkpoint, as 16-byte items (filter.DigestSet takes them)."""
         self.log.flush()
         data = (self.out_dir / DEDUP_LOG).read_bytes()[:self.digests * DIGEST_BYTES]
-        return {data[i:i + DIGEST_BYTES] for i in range(0, len(data), DIGEST_BYTES)}
+        return np.frombuffer(data, dtype=f"V{DIGEST_BYTES}")
 
     def chunk_done(self, rows: int, digests: list[bytes], state: Any) -> bool:
         """A chunk is accounted for and written; state() gives the rest of the checkpoint when one is due.
