@@ -112,6 +112,10 @@ class Budget:
             what = what if isinstance(what, str) else what()
             self.fail(f"input.template_max_chars: {what} would be over {self.max_chars:,} characters")
 
+    def too_many_bits(self, what_is: str) -> None:
+        self.fail(f"input.template_max_chars: {what_is} a number of over {MAX_INT_BITS:,} bits, more than a chat "
+                  "template needs")
+
     def sized(self, value: Any, what: str | Callable[[], str]) -> Any:
         """value, once it is known to be within the cap (strings by length; lists, dicts and the like by the
         characters they would print as; numbers by their bits)."""
@@ -121,9 +125,7 @@ class Budget:
                 self.check_size(len(value), what)
         elif kind is int:
             if value.bit_length() > MAX_INT_BITS:
-                what = what if isinstance(what, str) else what()
-                self.fail(f"input.template_max_chars: {what} is a number of over {MAX_INT_BITS:,} bits, more than a "
-                          "chat template needs")
+                self.too_many_bits(f"{what if isinstance(what, str) else what()} is")
         elif kind in _SCALARS:
             pass
         elif kind in _CONTAINERS or issubclass(kind, _MEASURED):
@@ -226,8 +228,7 @@ def _check_repeat(budget: Budget, left: Any, right: Any) -> None:
     """`*`: a string or list times a number, or two numbers, measured before they are multiplied."""
     if type(left) is int and type(right) is int:
         if left.bit_length() + right.bit_length() > MAX_INT_BITS + 1:
-            budget.fail(f"input.template_max_chars: the * operator's result would be a number of over "
-                        f"{MAX_INT_BITS:,} bits, more than a chat template needs")
+            budget.too_many_bits("the * operator's result would be")
         return
     for seq, times in ((left, right), (right, left)):
         if isinstance(times, int) and times > 1:
@@ -242,8 +243,7 @@ def _check_power(budget: Budget, base: Any, exponent: Any) -> None:
     """`**` on whole numbers: refused before Python spends minutes (or all memory) computing the power."""
     if (isinstance(base, int) and isinstance(exponent, int) and exponent > 0 and abs(base) > 1
             and (abs(base).bit_length() - 1) * exponent > MAX_INT_BITS):
-        budget.fail(f"input.template_max_chars: the ** operator's result would be a number of over "
-                    f"{MAX_INT_BITS:,} bits, more than a chat template needs")
+        budget.too_many_bits("the ** operator's result would be")
 
 
 _PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\*|\d+)?(?:\.(\*|\d+))?")

@@ -242,8 +242,7 @@ def fast_engine(name: str, spec: dict[str, Any], path: Path, cache_key: Any) -> 
 
 
 def choose_engine(requested: str, spec: dict[str, Any], path: Path, hf: HfEngine, pieces: list[str],
-                  sample_size: int, threads: int | None = None, cache_key: Any = None
-                  ) -> tuple[Any, str, tuple[np.ndarray, np.ndarray]]:
+                  sample_size: int, threads: int | None, cache_key: Any) -> tuple[Any, str, tuple[np.ndarray, np.ndarray]]:
     """The engine to run, a sentence saying why, and `pieces` encoded by that engine. `requested`: auto |
     hf | fastokens | tiktoken.
 
@@ -253,14 +252,15 @@ def choose_engine(requested: str, spec: dict[str, Any], path: Path, hf: HfEngine
     if requested == "hf":
         return hf, "hf: requested", hf.encode(pieces)
     sample = pieces[:sample_size]
-    reasons = []
+    reasons, reference = [], None
     with ThreadPoolExecutor(1, thread_name_prefix="gpu-prep-engine-check") as pool:
-        reference = pool.submit(hf.encode, sample) if sample else None
         for name in candidates(requested):
             built, problem = fast_engine(name, spec, path, cache_key)
             if built is None:
                 reasons.append(f"{name} cannot run this tokenizer ({problem})")
                 continue
+            if sample and reference is None:
+                reference = pool.submit(hf.encode, sample)
             fast = built.with_threads(threads)
             encoded = fast.encode(pieces)
             if reference is None:
@@ -311,10 +311,9 @@ class Audit:
         checked = 0
         if self.difference is None:
             picked = self.picks(keys)
-            ends = np.cumsum(counts)
-            starts = ends - counts
-            got_ids = [ids[starts[i]:ends[i]] for i in picked]
-            got = (np.concatenate(got_ids) if got_ids else np.zeros(0, np.int64), counts[picked])
+            piece_picked = np.zeros(len(counts), dtype=bool)
+            piece_picked[picked] = True
+            got = (ids[np.repeat(piece_picked, counts)], counts[picked])
             texts = [pieces[i] for i in picked]
             difference = first_difference(got, self.hf.encode(texts), texts)
             checked = len(picked)

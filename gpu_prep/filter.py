@@ -35,10 +35,8 @@ class DigestSet:
     run (at most log2(n) runs)."""
 
     def __init__(self, digests: Any = ()) -> None:
-        self.runs: list[np.ndarray] = []
-        batch = self._array(digests)
-        if len(batch):
-            self._add(np.unique(batch))
+        batch = np.unique(self._array(digests))  # sorted
+        self.runs: list[np.ndarray] = [batch] if len(batch) else []
 
     @staticmethod
     def _array(digests: Any) -> np.ndarray:
@@ -51,6 +49,10 @@ class DigestSet:
 
     def __iter__(self):  # noqa: ANN204  bytes, in no particular order
         return (item.tobytes() for run in self.runs for item in run)
+
+    def array(self) -> np.ndarray:
+        """Every digest, as one array (what another DigestSet is made from)."""
+        return np.concatenate(self.runs) if self.runs else np.zeros(0, DIGEST)
 
     def contains(self, batch: np.ndarray) -> np.ndarray:
         found = np.zeros(len(batch), dtype=bool)

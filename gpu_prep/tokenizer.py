@@ -139,8 +139,11 @@ class Tokenizer:
         own, before it reads any input."""
         start_builds(requested, self.spec, self.directory / "tokenizer.json", self._engine_key())
 
-    def _choose(self, requested: str, pieces: list[str], sample_size: int,
-                threads: int | None) -> tuple[np.ndarray, np.ndarray]:
+    def use_engine(self, requested: str, pieces: list[str], sample_size: int,
+                   threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Pick the engine for this run (auto | hf | fastokens | tiktoken), checked on the first sample_size
+        of these pieces of the input, and return the pieces encoded by it (as encode() does). A fast engine
+        gets an audit that goes on checking it."""
         hf = HfEngine(self.engine)
         self.active, self.engine_choice, encoded = choose_engine(
             requested, self.spec, self.directory / "tokenizer.json", hf, pieces, sample_size, threads,
@@ -148,16 +151,10 @@ class Tokenizer:
         self.audit = Audit(hf, self.active.name) if self.active.name != hf.name else None
         return encoded
 
-    def use_engine(self, requested: str, pieces: list[str], sample_size: int,
-                   threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Pick the engine for this run (auto | hf | fastokens | tiktoken), checked on the first sample_size
-        of these pieces of the input, and return the pieces encoded by it (as encode() does)."""
-        return self._choose(requested, pieces, sample_size, threads)
-
     def restore_engine(self, name: str, choice: str, threads: int | None = None) -> None:
         """Run the engine an interrupted run chose (--resume), without checking it again on other rows (the
         audit goes on checking it)."""
-        self._choose(name, [], 0, threads)
+        self.use_engine(name, [], 0, threads)
         self.engine_choice = choice
 
     def distrust_engine(self, why: str) -> None:

@@ -113,7 +113,7 @@ def _drive(run: RunContext, dedup: Deduplicator | None, decisions: Decisions, ro
         # The first rows' decisions, on the rows and chunks a single process makes them on.
         here = dataclasses.replace(run, threads=threads)
         chunks = read_chunks([], options.chunk_rows, rows=range_rows(here, job, Plan(rows, first_line, {}), rest))
-        decide(here, chunks, Deduplicator(list(dedup.seen)) if dedup is not None else None, decisions)
+        decide(here, chunks, Deduplicator(dedup.seen.array()) if dedup is not None else None, decisions)
         plan_f = client.scatter(Plan(rows, first_line, decisions.state()), broadcast=True)
         info["ranges"], info["parts"] = len(ranges), len(parts)
         window: deque = deque()

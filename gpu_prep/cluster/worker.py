@@ -88,7 +88,7 @@ def process_range(job: Job, plan: Plan, rng: Range, *seen: np.ndarray) -> tuple[
     clock = Stopwatch()
     dedup = None
     if run.config.preprocessing.deduplicate:
-        dedup = Deduplicator([bytes(d) for block in seen for d in block])
+        dedup = Deduplicator(np.concatenate(seen) if seen else ())
     chunks = read_chunks([], job.chunk_rows, rows=range_rows(run, job, plan, rng))
     stages = prepare_and_tokenize(chunks, run, dedup, clock, Decisions.from_state(plan.decided))
     return [lighten(mask_chunk(run, clock, item), run.backend) for item in stages], dict(clock.seconds)

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from gpu_prep.engines import add_checks
 from gpu_prep.errors import Drop, InputError
 from gpu_prep.output.writer import DatasetWriter
 from gpu_prep.ragged import offsets_from_lengths
@@ -18,7 +19,6 @@ from gpu_prep.run.accounting import PIECES, Accounting
 from gpu_prep.run.checkpoint import Checkpointer
 from gpu_prep.run.context import Decisions, RunContext
 from gpu_prep.run.overlap import Stopwatch
-from gpu_prep.engines import add_checks
 from gpu_prep.run.stages import Done, Dropped, MaskResult, Prepared
 
 

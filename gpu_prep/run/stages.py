@@ -299,9 +299,8 @@ class Tokenizing:
             run.tok.restore_engine(*decisions.engine, run.threads)
             self.encode = run.backend.encoder(run.tok)
 
-    def __call__(self, rendered: list[RenderedRow], clock: Stopwatch, keys: np.ndarray | None = None) -> Encoded:
-        """keys: each row's place in the input (file index and line, as one uint64), which picks the pieces
-        the engine check looks at; None: the rows' order here."""
+    def __call__(self, rendered: list[RenderedRow], clock: Stopwatch, keys: np.ndarray) -> Encoded:
+        """keys: each row's place in the input (row_keys), which picks the pieces the engine check looks at."""
         failpoint("tokenize")
         tok = self.run.tok
         if self.run.render.offsets and any(row.spans for row in rendered):
@@ -310,8 +309,6 @@ class Tokenizing:
                 self.decisions.settle_engine("hf", OFFSETS_CHOICE.format(model=tok.model))
                 tok.restore_engine(*self.decisions.engine, self.run.threads)
             return clock.time("tokenize", tokenize_rows, tok.encode_offsets, rendered)
-        if keys is None:
-            keys = np.arange(len(rendered), dtype=np.uint64)
         if self.encode is not None:
             return self._audited(rendered, clock, self.encode, keys)
         # The first rows choose the engine, checking it on a sample of them.
