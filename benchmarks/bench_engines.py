@@ -97,7 +97,7 @@ def build(name: str, directory: Path) -> Any:
     if name == "fastokens":
         from gpu_prep.engines import FastokensEngine
 
-        return FastokensEngine.from_file(directory / "tokenizer.json").encode
+        return FastokensEngine.build(spec, directory / "tokenizer.json").encode
     import gigatoken
 
     tok = gigatoken.Tokenizer(str(directory / "tokenizer.json"))

@@ -7,6 +7,10 @@ sentinels (some padded with spaces and newlines, so a template that trims or rew
 and checking that every probe agrees with the learnt pieces. Rendering a row is then a join, and the
 content positions come for free. Rows the probes did not cover (other roles, extra message fields, tools,
 empty contents) go through Jinja, and so does everything when the probes disagree.
+
+A template with {% generation %} blocks is learnt the same way when its blocks begin and end inside the
+fixed texts (at a place in them that, like the texts, depends only on the neighbouring roles): each fixed
+text then carries where blocks begin and end in it, and the rendering gives the same spans Jinja's would.
 """
 
 from __future__ import annotations
@@ -30,11 +34,18 @@ def _probe_contents(count: int, seed: int) -> list[str]:
     return [pad + SENTINEL.format(i) + pad for i in range(count)]
 
 
+# Where a {% generation %} block begins or ends in a fixed text: (offset in the text, True for a beginning,
+# for an end the message the template last read counted from the message after the text, else None).
+Mark = tuple[int, bool, int | None]
+Key = tuple[str, Any]  # ("prefix", role) | ("glue", (role, next role)) | ("suffix", role)
+
+
 @dataclass(frozen=True)
 class AffixTemplate:
     prefix: dict[str, str]  # role of the first message -> text before its content
     glue: dict[tuple[str, str], str]  # (role, next role) -> text between their contents
     suffix: dict[str, str]  # role of the last message -> text after its content
+    marks: dict[Key, tuple[Mark, ...]] | None = None  # where generation blocks lie in each text; None: unmarked
 
     def covers(self, messages: list[dict[str, Any]], tools: Any) -> bool:
         if tools or not messages:
@@ -44,19 +55,46 @@ class AffixTemplate:
                 and roles[0] in self.prefix and roles[-1] in self.suffix
                 and all(pair in self.glue for pair in zip(roles, roles[1:])))
 
-    def render(self, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int, int]]]:
-        """The rendering and [(message index, content start, content end)] in characters."""
+    def render(self, messages: list[dict[str, Any]]
+               ) -> tuple[str, list[tuple[int, int, int]], list[tuple[int, int, int | None]]]:
+        """The rendering, [(message index, content start, content end)] in characters, and (for a marked
+        template) the spans its generation blocks cover, as ChatTemplate.render_marked gives them."""
         roles = [m["role"] for m in messages]
         parts = [self.prefix[roles[0]]]
+        keys: list[Key] = [("prefix", roles[0])]
+        starts = [0]  # where each fixed text begins
         regions, pos = [], len(parts[0])
         for i, message in enumerate(messages):
             content = message["content"]
             parts.append(content)
             regions.append((i, pos, pos + len(content)))
-            after = self.glue[(roles[i], roles[i + 1])] if i + 1 < len(messages) else self.suffix[roles[i]]
+            if i + 1 < len(messages):
+                keys.append(("glue", (roles[i], roles[i + 1])))
+                after = self.glue[keys[-1][1]]
+            else:
+                keys.append(("suffix", roles[i]))
+                after = self.suffix[roles[i]]
             parts.append(after)
+            starts.append(pos + len(content))
             pos += len(content) + len(after)
-        return "".join(parts), regions
+        return "".join(parts), regions, self._spans(keys, starts)
+
+    def rendered(self, messages: list[dict[str, Any]]) -> str | tuple[str, list[tuple[int, int, int | None]]]:
+        """What the template's render gives (with its generation spans, for a marked one)."""
+        text, _, spans = self.render(messages)
+        return text if self.marks is None else (text, spans)
+
+    def _spans(self, keys: list[Key], starts: list[int]) -> list[tuple[int, int, int | None]]:
+        if not self.marks:
+            return []
+        spans, begun = [], 0
+        for m, (key, start) in enumerate(zip(keys, starts)):
+            for offset, beginning, reading in self.marks.get(key, ()):
+                if beginning:
+                    begun = start + offset
+                else:
+                    spans.append((begun, start + offset, None if reading is None else m + reading))
+        return spans
 
 
 class _Rewritten(Exception):
@@ -82,34 +120,64 @@ def _split(rendered: str, contents: list[str]) -> list[str] | None:
     return literals
 
 
-def _learn(render: Any, sequences: list[tuple[str, ...]]) -> AffixTemplate | None:
-    prefix: dict[str, str] = {}
-    glue: dict[tuple[str, str], str] = {}
-    suffix: dict[str, str] = {}
+def _marks(literals: list[str], contents: list[str], spans: list[tuple[int, int, int | None]]
+           ) -> list[list[Mark]] | None:
+    """Where the generation spans of a probe begin and end, per fixed text; None when one begins or ends
+    inside a content, or they overlap."""
+    bounds, pos = [], 0  # each fixed text's [start, end] in the rendering
+    for literal, content in zip(literals, [*contents, ""]):
+        bounds.append((pos, pos + len(literal)))
+        pos += len(literal) + len(content)
+
+    def place(at: int) -> int | None:
+        return next((m for m, (a, b) in enumerate(bounds) if a <= at <= b), None)
+
+    marks: list[list[Mark]] = [[] for _ in literals]
+    previous_end = 0
+    for start, end, reading in spans:
+        first, last = place(start), place(end)
+        if first is None or last is None or start < previous_end:
+            return None
+        marks[first].append((start - bounds[first][0], True, None))
+        marks[last].append((end - bounds[last][0], False, None if reading is None else reading - last))
+        previous_end = end
+    return marks
+
+
+def _learn(render: Any, sequences: list[tuple[str, ...]], marked: bool) -> AffixTemplate | None:
+    tables: dict[str, dict[Any, tuple[str, tuple[Mark, ...]]]] = {"prefix": {}, "glue": {}, "suffix": {}}
     for n, roles in enumerate(sequences):
         contents = _probe_contents(len(roles), n)
         try:
             rendered = render([{"role": r, "content": c} for r, c in zip(roles, contents)])
         except jinja2.exceptions.TemplateError:
             continue  # the template refuses this sequence of roles: rows like it will go through Jinja
+        rendered, spans = rendered if marked else (rendered, [])
         try:
             literals = _split(rendered, contents)
         except _Rewritten:
             return None
         if literals is None:
             continue
-        learnt = [(prefix, roles[0], literals[0]), (suffix, roles[-1], literals[-1])]
-        learnt += [(glue, pair, lit) for pair, lit in zip(zip(roles, roles[1:]), literals[1:-1])]
-        for table, key, literal in learnt:
-            if table.setdefault(key, literal) != literal:
+        marks = _marks(literals, contents, spans)
+        if marks is None:
+            return None  # a generation block begins or ends inside a content
+        keys = [("prefix", roles[0]), *(("glue", pair) for pair in zip(roles, roles[1:])), ("suffix", roles[-1])]
+        for (table, key), literal, mark in zip(keys, literals, marks):
+            if tables[table].setdefault(key, (literal, tuple(mark))) != (literal, tuple(mark)):
                 return None  # the text depends on more than the neighbouring roles
-    return AffixTemplate(prefix, glue, suffix) if prefix and suffix else None
+    if not tables["prefix"] or not tables["suffix"]:
+        return None
+    texts = {name: {key: text for key, (text, _) in table.items()} for name, table in tables.items()}
+    marks = {(name, key): mark for name, table in tables.items() for key, (_, mark) in table.items() if mark}
+    return AffixTemplate(texts["prefix"], texts["glue"], texts["suffix"], marks if marked else None)
 
 
-def detect_affix(render: Any, roles: tuple[str, ...] = PROBE_ROLES) -> AffixTemplate | None:
-    """An AffixTemplate equivalent to render(messages) on every probe, or None."""
+def detect_affix(render: Any, roles: tuple[str, ...] = PROBE_ROLES, marked: bool = False) -> AffixTemplate | None:
+    """An AffixTemplate equivalent to render(messages) on every probe, or None. marked: render gives the
+    rendering and its generation spans (ChatTemplate.render_marked), and so will the AffixTemplate."""
     sequences = [seq for n in range(1, 5) for seq in itertools.product(roles, repeat=n)]
-    affix = _learn(render, sequences)
+    affix = _learn(render, sequences, marked)
     if affix is None:
         return None
     # Longer conversations the pieces were not learnt from must come out the same.
@@ -120,6 +188,6 @@ def detect_affix(render: Any, roles: tuple[str, ...] = PROBE_ROLES) -> AffixTemp
             expected = render(messages)
         except jinja2.exceptions.TemplateError:
             continue
-        if affix.covers(messages, None) and affix.render(messages)[0] != expected:
+        if affix.covers(messages, None) and affix.rendered(messages) != expected:
             return None
     return affix

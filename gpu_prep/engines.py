@@ -11,12 +11,17 @@ A fast engine is trusted only where it is seen to equal HF, twice over:
 
 tiktoken is built from the tokenizer.json: ranks are the vocabulary ids of each token's bytes, the split
 pattern is the Split pre-tokenizer's regex, every added token is a special token, and an NFC normalizer is
-applied before encoding. fastokens builds from the file; neither can be saved and loaded again, so each is
-built once per process, in a thread of its own (both release the GIL) while the run reads its first rows.
+applied before encoding. fastokens builds from the file, or, for tokenizers tiktoken could run too, from
+such a ranks file (in about half the time: no merges list to parse), which the first run writes to the user
+cache dir under the tokenizer.json's sha256 and fastokens' version. Neither built engine can be saved, so
+each is built once per process, in a thread of its own (both release the GIL) while the run reads its first
+rows.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import threading
 import unicodedata
@@ -93,6 +98,28 @@ def tiktoken_problem(spec: dict[str, Any]) -> str | None:
     return None
 
 
+def _ranks(spec: dict[str, Any]) -> dict[bytes, int]:
+    """Each vocabulary token's bytes -> its id (a byte-level BPE vocabulary)."""
+    decode = _byte_decoder()
+    return {token.translate(decode).encode("latin-1"): i for token, i in spec["model"]["vocab"].items()}
+
+
+def _split_pattern(spec: dict[str, Any]) -> str:
+    return spec["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]
+
+
+def _added(spec: dict[str, Any]) -> dict[str, int]:
+    return {t["content"]: t["id"] for t in spec.get("added_tokens", [])}
+
+
+def _normalized(pieces: list[str], form: str | None) -> list[str]:
+    """The pieces in the Unicode normal form the tokenizer's normalizer asks for (engines built from ranks
+    do not normalize)."""
+    if not form:
+        return pieces
+    return [p if unicodedata.is_normalized(form, p) else unicodedata.normalize(form, p) for p in pieces]
+
+
 @dataclass
 class TiktokenEngine:
     encoding: Any  # tiktoken.Encoding
@@ -105,12 +132,8 @@ class TiktokenEngine:
     def from_spec(cls, spec: dict[str, Any]) -> TiktokenEngine:
         import tiktoken
 
-        decode = _byte_decoder()
-        ranks = {token.translate(decode).encode("latin-1"): i for token, i in spec["model"]["vocab"].items()}
-        steps = spec["pre_tokenizer"]["pretokenizers"]
-        special = {t["content"]: t["id"] for t in spec.get("added_tokens", [])}
-        encoding = tiktoken.Encoding("gpu-prep", pat_str=steps[0]["pattern"]["Regex"], mergeable_ranks=ranks,
-                                     special_tokens=special)
+        encoding = tiktoken.Encoding("gpu-prep", pat_str=_split_pattern(spec), mergeable_ranks=_ranks(spec),
+                                     special_tokens=_added(spec))
         form = (spec.get("normalizer") or {}).get("type")
         return cls(encoding, form, os.cpu_count() or 1)
 
@@ -118,10 +141,8 @@ class TiktokenEngine:
         return TiktokenEngine(self.encoding, self.form, threads or os.cpu_count() or 1)
 
     def _encode_slice(self, pieces: list[str]) -> list[np.ndarray]:
-        form, special, encode = self.form, self.encoding.special_tokens_set, self.encoding.encode_to_numpy
-        if form:
-            pieces = [p if unicodedata.is_normalized(form, p) else unicodedata.normalize(form, p) for p in pieces]
-        return [encode(p, allowed_special=special, disallowed_special=()) for p in pieces]
+        special, encode = self.encoding.special_tokens_set, self.encoding.encode_to_numpy
+        return [encode(p, allowed_special=special, disallowed_special=()) for p in _normalized(pieces, self.form)]
 
     def encode(self, pieces: list[str]) -> tuple[np.ndarray, np.ndarray]:
         # Each thread takes a run of pieces and gets numpy buffers back (the BPE itself runs without the
@@ -138,21 +159,31 @@ class TiktokenEngine:
 
 
 class FastokensEngine:
-    """fastokens, built from the tokenizer.json file: ids come back as one flat buffer (no Python int per
-    token); its own threads (FASTOKENS_BPE_THREADS, read when it first encodes) run the batch."""
+    """fastokens: ids come back as one flat buffer (no Python int per token); its own threads
+    (FASTOKENS_BPE_THREADS, read when it first encodes) run the batch. Built from the tokenizer.json, or from
+    a ranks file cached by an earlier run (then `form` is the normal form gpu-prep applies first)."""
 
     name = "fastokens"
 
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Any, form: str | None = None) -> None:
+        self.tokenizer, self.form = tokenizer, form
 
     @classmethod
-    def from_file(cls, path: Path) -> FastokensEngine:
+    def build(cls, spec: dict[str, Any], path: Path) -> FastokensEngine:
+        """From the cached ranks file where the tokenizer allows one (tiktoken_problem is None), else from the
+        tokenizer.json, writing the ranks file for the next run."""
         import fastokens
 
+        ranks = ranks_cache_path(path) if tiktoken_problem(spec) is None else None
+        if ranks is not None and ranks.is_file():
+            tokenizer = fastokens.Tokenizer.from_tiktoken(str(ranks), pattern=_split_pattern(spec),
+                                                          special_tokens=_added(spec))
+            return cls(tokenizer, (spec.get("normalizer") or {}).get("type"))
         tokenizer = fastokens.Tokenizer.from_file(str(path))
         tokenizer.no_truncation()  # lengths are the pipeline's job, as for HF (tokenizer.load_tokenizer)
         tokenizer.no_padding()
+        if ranks is not None:
+            _write_ranks(spec, ranks)
         return cls(tokenizer)
 
     def with_threads(self, threads: int | None) -> FastokensEngine:
@@ -161,9 +192,34 @@ class FastokensEngine:
         return self
 
     def encode(self, pieces: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        ids, offsets = self.tokenizer.encode_batch_flat(pieces, add_special_tokens=False)
+        ids, offsets = self.tokenizer.encode_batch_flat(_normalized(pieces, self.form), add_special_tokens=False)
         ends = np.frombuffer(offsets, np.uint64).astype(np.int64)
         return np.frombuffer(ids, np.uint32).astype(np.int64), np.diff(ends)
+
+
+def ranks_cache_path(path: Path) -> Path:
+    """Where the ranks file of this tokenizer.json lives: the user cache dir, under the file's sha256 and
+    the fastokens version that reads it."""
+    from importlib.metadata import version
+
+    from gpu_prep.bundled import cache_root
+
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return cache_root() / "engines" / f"fastokens-{version('fastokens')}-{digest}.tiktoken"
+
+
+def _write_ranks(spec: dict[str, Any], path: Path) -> None:
+    """The vocabulary as a tiktoken ranks file (a line per token: base64 of its bytes, its id), written
+    whole or not at all (under a temporary name of this process's, so runs side by side do not mix their
+    writes); a cache that cannot be written costs the next run its second, nothing more."""
+    lines = b"".join(base64.b64encode(token) + b" %d\n" % i for token, i in _ranks(spec).items())
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(lines)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def first_difference(a: Any, b: Any, pieces: list[str]) -> str | None:
@@ -192,14 +248,14 @@ def _build(name: str, spec: dict[str, Any], path: Path) -> Any:
         except ImportError:
             raise Unusable("tiktoken is not installed") from None
     try:
-        return FastokensEngine.from_file(path)
+        return FastokensEngine.build(spec, path)
     except ImportError:
         raise Unusable("fastokens is not installed") from None
     except Exception as exc:  # noqa: BLE001  fastokens raises a bare ValueError/RuntimeError naming the part it lacks
         raise Unusable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
 
 
-def _in_thread(work: Callable[[], Any]) -> Future:
+def in_thread(work: Callable[[], Any], name: str = "engine-build") -> Future:
     """work() in a daemon thread (a build still going when the run ends must not hold the process)."""
     future: Future = Future()
 
@@ -209,7 +265,7 @@ def _in_thread(work: Callable[[], Any]) -> Future:
         except BaseException as exc:  # noqa: BLE001  handed to whoever waits
             future.set_exception(exc)
 
-    threading.Thread(target=run, name="gpu-prep-engine-build", daemon=True).start()
+    threading.Thread(target=run, name=f"gpu-prep-{name}", daemon=True).start()
     return future
 
 
@@ -229,7 +285,7 @@ def start_builds(requested: str, spec: dict[str, Any], path: Path, cache_key: An
     for name in candidates(requested):
         with _BUILDS_LOCK:
             if (name, cache_key) not in _BUILDS:
-                _BUILDS[(name, cache_key)] = _in_thread(lambda name=name: _build(name, spec, path))
+                _BUILDS[(name, cache_key)] = in_thread(lambda name=name: _build(name, spec, path))
 
 
 def fast_engine(name: str, spec: dict[str, Any], path: Path, cache_key: Any) -> tuple[Any, str | None]:

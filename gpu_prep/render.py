@@ -149,7 +149,7 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
     template = ctx.template_for(conv)
     marked = ctx.generation and template.marked
     if ctx.affix is not None and ctx.affix.covers(conv.messages, conv.tools) and not conv.documents:
-        real, regions = ctx.affix.render(conv.messages)
+        real, regions, generated = ctx.affix.render(conv.messages)
     else:
         real, generated = render_marked(template, conv.messages, conv, marked=marked)
         regions = locate_contents(real, conv, template)
@@ -357,10 +357,13 @@ def affix_disagreement(shapes: list[Shape], ctx: RenderContext) -> str | None:
         if isinstance(shape, Conversation) and ctx.affix.covers(shape.messages, shape.tools):
             try:
                 with row_limits(*ctx.limits):
-                    expected = ctx.template.render(shape.messages, shape.tools, shape.documents)
+                    if ctx.affix.marks is None:
+                        expected = ctx.template.render(shape.messages, shape.tools, shape.documents)
+                    else:
+                        expected = ctx.template.render_marked(shape.messages, shape.tools, shape.documents)
             except jinja2.exceptions.TemplateError as exc:
                 return f"row {n}: Jinja refuses a conversation the affix path accepts ({exc})"
-            if ctx.affix.render(shape.messages)[0] != expected:
+            if ctx.affix.rendered(shape.messages) != expected:
                 return f"row {n}: the affix rendering differs from Jinja's"
     return None
 

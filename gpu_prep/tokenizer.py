@@ -1,7 +1,11 @@
 """tokenize: text pieces -> flat token ids + per-piece counts, and where each token lies in the text.
 
 The tokenizer is a directory with tokenizer.json (run by HF tokenizers) and tokenizer_config.json (its
-chat_template and special tokens), or the name of a bundled one. For byte-level BPE every token stands for
+chat_template and special tokens), or the name of a bundled one. What the run needs to know of it before
+it tokenizes (its outline: model, vocabulary, added tokens, what it puts around a text) is kept in the
+user cache dir under the tokenizer.json's sha256 and the tokenizers version; with it there, HF tokenizers
+loads in a thread of its own while the run starts reading (a warm load), else first and the outline is
+written for next time. For byte-level BPE every token stands for
 a fixed byte string, so a lookup table gives each token's byte length and positions are a running sum (no
 offsets needed, so any exact engine may run it). Every other family (SentencePiece-style BPE with byte
 fallback, Unigram, WordPiece) reports the characters each token came from, and masks use those.
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,11 +56,21 @@ def _contains_type(node: Any, kind: str) -> bool:
     return False
 
 
+class _Loading:
+    """The HF tokenizers engine while it loads in a thread of its own: any use of it waits for it."""
+
+    def __init__(self, result: Callable[[], Any]) -> None:
+        self._result = result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._result(), name)
+
+
 @dataclass
 class Tokenizer:
     name: str
     directory: Path
-    engine: Any  # tokenizers.Tokenizer
+    engine: Any  # tokenizers.Tokenizer (or _Loading, which waits for it)
     config: dict[str, Any]
     token_bytes: np.ndarray | None  # int64 byte length of every id (byte-level BPE), else None
     normalizer: dict[str, Any]  # the tokenizer.json normalizer spec ({} for none)
@@ -64,6 +79,7 @@ class Tokenizer:
     suffix_text: str
     special_tokens: dict[str, str] = field(default_factory=dict)
     spec: dict[str, Any] = field(default_factory=dict, repr=False)  # the parts of tokenizer.json in use
+    vocab_size: int = 0  # ids, added tokens included
     active: Any = None  # the engine encode() runs: HF until use_engine() picks
     engine_choice: str = "hf: default"
     audit: Audit | None = None  # checks the fast engine the run chose, all the way through
@@ -120,7 +136,7 @@ class Tokenizer:
 
     def end_of_turn_tokens(self) -> tuple[str, ...]:
         # Only added tokens: "</s>" is an ordinary piece of text in some byte-level vocabularies.
-        added = {token.content for token in self.engine.get_added_tokens_decoder().values()}
+        added = {token["content"] for token in self.spec.get("added_tokens", [])}
         found = [t for t in KNOWN_END_OF_TURN if t in added]
         if self.eos_text and self.eos_text not in found:
             found.append(self.eos_text)
@@ -185,12 +201,17 @@ class Tokenizer:
         every text with (BERT's [SEP]); a run's input.eod_token overrides it (run/context.py)."""
         ids = {f"{key}_id": self.special_id(key) for key in ("bos", "eos", "pad", "unk")}
         eod = self.eos_text or self.suffix_text
-        return {**ids, "eod_id": self.engine.token_to_id(eod) if eod else None}
+        return {**ids, "eod_id": self.token_id(eod) if eod else None}
 
     def special_id(self, key: str) -> int | None:
         """The id of the tokenizer's `key` token ("eos", "pad", ...; tokenizer_config.json), None without one."""
         text = self.special_tokens.get(f"{key}_token")
-        return None if text is None else self.engine.token_to_id(text)
+        return None if text is None else self.token_id(text)
+
+    def token_id(self, token: str) -> int | None:
+        """The id of one token of the vocabulary, as HF's token_to_id gives it (added tokens first)."""
+        added = next((t["id"] for t in self.spec.get("added_tokens", []) if t["content"] == token), None)
+        return added if added is not None else self.spec.get("model", {}).get("vocab", {}).get(token)
 
     def summary(self) -> dict[str, Any]:
         """What meta.json says of the tokenizer: where it came from, one sha256 over its files, its size and
@@ -202,7 +223,7 @@ class Tokenizer:
         for path in self.files():
             digest.update(path.relative_to(self.directory).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
         self._summary = {"source": self.source or self.name, "sha256": digest.hexdigest(), "files": COPY_DIR,
-                         "vocab_size": int(self.engine.get_vocab_size(with_added_tokens=True)), **self.special_ids()}
+                         "vocab_size": self.vocab_size, **self.special_ids()}
         return self._summary
 
     def identity(self) -> dict[str, Any]:
@@ -228,14 +249,14 @@ class Tokenizer:
             write_atomic(target / "chat_template.jinja", template.encode("utf-8"))
 
 
-def _byte_lengths(spec: dict[str, Any], engine: Any) -> np.ndarray | None:
+def _byte_lengths(spec: dict[str, Any], vocab_size: int) -> np.ndarray | None:
     """Byte length of every id for byte-level BPE; None for vocabularies whose tokens do not spell out
     the text byte for byte (WordPiece drops spaces and may lowercase)."""
     model = spec.get("model", {})
     if model.get("type") != "BPE" or not _contains_type(spec.get("pre_tokenizer"), "ByteLevel"):
         return None
     vocab = model.get("vocab") or {}
-    size = max(engine.get_vocab_size(with_added_tokens=True), max(vocab.values(), default=-1) + 1)
+    size = max(vocab_size, max(vocab.values(), default=-1) + 1)
     table = np.zeros(size, dtype=np.int64)
     for token, index in vocab.items():
         table[index] = len(token)  # one byte-level character per byte
@@ -244,21 +265,74 @@ def _byte_lengths(spec: dict[str, Any], engine: Any) -> np.ndarray | None:
     return table
 
 
+OUTLINE_FORMAT = 1  # bumped when what _outline keeps changes: older cache files are not read
+
+
 def _outline(engine: Any) -> dict[str, Any]:
     """The parts of tokenizer.json this package reads (model type and vocabulary, pre-tokenizer,
-    normalizer, added tokens), taken from the loaded engine: parsing the file again would also build the
-    whole merges list in Python, for nothing."""
+    normalizer, added tokens), the vocabulary size and the texts the tokenizer puts around a plain text,
+    taken from the loaded engine: parsing the file again would also build the whole merges list in Python,
+    for nothing."""
     def state(component: Any) -> Any:
         return orjson.loads(component.__getstate__()) if component is not None else None
 
     added = sorted(engine.get_added_tokens_decoder().items())
+    prefix_ids, suffix_ids = _added_around(engine)
     return {
-        "model": {"type": type(engine.model).__name__, "vocab": engine.get_vocab(with_added_tokens=False)},
-        "pre_tokenizer": state(engine.pre_tokenizer),
-        "normalizer": state(engine.normalizer),
-        "added_tokens": [{"id": i, "content": t.content, "lstrip": t.lstrip, "rstrip": t.rstrip,
-                          "single_word": t.single_word, "special": t.special} for i, t in added],
+        "spec": {
+            "model": {"type": type(engine.model).__name__, "vocab": engine.get_vocab(with_added_tokens=False)},
+            "pre_tokenizer": state(engine.pre_tokenizer),
+            "normalizer": state(engine.normalizer),
+            "added_tokens": [{"id": i, "content": t.content, "lstrip": t.lstrip, "rstrip": t.rstrip,
+                              "single_word": t.single_word, "special": t.special} for i, t in added],
+        },
+        "vocab_size": int(engine.get_vocab_size(with_added_tokens=True)),
+        "prefix_text": "".join(engine.id_to_token(i) for i in prefix_ids),
+        "suffix_text": "".join(engine.id_to_token(i) for i in suffix_ids),
     }
+
+
+def _outline_path(path: Path) -> Path:
+    """Where the outline of this tokenizer.json is kept: the user cache dir, under the file's sha256 and the
+    tokenizers version that read it."""
+    from importlib.metadata import version
+
+    from gpu_prep.bundled import cache_root
+
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return cache_root() / "tokenizers" / f"outline{OUTLINE_FORMAT}-tokenizers-{version('tokenizers')}-{digest}.json"
+
+
+def _read_outline(path: Path) -> dict[str, Any] | None:
+    try:
+        return orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+
+
+def _keep_outline(path: Path, outline: dict[str, Any]) -> None:
+    """Written whole or not at all (under this process's own temporary name); a cache that cannot be
+    written costs the next run half a second, nothing more."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(orjson.dumps(outline))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _load_engine(spec: str, directory: Path, path: Path) -> Any:
+    from tokenizers import Tokenizer as Engine
+
+    try:
+        engine = Engine.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception on bad files
+        raise ConfigError(f"tokenizer {spec!r}: cannot load {directory}: {exc}") from None
+    # Some tokenizer.json files carry padding or truncation settings: lengths are this pipeline's job.
+    engine.no_padding()
+    engine.no_truncation()
+    return engine
 
 
 def _added_around(engine: Any) -> tuple[list[int], list[int]]:
@@ -274,9 +348,8 @@ def _added_around(engine: Any) -> tuple[list[int], list[int]]:
 def load_tokenizer(spec: str, revision: str | None = None) -> Tokenizer:
     """A tokenizer directory, the name of a bundled tokenizer (gpu_prep.bundled), or a model id in the
     Hugging Face hub cache (at revision, else main)."""
-    from tokenizers import Tokenizer as Engine
-
     from gpu_prep.bundled import bundled_names, bundled_tokenizer_dir
+    from gpu_prep.engines import in_thread
 
     directory, source = Path(spec), spec
     if not directory.is_dir():
@@ -294,26 +367,30 @@ def load_tokenizer(spec: str, revision: str | None = None) -> Tokenizer:
             raise ConfigError(f"tokenizer {spec!r}: {name} is missing in {directory}")
     try:
         config = orjson.loads(files["tokenizer_config.json"].read_bytes())
-        engine = Engine.from_file(str(files["tokenizer.json"]))
-        # Some tokenizer.json files carry padding or truncation settings: lengths are this pipeline's job.
-        engine.no_padding()
-        engine.no_truncation()
-    except (ValueError, OSError, Exception) as exc:  # tokenizers raises a bare Exception on bad files
+        kept = _outline_path(files["tokenizer.json"])
+    except (ValueError, OSError) as exc:
         raise ConfigError(f"tokenizer {spec!r}: cannot load {directory}: {exc}") from None
-    tokenizer_spec = _outline(engine)
-    prefix_ids, suffix_ids = _added_around(engine)
+    outline = _read_outline(kept)
+    if outline is None:
+        engine = _load_engine(spec, directory, files["tokenizer.json"])
+        outline = _outline(engine)
+        _keep_outline(kept, outline)
+    else:  # known already: HF tokenizers loads while the run starts
+        engine = _Loading(in_thread(lambda: _load_engine(spec, directory, files["tokenizer.json"]), "hf-load").result)
+    tokenizer_spec = outline["spec"]
     special = {key: text for key in ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token",
                                      "mask_token")
                if (text := _token_text(config.get(key))) is not None}
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     return Tokenizer(
         name=spec, directory=directory, engine=engine, config=config,
-        token_bytes=_byte_lengths(tokenizer_spec, engine),
+        token_bytes=_byte_lengths(tokenizer_spec, outline["vocab_size"]),
         normalizer=tokenizer_spec.get("normalizer") or {},
         model=tokenizer_spec.get("model", {}).get("type", "?"),
-        prefix_text="".join(engine.id_to_token(i) for i in prefix_ids),
-        suffix_text="".join(engine.id_to_token(i) for i in suffix_ids),
+        prefix_text=outline["prefix_text"],
+        suffix_text=outline["suffix_text"],
         special_tokens=special,
         spec=tokenizer_spec,
+        vocab_size=outline["vocab_size"],
         source=source,
     )

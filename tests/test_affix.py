@@ -42,7 +42,7 @@ def test_affix_rendering_equals_jinja(name: str, conversations: list[list[dict]]
         if not affix.covers(messages, None):
             continue
         covered += 1
-        text, regions = affix.render(messages)
+        text, regions, _ = affix.render(messages)
         assert text == template.render(messages)
         assert [text[s:e] for _, s, e in regions] == [m["content"] for m in messages]
     assert covered >= len(conversations) // 2

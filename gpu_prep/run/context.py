@@ -132,7 +132,7 @@ class RunContext:
         """What meta.json and the manifest say of the tokenizer, with this run's end-of-document id."""
         summary = self.tok.summary()
         eod = self.render.eod_text
-        return summary if eod is None else {**summary, "eod_id": self.tok.engine.token_to_id(eod)}
+        return summary if eod is None else {**summary, "eod_id": self.tok.token_id(eod)}
 
     @property
     def dataset_of(self) -> dict[int, Dataset]:
@@ -160,7 +160,8 @@ def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
                      if chosen.tool_text else None)
     generation = mask_method(config, template)
     chat = template is not None and config.input.type == "chat"
-    affix = detect_affix(template.render) if chat and not (generation and template.marked) else None
+    marked = generation and template is not None and template.marked
+    affix = detect_affix(template.render_marked if marked else template.render, marked=marked) if chat else None
     return RenderContext(
         config=config,
         template=template,
@@ -175,7 +176,7 @@ def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
         suffix_text=tok.suffix_text,
         eos_text=tok.eos_text,
         eod_text=end_of_document(config, tok),
-        vocab_size=int(tok.engine.get_vocab_size(with_added_tokens=True)),
+        vocab_size=tok.vocab_size,
         first_tokens=tok.first_tokens,
         count_tokens=tok.count_tokens,
     )

@@ -356,13 +356,18 @@ class Tokenizing:
         return dataclasses.replace(tokenize_rows(HfEngine(tok.engine).encode, rendered), engine_check=check)
 
 
+# Chunks the host stages may run ahead of tokenizing: while the fast engine is still being built (about a
+# second), reading and rendering go on instead of waiting; a chunk is a few megabytes of text.
+READ_AHEAD = 4
+
+
 def prepare_and_tokenize(chunks: Iterator[RawChunk], run: RunContext, dedup: Deduplicator | None, clock: Stopwatch,
                          decisions: Decisions, overlap: bool = True) -> Iterator[tuple[Prepared, Encoded | None]]:
     """Chunks read -> formatted, filtered, rendered (with overlap, a chunk ahead in a thread of its own)
     and tokenized."""
     tokenizing = Tokenizing(run, decisions)
     prepared = prepare(chunks, run, dedup, clock, decisions)
-    for item in overlapped(prepared) if overlap else prepared:
+    for item in overlapped(prepared, READ_AHEAD) if overlap else prepared:
         yield item, tokenizing(item.rows.payload, clock, row_keys(item)) if item.rows.index else None
 
 
