@@ -20,11 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import time
-import unicodedata
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.corpora import sharegpt_chats  # noqa: E402
+from corpora import adversarial_texts  # noqa: E402  (tests/corpora.py, on the path through benchmarks.corpora)
 
 ENGINES = ("hf", "tiktoken", "fastokens", "gigatoken")
 PACKAGE = {"hf": "tokenizers", "tiktoken": "tiktoken", "fastokens": "fastokens", "gigatoken": "gigatoken"}
@@ -41,41 +40,6 @@ PACKAGE = {"hf": "tokenizers", "tiktoken": "tiktoken", "fastokens": "fastokens",
 
 def real_texts(rows: int) -> list[str]:
     return [m["content"] for c in sharegpt_chats(rows) for m in c["messages"] if m["content"]]
-
-
-def adversarial_texts(seed: int = 2026, random_count: int = 6000) -> list[str]:
-    rng = random.Random(seed)
-    scripts = ["Hello world", "Привет мир", "Γειά σου κόσμε", "你好，世界", "こんにちは世界", "안녕하세요 세계",
-               "مرحبا بالعالم", "नमस्ते दुनिया", "สวัสดีชาวโลก", "שלום עולם", "Xin chào thế giới", "ሰላም ልዑል"]
-    emoji = ["👩‍👩‍👧‍👦", "🏳️‍🌈", "🇩🇪🇯🇵", "👍🏽", "🧑🏿‍🚀", "❤️‍🔥", "🫠", "🫨", "🪿", "🫎"]  # the last three: Unicode 15
-    newer = ["\U0001FAE9", "\U0001FAC6", "\U00031350", "\u1CC0", "\U0001CC00", "\U0002EBF0"]  # Unicode 15.1-16
-    spaces = [" ", "\t", "\n", "\r\n", "\u00a0", "\u2009", "\u3000", "\u200b", "\u2028", "\x0b", "\x0c"]
-    texts = []
-    for _ in range(2100):
-        kind = rng.randrange(8)
-        if kind == 0:
-            text = " ".join(rng.choice(scripts) for _ in range(rng.randint(1, 4)))
-        elif kind == 1:
-            text = unicodedata.normalize(rng.choice(["NFD", "NFKD"]), rng.choice(["café naïve Ångström", "ﬁne ①②",
-                                                                                "Ｆｕｌｌｗｉｄｔｈ", "ǅungla ẞ"]))
-        elif kind == 2:
-            text = "".join(rng.choice(emoji + scripts[:2]) for _ in range(rng.randint(1, 6)))
-        elif kind == 3:
-            text = "".join(rng.choice(spaces) * rng.randint(1, 9) + rng.choice(["a", "1", "", "x y"]) for _ in range(4))
-        elif kind == 4:
-            text = rng.choice(["", "v", "$", " "]) + "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 40)))
-        elif kind == 5:
-            text = "".join(chr(rng.choice([*range(0, 32), *range(127, 160)])) for _ in range(rng.randint(1, 8))) + "ok"
-        elif kind == 6:
-            text = "x" + "".join(chr(rng.choice([0xE000, 0xF8FF, 0x0378, 0x0530, 0xFFFE, 0x10FFFD])) for _ in range(3))
-        else:
-            text = " ".join(rng.choice(newer) for _ in range(rng.randint(1, 5))) + " end"
-        texts.append(text)
-    for _ in range(random_count):
-        text = "".join(chr(c) for c in (rng.randrange(0x110000) for _ in range(rng.randint(1, 12)))
-                       if not 0xD800 <= c <= 0xDFFF)
-        texts.append(text)
-    return texts
 
 
 # ---------------------------------------------------------------- engines, each built as gpu-prep builds it

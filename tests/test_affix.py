@@ -85,3 +85,65 @@ def test_a_content_dependent_template_is_caught_on_the_first_chunk(tmp_path) -> 
     from gpu_prep.tokenizer import load_tokenizer
 
     assert "[redacted]" in load_tokenizer(str(directory)).decode(ids)
+
+
+# ChatML with {% generation %} around each assistant turn, as transformers needs for assistant masks.
+MARKED = ("{%- for m in messages %}{%- if m['role'] == 'assistant' %}{{- '<|im_start|>assistant\\n' }}"
+          "{% generation %}{{- m['content'] + '<|im_end|>' }}{% endgeneration %}{{- '\\n' }}"
+          "{%- else %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endif %}"
+          "{%- endfor %}")
+
+
+def test_a_marked_template_renders_without_jinja_with_the_same_generation_spans(conversations) -> None:
+    template = ChatTemplate(MARKED, SPECIALS)
+    affix = detect_affix(template.render_marked, marked=True)
+    assert affix is not None and affix.marks
+    covered = 0
+    for messages in conversations:
+        if affix.covers(messages, None):
+            covered += 1
+            text, spans = template.render_marked(messages)
+            assert affix.rendered(messages) == (text, spans)
+            assert sum(m["role"] == "assistant" for m in messages) == len(spans)
+    assert covered >= len(conversations) // 2
+
+
+@pytest.mark.parametrize("source, why", [
+    (MARKED.replace("{% generation %}{{- m['content'] + '<|im_end|>' }}{% endgeneration %}",
+                    "{% if loop.last %}{% generation %}{{- m['content'] + '<|im_end|>' }}{% endgeneration %}"
+                    "{% else %}{{- m['content'] + '<|im_end|>' }}{% endif %}"),
+     "only the last turn is marked: the block depends on more than the neighbouring roles"),
+    (MARKED.replace("{% generation %}{{- m['content'] + '<|im_end|>' }}{% endgeneration %}",
+                    "{% generation %}{{- m['content'][:2] }}{% endgeneration %}{{- m['content'][2:] + '<|im_end|>' }}"),
+     "the block ends inside the content"),
+])
+def test_generation_blocks_a_fixed_text_cannot_carry_are_not_learnt(source: str, why: str) -> None:
+    template = ChatTemplate(source, SPECIALS)
+    assert detect_affix(template.render, marked=False) is not None  # as plain text it is concatenation
+    assert detect_affix(template.render_marked, marked=True) is None, why
+
+
+def test_a_run_with_a_marked_template_writes_what_jinja_would(tmp_path, monkeypatch) -> None:
+    import json
+    import shutil
+
+    from helpers import run_rows
+
+    from corpora import sharegpt_chats
+    from gpu_prep.bundled import bundled_tokenizer_dir
+    from gpu_prep.run import context
+
+    directory = tmp_path / "tok"
+    directory.mkdir()
+    shutil.copy(bundled_tokenizer_dir("qwen2.5") / "tokenizer.json", directory)
+    config = json.loads((bundled_tokenizer_dir("qwen2.5") / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": MARKED}))
+    rows = sharegpt_chats(120)
+    settings = {"tokenizer": str(directory), "mask": {"assistant": "train"}, "preprocessing": {"deduplicate": False}}
+    fast = run_rows(tmp_path, settings, rows, name="affix", chunk_rows=32)
+    monkeypatch.setattr(context, "detect_affix", lambda *args, **kwargs: None)
+    jinja = run_rows(tmp_path, settings, rows, name="jinja", chunk_rows=32)
+    manifests = [json.loads((out / "manifest.json").read_text()) for out in (fast, jinja)]
+    assert manifests[0]["totals"]["trained_tokens"] > 0
+    assert [m["domains"] for m in manifests][0] == [m["domains"] for m in manifests][1]
+    assert manifests[0]["totals"] == manifests[1]["totals"]

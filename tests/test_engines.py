@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers import run_rows
 
-from corpora import sharegpt_chats
+from corpora import adversarial_texts, sharegpt_chats
 from gpu_prep.bundled import bundled_tokenizer_dir
 from gpu_prep.engines import tiktoken_problem
 from gpu_prep.errors import ConfigError
@@ -172,3 +172,42 @@ def test_the_pieces_checked_do_not_depend_on_chunking_or_workers(tmp_path: Path)
     checks = [_engine(run_rows(tmp_path, config, rows, name=f"c{chunk}", chunk_rows=chunk))["engine_check"]
               for chunk in (7, 64, 2048)]
     assert checks[0] == checks[1] == checks[2] and checks[0]["pieces_checked"] > 0
+
+
+def test_fastokens_built_from_the_cached_ranks_file_equals_hf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              qwen) -> None:
+    # The first build reads tokenizer.json and leaves a ranks file in the cache dir; the next builds from it
+    # (NFC applied by gpu-prep, as the tokenizer's normalizer asks) and must still equal HF, on NFD text too.
+    from gpu_prep.engines import FastokensEngine, HfEngine, first_difference, ranks_cache_path
+
+    monkeypatch.setenv("GPU_PREP_CACHE", str(tmp_path / "cache"))
+    path = qwen.directory / "tokenizer.json"
+    ranks = ranks_cache_path(path)
+    assert not ranks.exists()
+    first = FastokensEngine.build(qwen.spec, path)
+    assert first.form is None and ranks.is_file()
+    again = FastokensEngine.build(qwen.spec, path)
+    assert again.form == "NFC"  # built from the ranks file
+    texts = [m["content"] for c in sharegpt_chats(60) for m in c["messages"]] + adversarial_texts(random_count=500)
+    texts.append("<|im_start|>user\ncafe\u0301 <|im_end|>")  # NFD, around added tokens
+    assert first_difference(again.encode(texts), HfEngine(qwen.engine).encode(texts), texts) is None
+
+
+def test_a_warm_tokenizer_load_takes_its_outline_from_the_cache(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # The second load reads the outline kept by the first and loads HF tokenizers in a thread: everything the
+    # run reads of the tokenizer is the same either way.
+    from gpu_prep.tokenizer import _Loading
+
+    monkeypatch.setenv("GPU_PREP_CACHE", str(tmp_path / "cache"))
+    cold, warm = load_tokenizer("qwen2.5"), load_tokenizer("qwen2.5")
+    assert not isinstance(cold.engine, _Loading) and isinstance(warm.engine, _Loading)
+    assert list((tmp_path / "cache" / "tokenizers").glob("outline*.json"))
+    for name in ("spec", "vocab_size", "prefix_text", "suffix_text", "special_tokens", "model"):
+        assert getattr(warm, name) == getattr(cold, name), name
+    assert np.array_equal(warm.token_bytes, cold.token_bytes)
+    assert warm.summary() == cold.summary() and warm.end_of_turn_tokens() == cold.end_of_turn_tokens()
+    assert warm.vocab_size == cold.engine.get_vocab_size(with_added_tokens=True) == 151665
+    assert warm.token_id("<|im_end|>") == cold.engine.token_to_id("<|im_end|>")
+    assert warm.token_id("hello") == cold.engine.token_to_id("hello") and warm.token_id("no such token!") is None
+    assert warm.engine.encode("hi there", add_special_tokens=False).ids == cold.engine.encode("hi there").ids
