@@ -256,7 +256,9 @@ def _build(name: str, spec: dict[str, Any], path: Path) -> Any:
 
 
 def in_thread(work: Callable[[], Any], name: str = "engine-build") -> Future:
-    """work() in a daemon thread (a build still going when the run ends must not hold the process)."""
+    """work() in a thread of its own. Not a daemon: a daemon thread still inside a Rust engine when the
+    interpreter exits is unwound through Rust's panic guard, and the process aborts ("FATAL: exception not
+    rethrown") instead of exiting with its code; a run that fails early waits for the build (a second) instead."""
     future: Future = Future()
 
     def run() -> None:
@@ -265,7 +267,7 @@ def in_thread(work: Callable[[], Any], name: str = "engine-build") -> Future:
         except BaseException as exc:  # noqa: BLE001  handed to whoever waits
             future.set_exception(exc)
 
-    threading.Thread(target=run, name=f"gpu-prep-{name}", daemon=True).start()
+    threading.Thread(target=run, name=f"gpu-prep-{name}").start()
     return future
 
 
