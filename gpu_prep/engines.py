@@ -204,8 +204,23 @@ def ranks_cache_path(path: Path) -> Path:
 
     from gpu_prep.bundled import cache_root
 
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    return cache_root() / "engines" / f"fastokens-{version('fastokens')}-{digest}.tiktoken"
+    return cache_root() / "engines" / f"fastokens-{version('fastokens')}-{file_sha256(path)}.tiktoken"
+
+
+def file_sha256(path: Path) -> str:
+    """The file's sha256, taken once per process for each size and modification time of it (the
+    tokenizer.json names both caches and goes into every meta.json)."""
+    stat = path.stat()
+    return _sha256_of(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=16)
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _write_ranks(spec: dict[str, Any], path: Path) -> None:
@@ -281,10 +296,11 @@ def candidates(requested: str) -> tuple[str, ...]:
 
 
 def start_builds(requested: str, spec: dict[str, Any], path: Path, cache_key: Any) -> None:
-    """Start building, each in a thread of its own, the fast engines a run may use (as part of loading the
-    tokenizer; the run reads its first rows meanwhile). cache_key names the tokenizer.json (path, size,
+    """Start building, in a thread of its own, the first fast engine a run may use (as part of loading the
+    tokenizer; the run reads its first rows meanwhile); the next is built only once that one is out (a
+    build it would not use costs a core its second). cache_key names the tokenizer.json (path, size,
     mtime): a process builds each engine of it once."""
-    for name in candidates(requested):
+    for name in candidates(requested)[:1]:
         with _BUILDS_LOCK:
             if (name, cache_key) not in _BUILDS:
                 _BUILDS[(name, cache_key)] = in_thread(lambda name=name: _build(name, spec, path))

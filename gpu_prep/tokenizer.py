@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from gpu_prep.engines import NORMAL_FORMS, Audit, HfEngine, choose_engine, start_builds
+from gpu_prep.engines import NORMAL_FORMS, Audit, HfEngine, choose_engine, file_sha256, start_builds
 from gpu_prep.errors import ConfigError
 from gpu_prep.hub import looks_like_model_id, resolve_model_id
 from gpu_prep.output.files import copy_atomic, write_atomic
@@ -220,8 +220,9 @@ class Tokenizer:
         if self._summary is not None:
             return self._summary
         digest = hashlib.sha256()
-        for path in self.files():
-            digest.update(path.relative_to(self.directory).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+        for path in self.files():  # each file's name and bytes, without copying them into one string
+            for part in (path.relative_to(self.directory).as_posix().encode(), b"\0", path.read_bytes(), b"\0"):
+                digest.update(part)
         self._summary = {"source": self.source or self.name, "sha256": digest.hexdigest(), "files": COPY_DIR,
                          "vocab_size": self.vocab_size, **self.special_ids()}
         return self._summary
@@ -299,8 +300,8 @@ def _outline_path(path: Path) -> Path:
 
     from gpu_prep.bundled import cache_root
 
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    return cache_root() / "tokenizers" / f"outline{OUTLINE_FORMAT}-tokenizers-{version('tokenizers')}-{digest}.json"
+    return (cache_root() / "tokenizers"
+            / f"outline{OUTLINE_FORMAT}-tokenizers-{version('tokenizers')}-{file_sha256(path)}.json")
 
 
 def _read_outline(path: Path) -> dict[str, Any] | None:

@@ -184,7 +184,7 @@ def format_rows(chunk: RawChunk, base: PipelineConfig, sources: Sources | None =
 def filter_reasons(run: RunContext, rows: Rows, dedup: Deduplicator | None) -> list[tuple[str, str] | None]:
     """Per row: None (kept) or why the length rules or dedup drop it."""
     texts = [source_text(shape) for shape in rows.payload]
-    keys = [dedup_text(shape, text) for shape, text in zip(rows.payload, texts)]
+    keys = texts if dedup is None else [dedup_text(shape, text) for shape, text in zip(rows.payload, texts)]
     pretraining = np.fromiter((isinstance(s, Segments) and s.train_all for s in rows.payload), bool, len(texts))
     reasons = filter_rows(run.backend, texts, keys, pretraining, run.config, dedup)
     rules = run.config.preprocessing
