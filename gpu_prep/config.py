@@ -10,6 +10,7 @@ import difflib
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -202,6 +203,9 @@ class PreprocessingConfig(_Frozen):
     packing: Literal["none", "wrapped", "bfd"] = "none"
 
 
+SPLIT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+
+
 class OutputConfig(_Frozen):
     domain_key: str | None = None
     # bin: the seed's raw arrays with meta.json; h5: one HDF5 file per shard; megatron: Megatron's
@@ -216,6 +220,28 @@ class OutputConfig(_Frozen):
     # Unset: int64 (the seed's), except uint8 when every row is pretraining text (a mask of ones: eight
     # bytes a token would be spent on nothing).
     loss_mask_dtype: Literal["int64", "uint8"] | None = None
+    # gpu-prep's own: {name: share} (train: 0.98, validation: 0.02; any names, shares summing to 1). Each row
+    # goes to a split by a hash of its own text (what filters see) and split_seed, so a row keeps its split
+    # when the input grows or is reordered, and equal rows share one; output under OUT/<split>/<domain>/.
+    splits: dict[str, float] | None = None
+    split_seed: int = 0
+
+    @field_validator("splits")
+    @classmethod
+    def _split_shares(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("splits: name at least one split, e.g. {train: 0.98, validation: 0.02}")
+        for name, share in value.items():
+            if not SPLIT_NAME.fullmatch(name) or name == "tokenizer":
+                raise ValueError(f"splits: {name!r} cannot name a split folder (letters, digits, _ and -, starting "
+                                 "with a letter; not 'tokenizer', the folder the tokenizer is copied to)")
+            if not share > 0:
+                raise ValueError(f"splits: {name}'s share must be above 0, got {share}")
+        if abs(sum(value.values()) - 1) > 1e-6:
+            raise ValueError(f"splits: the shares must sum to 1, got {sum(value.values()):g}")
+        return value
 
     @model_validator(mode="after")
     def _fits_format(self) -> OutputConfig:

@@ -47,12 +47,15 @@ CASES = [
     ("shard_append", 12, "parquet-bfd", 0),
     ("shard_close", 2, "parquet-wrapped", 0),
     ("shard_close", 4, "megatron", 0),
+    ("shard_append", 10, "bin-splits", 0),  # output.splits: domains under OUT/<split>/
+    ("meta", 3, "bin-splits", 0),
 ]
 # The storage of each case: the output and preprocessing settings over CONFIG's.
 STORAGES = {"bin": {}, "h5": {"output": {"storage_format": "h5"}}, "megatron": {"output": {"storage_format": "megatron"}},
             "bin-bfd": {"preprocessing": {"packing": "bfd"}},
             "parquet-bfd": {"output": {"storage_format": "parquet"}, "preprocessing": {"packing": "bfd"}},
-            "parquet-wrapped": {"output": {"storage_format": "parquet"}, "preprocessing": {"packing": "wrapped"}}}
+            "parquet-wrapped": {"output": {"storage_format": "parquet"}, "preprocessing": {"packing": "wrapped"}},
+            "bin-splits": {"output": {"splits": {"train": 0.7, "validation": 0.3}, "split_seed": 3}}}
 
 
 def _corpus(path: Path) -> Path:

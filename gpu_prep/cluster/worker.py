@@ -115,6 +115,7 @@ def lighten(done: Done, backend: Backend) -> Done:
         for r in masked.kept_rows.tolist():
             records[prepared.rows.index[r]] = None
     rows = Rows(prepared.rows.index, prepared.rows.domain,
-                [_Kept(row.left_out, row.notes, row.span_roles, row.unmarked) for row in prepared.rows.payload])
+                [_Kept(row.left_out, row.notes, row.span_roles, row.unmarked) for row in prepared.rows.payload],
+                prepared.rows.split)
     chunk = dataclasses.replace(prepared.chunk, records=records)
     return Done(dataclasses.replace(prepared, chunk=chunk, rows=rows), mask, done.engine_check)

@@ -167,38 +167,48 @@ class DatasetWriter:
         self.out_dir, self.window, self.about = out_dir, window, about or {}
         self.storage = Storage(storage) if isinstance(storage, str) else storage
         self.cap = max_tokens_per_shard
-        self.domains: dict[str, DomainWriter] = {}
-        self.taken: dict[str, str] = {}
+        # By (split or None, domain name); a split's domains live in OUT/<split>/ (output.splits).
+        self.domains: dict[tuple[str | None, str], DomainWriter] = {}
+        self.taken: dict[str, tuple[str | None, str]] = {}  # directories (relative to out_dir) given out
 
-    def _dir_for(self, name: str) -> str:
-        candidate = base = safe_dir_name(name)
+    def _dir_for(self, key: tuple[str | None, str]) -> str:
+        split, name = key
+        candidate = base = f"{split}/{safe_dir_name(name)}" if split is not None else safe_dir_name(name)
         n = 1
-        while self.taken.get(candidate, name) != name:
+        while self.taken.get(candidate, key) != key:
             n += 1
             candidate = f"{base}-{n}"
-        self.taken[candidate] = name
+        self.taken[candidate] = key
         return candidate
 
-    def append(self, domain: str, ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray) -> None:
+    def append(self, domain: str, ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray,
+               split: str | None = None) -> None:
         if self.window is not None:
             offsets = split_offsets(np, offsets, self.window)
-        if domain not in self.domains:
-            self.domains[domain] = DomainWriter(self.out_dir / self._dir_for(domain), domain, self.storage, self.cap,
-                                                self.about)
-        self.domains[domain].append(ids, loss_mask, offsets)
+        key = (split, domain)
+        if key not in self.domains:
+            about = self.about if split is None else {**self.about, "split": split}
+            self.domains[key] = DomainWriter(self.out_dir / self._dir_for(key), domain, self.storage, self.cap, about)
+        self.domains[key].append(ids, loss_mask, offsets)
+
+    def _relative(self, writer: DomainWriter) -> str:
+        return writer.directory.relative_to(self.out_dir).as_posix()
 
     def state(self) -> list[dict[str, Any]]:
-        return [w.state() for w in self.domains.values()]
+        return [{**w.state(), "directory": self._relative(w), "split": split}
+                for (split, _), w in self.domains.items()]
 
     def restore(self, state: list[dict[str, Any]]) -> None:
         for domain in state:
-            self.domains[domain["name"]] = DomainWriter.restore(self.out_dir, domain, self.storage, self.cap,
-                                                                self.about)
-            self.taken[domain["directory"]] = domain["name"]
+            key = (domain.get("split"), domain["name"])
+            about = self.about if key[0] is None else {**self.about, "split": key[0]}
+            self.domains[key] = DomainWriter.restore(self.out_dir, domain, self.storage, self.cap, about)
+            self.taken[domain["directory"]] = key
 
     def remove_obsolete(self) -> None:
         for writer in self.domains.values():
             writer.remove_obsolete()
 
     def finish(self) -> dict[str, dict[str, Any]]:
-        return {w.directory.name: w.finish() for w in self.domains.values()}
+        """Each domain's meta.json, by its directory relative to out_dir (<split>/<domain> with splits)."""
+        return {self._relative(w): w.finish() for w in self.domains.values()}

@@ -102,7 +102,10 @@ class Committer:
             file_index = chunk.file_index[rows.index[r]]
             acct.written(file_index, int(r) in truncated)
             acct.tokens_by_file[file_index] += int(lengths[k])
-        append_by_domain(self.writer, [rows.domain[r] for r in kept], ids, loss_mask, offsets)
+        names = list(self.run.config.output.splits or ())
+        splits = [names[rows.split[r]] for r in kept] if rows.split is not None else [None] * len(kept)
+        acct.rows_by_split.update(s for s in splits if s is not None)
+        append_by_domain(self.writer, list(zip(splits, (rows.domain[r] for r in kept))), ids, loss_mask, offsets)
         acct.tokens += len(ids)
         trained = int(loss_mask.sum())
         acct.trained_tokens += trained
@@ -121,13 +124,13 @@ def count_trained_by_role(acct: Accounting, span_roles: list[str], trained_by_sp
         acct.trained_by_role[PIECES] += trained - int(per_role.sum())
 
 
-def append_by_domain(writer: DatasetWriter, domains: list[str], ids: np.ndarray, loss_mask: np.ndarray,
-                     offsets: np.ndarray) -> None:
+def append_by_domain(writer: DatasetWriter, domains: list[tuple[str | None, str]], ids: np.ndarray,
+                     loss_mask: np.ndarray, offsets: np.ndarray) -> None:
     """Hand each domain its samples, in input order: one stable sort of the samples by domain and one
-    gather of their tokens, whatever the number of domains."""
+    gather of their tokens, whatever the number of domains. domains: each sample's (split or None, domain)."""
     names = list(dict.fromkeys(domains))  # in order of first appearance
     if len(names) == 1:
-        writer.append(names[0], ids, loss_mask, offsets)
+        writer.append(names[0][1], ids, loss_mask, offsets, split=names[0][0])
         return
     code = {name: k for k, name in enumerate(names)}
     codes = np.fromiter((code[d] for d in domains), np.int64, len(domains))
@@ -139,5 +142,5 @@ def append_by_domain(writer: DatasetWriter, domains: list[str], ids: np.ndarray,
     bounds = offsets_from_lengths(np, np.bincount(codes, minlength=len(names)))
     for k, name in enumerate(names):
         first, last = sorted_offsets[bounds[k]], sorted_offsets[bounds[k + 1]]
-        writer.append(name, ids[first:last], loss_mask[first:last],
-                      sorted_offsets[bounds[k]:bounds[k + 1] + 1] - first)
+        writer.append(name[1], ids[first:last], loss_mask[first:last],
+                      sorted_offsets[bounds[k]:bounds[k + 1] + 1] - first, split=name[0])

@@ -47,7 +47,8 @@ def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], 
         "device": outcome.cluster.get("device", run.backend.name),
         **({"cluster": outcome.cluster} if outcome.cluster else {}),
         "inputs": acct.per_file(checksums),
-        "totals": acct.totals(),
+        "totals": {**acct.totals(), **({"splits": split_totals(config.output.splits, acct, domains)}
+                                       if config.output.splits else {})},
         **({"datasets": dataset_totals(config, run.datasets, acct)} if run.datasets is not None else {}),
         "dropped_examples": acct.examples,
         **({"packing": pack.summary([{"num_samples": m["num_samples"], **m["packing"]} for m in domains.values()],
@@ -57,6 +58,16 @@ def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], 
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
     }
     return {**manifest, "manifest_sha256": manifest_checksum(manifest)}
+
+
+def split_totals(shares: dict[str, float], acct: Accounting, domains: dict[str, Any]) -> dict[str, Any]:
+    """Per split (output.splits): its share, the rows written to it, and its samples and tokens."""
+    totals = {}
+    for name, share in shares.items():
+        metas = [m for m in domains.values() if m.get("split") == name]
+        totals[name] = {"share": share, "rows_written": acct.rows_by_split.get(name, 0),
+                        **{k: sum(m[k] for m in metas) for k in ("num_samples", "num_tokens", "num_trained_tokens")}}
+    return totals
 
 
 def chat_template_summary(run: RunContext) -> dict[str, Any]:

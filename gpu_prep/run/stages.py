@@ -35,6 +35,7 @@ from gpu_prep.read import RawChunk
 from gpu_prep.render import RenderContext, RenderedRow, affix_disagreement, render_row
 from gpu_prep.run.context import Decisions, RunContext, Sources
 from gpu_prep.run.overlap import Stopwatch, overlapped
+from gpu_prep.splits import split_codes
 
 OFFSETS_CHOICE = ("hf: chat masks from the character offsets HF tokenizers reports (a {model} tokenizer, "
                   "not byte-level BPE)")
@@ -60,15 +61,18 @@ class Rows:
     index: list[int] = field(default_factory=list)
     domain: list[str] = field(default_factory=list)
     payload: list[Any] = field(default_factory=list)
+    split: list[int] | None = None  # with output.splits: each row's split (its index in splits), from filter on
 
     def keep(self, reasons: list[tuple[str, str] | None], chunk: RawChunk, drops: list[Dropped]) -> Rows:
         """The rows whose reason is None; the others go to drops."""
-        kept = Rows()
-        for i, domain, payload, reason in zip(self.index, self.domain, self.payload, reasons):
+        kept = Rows(split=None if self.split is None else [])
+        for k, (i, domain, payload, reason) in enumerate(zip(self.index, self.domain, self.payload, reasons)):
             if reason is None:
                 kept.index.append(i)
                 kept.domain.append(domain)
                 kept.payload.append(payload)
+                if self.split is not None:
+                    kept.split.append(self.split[k])
             else:
                 drops.append(Dropped(i, *reason, chunk.records[i]))
         return kept
@@ -209,7 +213,7 @@ def render_rows(rows: Rows, chunk: RawChunk, contexts: dict[int, RenderContext],
         except RowError as err:
             rendered.append(None)
             reasons.append((err.reason, err.detail))
-    return Rows(rows.index, rows.domain, rendered), reasons
+    return Rows(rows.index, rows.domain, rendered, rows.split), reasons
 
 
 def dataset_contexts(ctx: RenderContext, config: PipelineConfig, sources: Sources) -> dict[int, RenderContext]:
@@ -239,6 +243,9 @@ def prepare(chunks: Iterator[RawChunk], run: RunContext, dedup: Deduplicator | N
                 contexts = dataset_contexts(ctx, run.config, run.sources)
             decisions.settle_affix(ctx.affix is not None)
         rows = rows.keep(clock.time("filter", filter_reasons, run, rows, dedup), chunk, formatted.drops)
+        if (splits := run.config.output.splits) is not None:
+            rows.split = split_codes([source_text(shape) for shape in rows.payload], splits,
+                                     run.config.output.split_seed).tolist()
         rows, reasons = clock.time("render", render_rows, rows, chunk, contexts, ctx)
         rows = rows.keep(reasons, chunk, formatted.drops)
         digests = dedup.take_added() if dedup is not None else []
