@@ -225,6 +225,10 @@ class OutputConfig(_Frozen):
     # when the input grows or is reordered, and equal rows share one; output under OUT/<split>/<domain>/.
     splits: dict[str, float] | None = None
     split_seed: int = 0
+    # gpu-prep's own: write each domain's samples in a seeded order across the whole run (not only within a
+    # chunk), in bounded memory; the same order on a cluster and on resume.
+    shuffle: bool = False
+    shuffle_seed: int = 0
 
     @field_validator("splits")
     @classmethod

@@ -101,6 +101,8 @@ def _run(config: PipelineConfig, files: list[InputFile], datasets: Any, out_dir:
             raise WriteError(exc, checkpoints.rows_saved) from None
         raise
     checkpoints.finish()
+    for path in outcome.leftovers:  # a resume no longer needs them
+        path.unlink(missing_ok=True)
     return manifest
 
 
@@ -133,6 +135,7 @@ def _process(run: RunContext, out_dir: Path, options: Options, checkpoints: Chec
     acct.close()
     outcome.engine_check = decisions.engine_check
     outcome.domains = clock.time("write", writer.finish)
+    outcome.leftovers = writer.leftovers()
     template = run.render.template
     clock.time("write", run.tok.copy_to, out_dir, template.source if template is not None else None)
     return outcome

@@ -29,3 +29,11 @@ def segment_sums(xp: Any, values: Any, offsets: Any) -> Any:
     """Sum of values within each row (rows may be empty)."""
     running = offsets_from_lengths(xp, values)
     return running[offsets[1:]] - running[offsets[:-1]]
+
+
+def reorder(xp: Any, offsets: Any, order: Any) -> tuple[Any, Any]:
+    """Rows taken in `order` (a permutation, or any selection of rows): the index that gathers their values,
+    and their offsets."""
+    lengths = offsets[1:][order] - offsets[:-1][order]
+    new_offsets = offsets_from_lengths(xp, lengths)
+    return xp.repeat(offsets[:-1][order] - new_offsets[:-1], lengths) + xp.arange(int(new_offsets[-1])), new_offsets

@@ -49,13 +49,19 @@ CASES = [
     ("shard_close", 4, "megatron", 0),
     ("shard_append", 10, "bin-splits", 0),  # output.splits: domains under OUT/<split>/
     ("meta", 3, "bin-splits", 0),
+    ("tokenize", 6, "bin-shuffled", 0),  # output.shuffle: killed while samples go to the buckets
+    ("shard_append", 3, "bin-shuffled", 0),  # killed while the buckets go to the shards, in key order
+    ("shard_close", 2, "parquet-shuffled", 0),
 ]
 # The storage of each case: the output and preprocessing settings over CONFIG's.
 STORAGES = {"bin": {}, "h5": {"output": {"storage_format": "h5"}}, "megatron": {"output": {"storage_format": "megatron"}},
             "bin-bfd": {"preprocessing": {"packing": "bfd"}},
             "parquet-bfd": {"output": {"storage_format": "parquet"}, "preprocessing": {"packing": "bfd"}},
             "parquet-wrapped": {"output": {"storage_format": "parquet"}, "preprocessing": {"packing": "wrapped"}},
-            "bin-splits": {"output": {"splits": {"train": 0.7, "validation": 0.3}, "split_seed": 3}}}
+            "bin-splits": {"output": {"splits": {"train": 0.7, "validation": 0.3}, "split_seed": 3}},
+            "bin-shuffled": {"output": {"shuffle": True, "shuffle_seed": 9}},
+            "parquet-shuffled": {"output": {"storage_format": "parquet", "shuffle": True, "splits": {"a": 0.5, "b": 0.5}},
+                                 "preprocessing": {"packing": "bfd"}}}
 
 
 def _corpus(path: Path) -> Path:

@@ -73,6 +73,7 @@ class Storage:
     mask_dtype: np.dtype = MASK_DTYPE
     packing: str = "none"
     seq_len: int | None = None  # the length packed sequences are filled to
+    shuffle_seed: int | None = None  # output.shuffle: samples written in this seed's order (output/shuffle.py)
 
     @classmethod
     def from_config(cls, config: Any, vocab_size: int) -> Storage:
@@ -82,7 +83,8 @@ class Storage:
             raise ConfigError(f"output.token_dtype {token.name} cannot hold the vocabulary's ids (0 to {vocab_size - 1})")
         # megatron and parquet keep the mask as one byte a token (the sidecar; labels are made from it)
         mask = np.dtype("u1") if out.storage_format in ("megatron", "parquet") else np.dtype(config.mask_dtype()).newbyteorder("<")
-        return cls(out.storage_format, token, mask, config.preprocessing.packing, config.preprocessing.max_seq_len)
+        return cls(out.storage_format, token, mask, config.preprocessing.packing, config.preprocessing.max_seq_len,
+                   out.shuffle_seed if out.shuffle else None)
 
     def dtype(self, array: str) -> np.dtype:
         return {"sequence": self.token_dtype, "loss_mask": self.mask_dtype}.get(array, OFFSET_DTYPE)

@@ -23,6 +23,7 @@ from gpu_prep.output.files import write_json_atomic
 from gpu_prep.output.h5 import H5Shard
 from gpu_prep.output.megatron import MegatronShard
 from gpu_prep.output.parquet import ParquetShard
+from gpu_prep.output.shuffle import Scatter
 from gpu_prep.output.shards import LOSS_MASK_MEANING, OFFSET_DTYPE, RawShard, Storage, shard_cuts
 
 _MAX_NAME = 64
@@ -70,6 +71,11 @@ class DomainWriter:
         # Temporaries of closed shards (built into other files): removed once a checkpoint no longer needs them.
         self.obsolete: list[Path] = []
         self.fill_tokens = self.fill_samples = self.fill_trained = 0
+        # output.shuffle: samples go to bucket files as they come, to the shards in key order at finish.
+        self.scatter = None if storage.shuffle_seed is None else Scatter(directory, storage.shuffle_seed, self._key())
+
+    def _key(self) -> str:
+        return f"{self.about.get('split') or ''}/{self.name}"
 
     def _open(self, lengths: dict[str, int] | None = None) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -79,7 +85,8 @@ class DomainWriter:
         """What a checkpoint keeps of this domain: its closed shards and the open one's file lengths."""
         return {"name": self.name, "directory": self.directory.name, "shards": self.shards,
                 "fill": [self.fill_tokens, self.fill_samples, self.fill_trained],
-                "open": None if self.current is None else self.current.lengths()}
+                "open": None if self.current is None else self.current.lengths(),
+                **({"scatter": self.scatter.state()} if self.scatter is not None else {})}
 
     @classmethod
     def restore(cls, out_dir: Path, state: dict[str, Any], storage: Storage, cap: int,
@@ -89,6 +96,8 @@ class DomainWriter:
         writer.fill_tokens, writer.fill_samples, writer.fill_trained = state["fill"]
         if state["open"] is not None:
             writer._open(state["open"])
+        if writer.scatter is not None:
+            writer.scatter = Scatter(writer.directory, storage.shuffle_seed, writer._key(), state.get("scatter"))
         return writer
 
     def _close_current(self) -> None:
@@ -102,6 +111,12 @@ class DomainWriter:
             self.fill_tokens = self.fill_samples = self.fill_trained = 0
 
     def append(self, ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray) -> None:
+        if self.scatter is not None:
+            self.scatter.add(ids, loss_mask, offsets)
+        else:
+            self._write(ids, loss_mask, offsets)
+
+    def _write(self, ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray) -> None:
         lengths = np.diff(offsets)
         row = 0
         for k, count in enumerate(shard_cuts(np, lengths, self.fill_tokens, self.cap)):
@@ -125,6 +140,9 @@ class DomainWriter:
         self.obsolete.clear()
 
     def finish(self) -> dict[str, Any]:
+        if self.scatter is not None:  # the shuffle's second pass: bucket by bucket, in key order
+            for ids, loss_mask, offsets in self.scatter.gather():
+                self._write(ids, loss_mask, offsets)
         self._close_current()
         self.remove_obsolete()
         tokens = sum(s["num_tokens"] for s in self.shards)
@@ -212,3 +230,7 @@ class DatasetWriter:
     def finish(self) -> dict[str, dict[str, Any]]:
         """Each domain's meta.json, by its directory relative to out_dir (<split>/<domain> with splits)."""
         return {self._relative(w): w.finish() for w in self.domains.values()}
+
+    def leftovers(self) -> list[Path]:
+        """Temporaries a resumed run would still need until the output is complete (the shuffle's buckets)."""
+        return [path for w in self.domains.values() if w.scatter is not None for path in w.scatter.files()]

@@ -30,6 +30,7 @@ from gpu_prep.errors import ConfigError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.output.files import create, remove_written, write_json_atomic, writing
 from gpu_prep.output.shards import ARRAYS, raw_file_name
+from gpu_prep.output.shuffle import bucket_name
 
 CHECKPOINT = ".gpu-prep-checkpoint.json"
 DEDUP_LOG = ".gpu-prep-dedup.bin"
@@ -60,6 +61,8 @@ def _kept_files(state: dict[str, Any]) -> set[str]:
         if domain["open"] is not None:
             index = len(domain["shards"])
             kept.update(f"{directory}/{raw_file_name(k, index, temporary=True)}" for k in ARRAYS)
+        scatter = domain.get("scatter")  # output.shuffle's buckets
+        kept.update(f"{directory}/{bucket_name(b)}" for b, n in enumerate(scatter["lengths"] if scatter else ()) if n)
     return kept
 
 

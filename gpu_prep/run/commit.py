@@ -14,7 +14,7 @@ import numpy as np
 from gpu_prep.engines import add_checks
 from gpu_prep.errors import Drop, InputError
 from gpu_prep.output.writer import DatasetWriter
-from gpu_prep.ragged import offsets_from_lengths
+from gpu_prep.ragged import offsets_from_lengths, reorder
 from gpu_prep.run.accounting import PIECES, Accounting
 from gpu_prep.run.checkpoint import Checkpointer
 from gpu_prep.run.context import Decisions, RunContext
@@ -134,10 +134,7 @@ def append_by_domain(writer: DatasetWriter, domains: list[tuple[str | None, str]
         return
     code = {name: k for k, name in enumerate(names)}
     codes = np.fromiter((code[d] for d in domains), np.int64, len(domains))
-    order = np.argsort(codes, kind="stable")
-    lengths = np.diff(offsets)[order]
-    sorted_offsets = offsets_from_lengths(np, lengths)
-    gather = np.repeat(offsets[:-1][order] - sorted_offsets[:-1], lengths) + np.arange(sorted_offsets[-1])
+    gather, sorted_offsets = reorder(np, offsets, np.argsort(codes, kind="stable"))
     ids, loss_mask = ids[gather], loss_mask[gather]
     bounds = offsets_from_lengths(np, np.bincount(codes, minlength=len(names)))
     for k, name in enumerate(names):

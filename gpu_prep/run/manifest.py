@@ -24,6 +24,7 @@ class Outcome:
     acct: Accounting
     domains: dict[str, Any]
     cluster: dict[str, Any] = field(default_factory=dict)
+    leftovers: list[Path] = field(default_factory=list)  # temporaries to remove once the manifest is written
     engine_check: dict[str, Any] | None = None  # the fast engine's check against HF over every chunk written
 
 
