@@ -65,6 +65,10 @@ class InputConfig(_Frozen):
     roles_to_train: list[str] = []
     prompt_key: str = "prompt"
     response_key: str = "response"
+    # input.type preference (TRL's formats): the completions' keys; prompt_key names the prompt, and a row
+    # without one has the prompt chosen and rejected share at their start.
+    chosen_key: str = "chosen"
+    rejected_key: str = "rejected"
     # The input type auto gives a row with prompt_key and response_key: instruction (the two tokenized as
     # they are, no chat template) or prompt_response (a user turn and an assistant turn through the chat
     # template, as the QLoRA seed's dataset_schema auto reads them).
@@ -201,6 +205,14 @@ class PreprocessingConfig(_Frozen):
     # max_seq_len tokens (pretraining; a sample may go on in the next sequence). bfd: whole samples packed
     # best-fit-decreasing (never split). Packed output records each sample's boundaries.
     packing: Literal["none", "wrapped", "bfd"] = "none"
+    # Preference pairs (input.type preference), as TRL names the limits: a prompt longer than
+    # max_prompt_length tokens keeps its first (truncation_mode keep_start) or last (keep_end) tokens; a
+    # completion longer than max_completion_length keeps its first; then prompt + completion is cut to
+    # max_seq_len (TRL's max_length) at the completion's end. A pair whose prompt leaves no completion token
+    # within max_seq_len is dropped (too_many_tokens). null: no limit.
+    max_prompt_length: int | None = Field(None, ge=1)
+    max_completion_length: int | None = Field(None, ge=1)
+    truncation_mode: Literal["keep_start", "keep_end"] = "keep_end"
 
 
 SPLIT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
@@ -229,6 +241,11 @@ class OutputConfig(_Frozen):
     # chunk), in bounded memory; the same order on a cluster and on resume.
     shuffle: bool = False
     shuffle_seed: int = 0
+    # gpu-prep's own: the Parquet columns of preference pairs. dpo: prompt_ids, chosen_ids and rejected_ids,
+    # the completions without the prompt (TRL's DPO collator); reward: chosen_ids and rejected_ids, each the
+    # whole sequence (what TRL's RewardTrainer takes without tokenizing again); dpo_legacy: prompt_input_ids,
+    # chosen_input_ids, rejected_input_ids (TRL before 1.0).
+    preference_columns: Literal["dpo", "reward", "dpo_legacy"] = "dpo"
 
     @field_validator("splits")
     @classmethod
@@ -395,6 +412,22 @@ class PipelineConfig(_Frozen):
                 raise ValueError(f"datasets: the sampling ratios must sum to 1, they sum to {sum(ratios):g}")
         for k in range(len(self.datasets)):
             self.dataset_config(k)  # its own settings must make a valid config too
+        return self
+
+    @model_validator(mode="after")
+    def _preference(self) -> PipelineConfig:
+        if "preference" not in self.input_types():
+            return self
+        if self.input_types() != {"preference"}:
+            raise ValueError("input.type preference: every dataset of a run with preference pairs must be pairs "
+                             "(their output holds pairs, not single samples)")
+        if self.output.storage_format not in ("bin", "parquet"):
+            raise ValueError("input.type preference: pairs are written as bin (two samples a pair) or parquet "
+                             "(TRL's columns), not " + self.output.storage_format)
+        if self.preprocessing.packing != "none" or self.preprocessing.truncation not in ("right", "drop", "raise"):
+            raise ValueError("input.type preference: pairs are neither packed nor split; set preprocessing.packing "
+                             "none and truncation right (cut by max_prompt_length, max_completion_length and "
+                             "max_seq_len), drop or raise")
         return self
 
     @model_validator(mode="after")

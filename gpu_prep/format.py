@@ -14,6 +14,7 @@ holds that contract and calls every builder (builders.build_row).
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import re
@@ -73,7 +74,28 @@ class Tokens:
     domain: str | None = None  # the domain a plugin's builder named for the row (None: output.domain_key's)
 
 
-Shape = Union[Conversation, Segments, Tokens]
+@dataclass(frozen=True)
+class Pair:
+    """A preference row (input.type preference, TRL's formats): a prompt and a chosen and a rejected
+    completion, each a list of messages (conversational) or a string (standard)."""
+
+    prompt: list[dict[str, Any]] | str
+    chosen: list[dict[str, Any]] | str
+    rejected: list[dict[str, Any]] | str
+    tools: list[Any] | None = None
+
+    @property
+    def conversational(self) -> bool:
+        return isinstance(self.chosen, list)
+
+    def texts(self) -> list[str]:
+        """The prompt's, the chosen and the rejected completion's own text."""
+        def text(part: list[dict[str, Any]] | str) -> str:
+            return part if isinstance(part, str) else "\n".join(m["content"] for m in part)
+        return [text(self.prompt), text(self.chosen), text(self.rejected)]
+
+
+Shape = Union[Conversation, Segments, Tokens, Pair]
 Builder = Callable[..., Any]  # (record, config) or (record, config, tokenizer) -> a Shape (plugins: see builders.py)
 
 
@@ -387,6 +409,57 @@ def auto_schema(record: dict[str, Any], config: PipelineConfig) -> str:
     return schema
 
 
+@register("preference")
+def build_preference(record: dict[str, Any], config: PipelineConfig) -> Pair:
+    """TRL's preference rows: prompt / chosen / rejected, each a list of messages or a string; without a
+    prompt key, the prompt is what chosen and rejected share at their start (TRL's extract_prompt: the
+    longest common run of messages, or of characters, backed up to before a space where one ends it)."""
+    inp = config.input
+    chosen, rejected = (_preference_part(record, key, config) for key in (inp.chosen_key, inp.rejected_key))
+    if isinstance(chosen, list) != isinstance(rejected, list):
+        raise RowError(Drop.WRONG_TYPE, f"fields {inp.chosen_key!r} and {inp.rejected_key!r} must both be messages or "
+                                        "both be strings")
+    if inp.prompt_key in record and record[inp.prompt_key] is not None:
+        prompt = _preference_part(record, inp.prompt_key, config, allow_empty=True)
+        if isinstance(prompt, list) != isinstance(chosen, list):
+            raise RowError(Drop.WRONG_TYPE, f"field {inp.prompt_key!r} must be {'messages' if isinstance(chosen, list) else 'a string'} "
+                                            f"as {inp.chosen_key!r} is")
+    else:
+        prompt, chosen, rejected = _shared_prompt(chosen, rejected)
+    if not chosen or not rejected:
+        empty = inp.chosen_key if not chosen else inp.rejected_key
+        raise RowError(Drop.EMPTY, f"field {empty!r} has nothing past the prompt")
+    tools, _ = _tools(record)
+    return Pair(prompt, chosen, rejected, tools)
+
+
+def _preference_part(record: dict[str, Any], key: str, config: PipelineConfig,
+                     allow_empty: bool = False) -> list[dict[str, Any]] | str:
+    if key not in record:
+        raise RowError(Drop.MISSING_FIELD, f"field {key!r} is missing")
+    value = record[key]
+    if isinstance(value, str) and not value.lstrip().startswith("["):
+        if not value and not allow_empty:
+            raise RowError(Drop.EMPTY, f"field {key!r} is empty")
+        return value
+    if isinstance(value, list) and not value and allow_empty:
+        return []
+    inp = config.input
+    return _conversation(record, key, inp.role_key, inp.content_key, config).messages
+
+
+def _shared_prompt(chosen: list[dict[str, Any]] | str, rejected: list[dict[str, Any]] | str) -> tuple[Any, Any, Any]:
+    """(prompt, chosen's rest, rejected's rest): TRL's extract_prompt."""
+    n = 0
+    for a, b in zip(chosen, rejected):
+        if a != b:
+            break
+        n += 1
+    if isinstance(chosen, str) and 0 < n < min(len(chosen), len(rejected)) and chosen[n - 1] == " ":
+        n -= 1  # the space goes with the completions, as TRL has it
+    return chosen[:n], chosen[n:], rejected[n:]
+
+
 @register("pretokenized")
 def build_pretokenized(record: dict[str, Any], config: PipelineConfig) -> Tokens:
     """{"input_ids": [...], "attention_mask": [...], "labels": [...]}, as tokenizers and trainers write
@@ -442,7 +515,15 @@ def source_text(shape: Shape) -> str:
         return shape.source if shape.source is not None else "".join(text for text, _ in shape.pieces)
     if isinstance(shape, Tokens):  # its ids, written out: what length rules and dedup see of it
         return " ".join(map(str, shape.ids))
+    if isinstance(shape, Pair):
+        return "\n".join(shape.texts())
     return "\n".join(m["content"] for m in shape.messages)
+
+
+def split_text(shape: Shape) -> str:
+    """What output.splits hashes: the row's own text, and for a preference pair its prompt alone (so the
+    pairs of one prompt share a split: a prompt never leaks from train into validation)."""
+    return shape.texts()[0] if isinstance(shape, Pair) else source_text(shape)
 
 
 def dedup_text(shape: Shape, source: str | None = None) -> str:
@@ -453,6 +534,8 @@ def dedup_text(shape: Shape, source: str | None = None) -> str:
         turns = [m["content"] for m in shape.messages if m["role"] != "system"]
         if turns:
             return "\n".join(turns)
+    if isinstance(shape, Pair):  # a pair is a duplicate only of an equal pair: the prefix hashed is a digest of it
+        return hashlib.md5("\0".join(shape.texts()).encode("utf-8", "surrogatepass")).hexdigest()
     return source_text(shape) if source is None else source
 
 

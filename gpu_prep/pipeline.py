@@ -30,6 +30,7 @@ from gpu_prep.filter import Deduplicator
 from gpu_prep.output.files import journal, sha256_file, write_json_atomic
 from gpu_prep.output.shards import Storage
 from gpu_prep.output.writer import DatasetWriter
+from gpu_prep.pairs import PAIR_META
 from gpu_prep.plugins import check_registered
 from gpu_prep.run.accounting import Accounting
 from gpu_prep.run.checkpoint import Checkpointer, load_for_resume, run_identity
@@ -115,7 +116,9 @@ def _process(run: RunContext, out_dir: Path, options: Options, checkpoints: Chec
     acct = Accounting(run.files, rejects=rejects, strict=options.strict, state=resumed.get("accounting"))
     split = config.preprocessing.max_seq_len if config.preprocessing.truncation == "split" else None
     writer = DatasetWriter(out_dir, Storage.from_config(config, run.render.vocab_size),
-                           config.output.max_tokens_per_shard, split, about={"tokenizer": run.tokenizer_summary()})
+                           config.output.max_tokens_per_shard, split,
+                           about={"tokenizer": run.tokenizer_summary(),
+                                  **({"preference": PAIR_META} if config.input.type == "preference" else {})})
     writer.restore(resumed.get("writer", []))
     dedup = Deduplicator(checkpoints.seen()) if config.preprocessing.deduplicate else None
     commit = Committer(run, acct, writer, checkpoints, decisions, options.progress)

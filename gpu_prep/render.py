@@ -30,7 +30,7 @@ import numpy as np
 from gpu_prep.affix import AffixTemplate
 from gpu_prep.chat_template import row_limits
 from gpu_prep.errors import ConfigError, Drop
-from gpu_prep.format import Conversation, RowError, Segments, Shape, Tokens
+from gpu_prep.format import Conversation, Pair, RowError, Segments, Shape, Tokens
 from gpu_prep.locate import locate_contents, render_marked, render_text
 
 if TYPE_CHECKING:
@@ -371,6 +371,8 @@ def affix_disagreement(shapes: list[Shape], ctx: RenderContext) -> str | None:
 def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
     if isinstance(shape, Segments):
         return _segments(shape, ctx)
+    if isinstance(shape, Pair):
+        return _pair(shape, ctx)
     if isinstance(shape, Tokens):
         ids = np.asarray(shape.ids, dtype=np.int64)
         if ids.min() < 0 or ids.max() >= ctx.vocab_size:
@@ -385,6 +387,46 @@ def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
     trained, roles = _trained(char_spans, ctx)
     return RenderedRow([text], [False], trained, num_bytes, left_out=left_out, notes=notes, span_roles=roles,
                        unmarked=unmarked)
+
+
+def _pair(pair: Pair, ctx: RenderContext) -> RenderedRow:
+    """A preference pair as two pieces, prompt + chosen and prompt + rejected, each trained from the end of
+    the prompt on (pairs.py cuts them apart once tokenized). Conversational: the prompt is the template's
+    rendering of the prompt messages with its generation prompt, which must begin the rendering of the
+    whole conversation; standard: the texts as they are between the tokenizer's own prefix and suffix, with
+    the eos token closing a completion that lacks it (as TRL adds it)."""
+    if pair.conversational:
+        if ctx.template is None:
+            raise ConfigError("conversational preference rows need a chat template: name one with chat_template")
+        conv = Conversation([*pair.prompt, *pair.chosen], tools=pair.tools)
+        template = ctx.template_for(conv)
+        with row_limits(*ctx.limits) as budget:
+            try:
+                prompt = template.render(pair.prompt, pair.tools, None, add_generation_prompt=True)
+                wholes = [template.render([*pair.prompt, *c], pair.tools) for c in (pair.chosen, pair.rejected)]
+            except jinja2.exceptions.TemplateError as exc:
+                if budget.exceeded is not None:
+                    raise RowError(Drop.TEMPLATE_LIMIT, budget.exceeded) from None
+                raise RowError(Drop.TEMPLATE_ERROR, f"the chat template refused the row: {exc}") from None
+        if not all(w.startswith(prompt) for w in wholes):
+            raise RowError(Drop.TEMPLATE_ERROR, "the chat template's rendering of the prompt with its generation "
+                                                "prompt does not begin its rendering of the whole conversation")
+    else:
+        prompt = ctx.prefix_text + pair.prompt
+        end = ctx.eos_text or ""
+        wholes = [prompt + c + ("" if c.endswith(end) else end) + ctx.suffix_text for c in (pair.chosen, pair.rejected)]
+    pieces, spans, total = [], [], 0
+    for whole in wholes:
+        if ctx.offsets:
+            text, span, width = whole, (len(prompt), len(whole)), len(whole)
+        else:
+            text, ((a, b, _, _),), size = _to_bytes(whole, [(len(prompt), len(whole), True, "")], ctx.normalization)
+            span, width = (a, b), size
+        pieces.append(text)
+        spans.append((total + span[0], total + span[1]))
+        total += width
+    return RenderedRow(pieces, [False, False], spans, sum(len(p.encode("utf-8")) for p in pieces),
+                       span_roles=["chosen", "rejected"])
 
 
 def _within_limits(conv: Conversation, ctx: RenderContext

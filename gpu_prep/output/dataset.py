@@ -42,6 +42,8 @@ def _parquet(path: Path) -> ShardArrays:
     import pyarrow.parquet as pq
 
     table = pq.read_table(path, memory_map=True)
+    if "chosen_ids" in table.column_names or "chosen_input_ids" in table.column_names:
+        return _pair_parquet(table)
     parts: dict[str, list[np.ndarray]] = {}
     lengths = []
     for name in table.column_names:  # chunk by chunk: a whole column may pass int32 list offsets
@@ -56,6 +58,25 @@ def _parquet(path: Path) -> ShardArrays:
     if "position_ids" in values:
         segments = np.concatenate([np.flatnonzero(values["position_ids"] == 0), [len(ids)]]).astype(np.int64)
     return ShardArrays(ids, (labels != -100).astype(np.uint8), offsets, segments)
+
+
+def _pair_parquet(table: Any) -> ShardArrays:
+    """Preference pairs (a row per pair, TRL's columns) as the two samples each pair is: prompt + chosen
+    and prompt + rejected, the loss mask 0 on the prompt."""
+    names = table.column_names
+    prompt_length = table.column("prompt_length").to_numpy().astype(np.int64)
+    lists = [table.column(n).to_pylist() for n in names if n.endswith("ids")]
+    if len(lists) == 3:  # dpo: prompt, then the completions alone
+        prompts, chosen, rejected = lists
+        wholes = [(p + c, p + r) for p, c, r in zip(prompts, chosen, rejected)]
+    else:  # reward: whole sequences
+        wholes = list(zip(*lists))
+    samples = [np.asarray(s, np.int64) for pair in wholes for s in pair]
+    lengths = np.fromiter(map(len, samples), np.int64, len(samples))
+    mask = [np.arange(n) >= prompt_length[k // 2] for k, n in enumerate(lengths)]
+    ids = np.concatenate(samples) if samples else np.zeros(0, np.int64)
+    loss_mask = np.concatenate(mask).astype(np.uint8) if mask else np.zeros(0, np.uint8)
+    return ShardArrays(ids, loss_mask, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), None)
 
 
 def load_shard(directory: Path, record: dict[str, Any], meta: dict[str, Any]) -> ShardArrays:
@@ -154,6 +175,16 @@ class Domain:
     def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         for i in range(len(self)):
             yield self[i]
+
+    def pairs(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Preference pairs (input.type preference) as (prompt, chosen, rejected) token ids: pair p is samples
+        2p and 2p + 1, the prompt the tokens before the first trained one."""
+        if "preference" not in self.meta:
+            raise ValueError(f"{self.directory}: not preference pairs (meta.json has no 'preference')")
+        for p in range(0, len(self), 2):
+            (chosen, mask), (rejected, _) = self[p], self[p + 1]
+            n = int(np.argmax(mask != 0))
+            yield chosen[:n], chosen[n:], rejected[n:]
 
     def segments(self, i: int) -> np.ndarray:
         """Where the samples packed into sequence i begin and end, from 0 to its length."""

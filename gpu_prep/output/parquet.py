@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from gpu_prep.output.pack import Layout
-from gpu_prep.output.shards import LOSS_MASK_MEANING, OneFileShard
+from gpu_prep.output.shards import COPY_ITEMS, LOSS_MASK_MEANING, OneFileShard, shard_cuts
+from gpu_prep.pairs import split_pair_samples
 
 IGNORE_INDEX = -100  # labels of tokens outside the loss
 
@@ -28,6 +29,9 @@ class ParquetShard(OneFileShard):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        if self.storage.pairs is not None:
+            self._build_pairs(tmp, layout)
+            return
         fields = [("input_ids", pa.list_(pa.from_numpy_dtype(self.storage.token_dtype))),
                   ("attention_mask", pa.list_(pa.int8())), ("labels", pa.list_(pa.int64()))]
         if layout.packed:
@@ -47,3 +51,37 @@ class ParquetShard(OneFileShard):
                     rows = pa.array(np.searchsorted(segments, sequences).astype(np.int32))
                     lists.append(pa.ListArray.from_arrays(rows, pa.array(lengths.astype(np.int32))))
                 out.write_table(pa.Table.from_arrays(lists, schema=schema))
+
+    def _build_pairs(self, tmp: Path, layout: Layout) -> None:
+        """Preference pairs (two samples each: prompt + chosen, prompt + rejected) as TRL's columns, a row per
+        pair (PAIR_COLUMNS by output.preference_columns), and prompt_length, the prompt's tokens."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        names = PAIR_COLUMNS[self.storage.pairs]
+        token = pa.list_(pa.from_numpy_dtype(self.storage.token_dtype))
+        schema = pa.schema([*((name, token) for name in names), ("prompt_length", pa.int32())],
+                           metadata={"gpu-prep": json.dumps({"preference_columns": self.storage.pairs})})
+        ids, mask = self._raw("sequence"), self._raw("loss_mask")
+        offsets = layout.segment_offsets[layout.groups]
+        first = 0
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as out:
+            for count in shard_cuts(np, np.diff(offsets).reshape(-1, 2).sum(axis=1), 0, COPY_ITEMS):
+                lo, hi = int(offsets[2 * first]), int(offsets[2 * (first + count)])
+                block = offsets[2 * first:2 * (first + count) + 1] - lo
+                prompts, chosen, rejected = split_pair_samples(np.asarray(ids[lo:hi]), np.asarray(mask[lo:hi]), block)
+                if self.storage.pairs == "reward":  # whole sequences
+                    chosen = [np.concatenate([p, c]) for p, c in zip(prompts, chosen)]
+                    rejected = [np.concatenate([p, r]) for p, r in zip(prompts, rejected)]
+                    columns = [chosen, rejected]
+                else:
+                    columns = [prompts, chosen, rejected]
+                arrays = [pa.array(c, type=token) for c in columns]
+                arrays.append(pa.array(np.fromiter(map(len, prompts), np.int32, len(prompts))))
+                out.write_table(pa.Table.from_arrays(arrays, schema=schema))
+                first += count
+
+
+# The Parquet columns of preference pairs, by output.preference_columns (TRL's names; dpo_legacy: before 1.0).
+PAIR_COLUMNS = {"dpo": ("prompt_ids", "chosen_ids", "rejected_ids"), "reward": ("chosen_ids", "rejected_ids"),
+                "dpo_legacy": ("prompt_input_ids", "chosen_input_ids", "rejected_input_ids")}

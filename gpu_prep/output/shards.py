@@ -74,6 +74,8 @@ class Storage:
     packing: str = "none"
     seq_len: int | None = None  # the length packed sequences are filled to
     shuffle_seed: int | None = None  # output.shuffle: samples written in this seed's order (output/shuffle.py)
+    group: int = 1  # samples that stay together in one shard and one place of a shuffle (a pair: 2)
+    pairs: str | None = None  # preference pairs: output.preference_columns (the Parquet columns)
 
     @classmethod
     def from_config(cls, config: Any, vocab_size: int) -> Storage:
@@ -84,7 +86,8 @@ class Storage:
         # megatron and parquet keep the mask as one byte a token (the sidecar; labels are made from it)
         mask = np.dtype("u1") if out.storage_format in ("megatron", "parquet") else np.dtype(config.mask_dtype()).newbyteorder("<")
         return cls(out.storage_format, token, mask, config.preprocessing.packing, config.preprocessing.max_seq_len,
-                   out.shuffle_seed if out.shuffle else None)
+                   out.shuffle_seed if out.shuffle else None, 2 if config.input.type == "preference" else 1,
+                   out.preference_columns if config.input.type == "preference" else None)
 
     def dtype(self, array: str) -> np.dtype:
         return {"sequence": self.token_dtype, "loss_mask": self.mask_dtype}.get(array, OFFSET_DTYPE)

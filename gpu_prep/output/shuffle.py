@@ -56,10 +56,12 @@ def bucket_name(bucket: int) -> str:
 class Scatter:
     """The first pass of one domain's shuffle: samples appended to bucket files under the domain's directory."""
 
-    def __init__(self, directory: Path, seed: int, domain: str, state: dict[str, Any] | None = None) -> None:
-        """domain: what tells this domain's order from another's (its split and name)."""
-        self.directory, self.seed, self.domain = directory, seed, domain
-        self.count = 0 if state is None else state["count"]  # samples scattered so far
+    def __init__(self, directory: Path, seed: int, domain: str, state: dict[str, Any] | None = None,
+                 group: int = 1) -> None:
+        """domain: what tells this domain's order from another's (its split and name); group: samples that
+        move together, in their order (a preference pair's two: one key for both)."""
+        self.directory, self.seed, self.domain, self.group = directory, seed, domain, group
+        self.count = 0 if state is None else state["count"]  # samples (groups) scattered so far
         self.lengths = [0] * BUCKETS if state is None else list(state["lengths"])  # bytes of each bucket file
         if state is not None:  # back to the checkpoint: what was appended since goes
             for bucket, length in enumerate(self.lengths):
@@ -84,8 +86,9 @@ class Scatter:
         count = len(offsets) - 1
         if count == 0:
             return
-        keys = sample_keys(self.count, count, self.seed, self.domain)
-        self.count += count
+        # A group's samples share its key and keep their order (the sort in gather is stable).
+        keys = np.repeat(sample_keys(self.count, count // self.group, self.seed, self.domain), self.group)
+        self.count += count // self.group
         lengths = np.diff(offsets).astype(np.int64)
         buckets = (keys >> _BUCKET_SHIFT).astype(np.int64)
         token_bucket = np.repeat(buckets, lengths)
@@ -119,7 +122,7 @@ class Scatter:
                     parts.append(np.frombuffer(data, dtype, n, at))
                     at += n * np.dtype(dtype).itemsize
             key, length_of, token_ids, mask = (np.concatenate(p) for p in (keys, lengths, ids, masks))
-            gather, new_offsets = reorder(np, offsets_from_lengths(np, length_of), np.argsort(key))
+            gather, new_offsets = reorder(np, offsets_from_lengths(np, length_of), np.argsort(key, kind="stable"))
             yield token_ids[gather], mask[gather], new_offsets
 
     def files(self) -> list[Path]:

@@ -72,7 +72,8 @@ class DomainWriter:
         self.obsolete: list[Path] = []
         self.fill_tokens = self.fill_samples = self.fill_trained = 0
         # output.shuffle: samples go to bucket files as they come, to the shards in key order at finish.
-        self.scatter = None if storage.shuffle_seed is None else Scatter(directory, storage.shuffle_seed, self._key())
+        self.scatter = None if storage.shuffle_seed is None else Scatter(directory, storage.shuffle_seed, self._key(),
+                                                                         group=storage.group)
 
     def _key(self) -> str:
         return f"{self.about.get('split') or ''}/{self.name}"
@@ -97,7 +98,8 @@ class DomainWriter:
         if state["open"] is not None:
             writer._open(state["open"])
         if writer.scatter is not None:
-            writer.scatter = Scatter(writer.directory, storage.shuffle_seed, writer._key(), state.get("scatter"))
+            writer.scatter = Scatter(writer.directory, storage.shuffle_seed, writer._key(), state.get("scatter"),
+                                     group=storage.group)
         return writer
 
     def _close_current(self) -> None:
@@ -119,7 +121,9 @@ class DomainWriter:
     def _write(self, ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray) -> None:
         lengths = np.diff(offsets)
         row = 0
-        for k, count in enumerate(shard_cuts(np, lengths, self.fill_tokens, self.cap)):
+        group = self.storage.group  # a pair's two samples go to one shard: cut between groups only
+        grouped = lengths.reshape(-1, group).sum(axis=1) if group > 1 else lengths
+        for k, count in enumerate(c * group for c in shard_cuts(np, grouped, self.fill_tokens, self.cap)):
             if k > 0:
                 self._close_current()
             if count == 0:

@@ -53,6 +53,7 @@ class Accounting:
         self.notes: Counter = Counter()  # the parse report: rows with tools, unknown roles
         self.tokens_by_file = [0] * len(files)  # tokens written from each input file
         self.rows_by_split: Counter = Counter()  # rows written to each split (output.splits)
+        self.pairs: Counter = Counter()  # preference pairs: pairs.PAIR_COUNTS
         self.trained_by_role: Counter = Counter()  # trained tokens by the role of their message (PIECES: rows
         # trained as whole pieces)
         self.strict = strict
@@ -81,6 +82,7 @@ class Accounting:
             self.trained_by_role.update(state["trained_by_role"])
             self.tokens_by_file = list(state["tokens_by_file"])
             self.rows_by_split.update(state.get("rows_by_split", {}))
+            self.pairs.update(state.get("pairs", {}))
 
     def state(self) -> dict[str, Any]:
         """Everything counted so far, and how much of the rejects file is written (flushed to the OS)."""
@@ -91,7 +93,7 @@ class Accounting:
                 "examples": self.examples, "tokens": self.tokens, "trained_tokens": self.trained_tokens,
                 "left_out": dict(self.left_out), "schemas": dict(self.schemas), "notes": dict(self.notes),
                 "trained_by_role": dict(self.trained_by_role), "tokens_by_file": list(self.tokens_by_file),
-                "rows_by_split": dict(self.rows_by_split),
+                "rows_by_split": dict(self.rows_by_split), "pairs": dict(self.pairs),
                 "rejects_bytes": None if self.rejects is None else self.rejects.tell()}
 
     def abort(self, keep: bool = False) -> None:

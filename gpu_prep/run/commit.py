@@ -97,7 +97,17 @@ class Committer:
             drop(r, Drop.TOO_MANY_TOKENS, detail)
         for r in backend.to_host(masked.no_trained_rows):
             drop(r, Drop.NO_TRAINED_TOKENS, "no trained token within max_seq_len")
+        for r, reason, detail in mask.drops:  # preference pairs the cut to TRL's limits dropped
+            if reason == Drop.TOO_MANY_TOKENS and rules.truncation == "raise":
+                i = rows.index[r]
+                raise InputError(f"{acct.files[chunk.file_index[i]].path}:{chunk.line[i]}: {detail} "
+                                 "(preprocessing.truncation is 'raise')")
+            drop(r, reason, detail)
+        if mask.pair_counts is not None:
+            acct.pairs.update(mask.pair_counts)
+        per_row = mask.samples_per_row
         lengths = np.diff(offsets)
+        lengths = lengths.reshape(-1, per_row).sum(axis=1) if per_row > 1 else lengths
         for k, r in enumerate(kept):
             file_index = chunk.file_index[rows.index[r]]
             acct.written(file_index, int(r) in truncated)
@@ -105,7 +115,8 @@ class Committer:
         names = list(self.run.config.output.splits or ())
         splits = [names[rows.split[r]] for r in kept] if rows.split is not None else [None] * len(kept)
         acct.rows_by_split.update(s for s in splits if s is not None)
-        append_by_domain(self.writer, list(zip(splits, (rows.domain[r] for r in kept))), ids, loss_mask, offsets)
+        keys = [key for key in zip(splits, (rows.domain[r] for r in kept)) for _ in range(per_row)]
+        append_by_domain(self.writer, keys, ids, loss_mask, offsets)
         acct.tokens += len(ids)
         trained = int(loss_mask.sum())
         acct.trained_tokens += trained

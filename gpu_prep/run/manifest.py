@@ -11,6 +11,7 @@ from gpu_prep import __version__
 from gpu_prep.config import PipelineConfig
 from gpu_prep.mix import Dataset
 from gpu_prep.output import pack
+from gpu_prep.pairs import PAIR_COUNTS
 from gpu_prep.output.files import manifest_checksum, written_files
 from gpu_prep.run.accounting import Accounting
 from gpu_prep.run.context import RunContext
@@ -49,7 +50,9 @@ def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], 
         **({"cluster": outcome.cluster} if outcome.cluster else {}),
         "inputs": acct.per_file(checksums),
         "totals": {**acct.totals(), **({"splits": split_totals(config.output.splits, acct, domains)}
-                                       if config.output.splits else {})},
+                                       if config.output.splits else {}),
+                   **({"preference": {k: acct.pairs.get(k, 0) for k in PAIR_COUNTS}}
+                      if config.input.type == "preference" else {})},
         **({"datasets": dataset_totals(config, run.datasets, acct)} if run.datasets is not None else {}),
         "dropped_examples": acct.examples,
         **({"packing": pack.summary([{"num_samples": m["num_samples"], **m["packing"]} for m in domains.values()],

@@ -27,9 +27,11 @@ from gpu_prep.engines import HfEngine
 from gpu_prep.errors import Drop, EngineMismatch
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter import DEDUP_PREFIX_CHARS, Deduplicator, filter_rows
-from gpu_prep.format import Conversation, RowError, Segments, Tokens, auto_schema, dedup_text, domain_of, source_text
+from gpu_prep.format import (Conversation, RowError, Segments, Tokens, auto_schema, dedup_text, domain_of,
+                             source_text, split_text)
 from gpu_prep.mask import (Masked, contiguous_places, kept_span_tokens, mask_from_ranges, offset_places, row_of,
                            span_tokens, truncate_and_filter)
+from gpu_prep.pairs import cut_pairs
 from gpu_prep.ragged import offsets_from_lengths, segment_sums
 from gpu_prep.read import RawChunk
 from gpu_prep.render import RenderContext, RenderedRow, affix_disagreement, render_row
@@ -125,6 +127,9 @@ class MaskResult:
     valid: np.ndarray  # tokens placed exactly: bytes covered, offsets in order (else tokenizer_mismatch)
     over: np.ndarray  # over max_seq_len where truncation is drop or raise (not kept)
     trained_by_span: np.ndarray  # trained tokens in each trained span, after truncation
+    samples_per_row: int = 1  # preference pairs: 2 (prompt + chosen, prompt + rejected)
+    drops: list[tuple[int, str, str]] = field(default_factory=list)  # rows dropped by the pair cut (pairs.py)
+    pair_counts: Counter | None = None  # pairs.PAIR_COUNTS of the chunk (preference pairs only)
 
 
 @dataclass
@@ -244,7 +249,7 @@ def prepare(chunks: Iterator[RawChunk], run: RunContext, dedup: Deduplicator | N
             decisions.settle_affix(ctx.affix is not None)
         rows = rows.keep(clock.time("filter", filter_reasons, run, rows, dedup), chunk, formatted.drops)
         if (splits := run.config.output.splits) is not None:
-            rows.split = split_codes([source_text(shape) for shape in rows.payload], splits,
+            rows.split = split_codes([split_text(shape) for shape in rows.payload], splits,
                                      run.config.output.split_seed).tolist()
         rows, reasons = clock.time("render", render_rows, rows, chunk, contexts, ctx)
         rows = rows.keep(reasons, chunk, formatted.drops)
@@ -439,14 +444,27 @@ def mask_rows(run: RunContext, rendered: list[RenderedRow], tokens: Encoded) -> 
     keep_tail = np.zeros(num_rows, dtype=np.int64)
     keep_tail[closing] = tokens_per_piece[piece_offsets[1:][closing] - 1]
     lengths = np.diff(token_offsets)
-    over = lengths > rules.max_seq_len if rules.truncation in ("drop", "raise") else np.zeros(num_rows, dtype=bool)
+    pairs = run.config.input.type == "preference"  # cut by pairs.cut_pairs, below, not here
+    over = lengths > rules.max_seq_len if rules.truncation in ("drop", "raise") and not pairs \
+        else np.zeros(num_rows, dtype=bool)
     # split: the writer cuts rows into windows, so none is truncated here
-    limit = max(int(lengths.max(initial=1)), 1) if rules.truncation == "split" else rules.max_seq_len
+    limit = max(int(lengths.max(initial=1)), 1) if rules.truncation == "split" or pairs else rules.max_seq_len
     side = "left" if rules.truncation in ("left", "structured") else "right"
     masked = truncate_and_filter(xp, ids_d, loss_mask, offsets_d, limit, valid & ~backend.asarray(over),
                                  backend.asarray(keep_tail), side=side)
     kept = xp.zeros(num_rows, dtype=xp.int64)
     kept[masked.kept_rows] = 1
+    if pairs:
+        host = Masked(*(backend.to_host(a) for a in (masked.ids, masked.loss_mask, masked.offsets, masked.kept_rows,
+                                                   masked.no_trained_rows, masked.truncated_rows)))
+        # A completion whose first token starts inside the prompt: a merge across the boundary.
+        span_start = backend.asarray(spans[:, 0].copy()) + places.base[row_of(xp, span_offsets_d, len(spans))]
+        inside = first < len(ids)
+        starts_before = xp.zeros(len(spans), dtype=bool)
+        starts_before[inside] = places.starts[first[inside]] < span_start[inside]
+        merged = backend.to_host(segment_sums(xp, starts_before.astype(xp.int64), span_offsets_d) > 0)
+        samples, drops, counts, by_span = cut_pairs(host, tokens_per_piece, rules, num_rows, merged)
+        return MaskResult(samples, backend.to_host(valid), over, by_span, 2, drops, counts)
     by_role = kept_span_tokens(xp, first, stop, span_offsets_d, offsets_d, limit, side, kept)
     return MaskResult(masked, backend.to_host(valid), over, backend.to_host(by_role))
 

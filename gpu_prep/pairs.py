@@ -1,0 +1,120 @@
+"""Preference pairs (input.type preference): a prompt, a chosen and a rejected completion, as TRL trains them.
+
+A pair is rendered as two whole sequences, prompt + chosen and prompt + rejected (the prompt as the chat
+template renders it with its generation prompt, which must begin the whole conversation's rendering), each
+tokenized whole, as the SFT path tokenizes a conversation; the loss mask marks the completion's bytes. Here
+the two sequences are cut apart: the prompt is the tokens both sequences share at their start before their
+first trained token, and each completion is the rest. So prompt + completion is always exactly the whole
+sequence's tokenization. Where the first token of a completion takes in the prompt's last characters (a BPE
+merge across the boundary), that token belongs to the completion: the prompt ends before it (counted as
+prompt_merged), and the prompt may then be shorter than the prompt tokenized alone.
+
+Limits, as TRL names them (PreprocessingConfig): max_prompt_length keeps the prompt's first or last tokens
+(truncation_mode), max_completion_length a completion's first, and max_seq_len (max_length) cuts prompt +
+completion at the completion's end; a pair whose prompt leaves no room for a completion token is dropped.
+The output holds each pair as two samples, prompt + chosen then prompt + rejected, their masks 0 on the
+prompt and 1 on the completion (bin; Parquet writes TRL's columns from them).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from gpu_prep.errors import Drop
+from gpu_prep.mask import Masked
+from gpu_prep.ragged import offsets_from_lengths
+
+# What meta.json says of a domain of pairs (its pair index is the samples' order).
+PAIR_META = {"pairs": "pair p is samples 2p (prompt + chosen) and 2p + 1 (prompt + rejected); a pair never spans "
+                      "two shards, so num_samples / 2 pairs are in each",
+             "prompt": "the tokens before the first with loss_mask 1, the same in both samples of a pair",
+             "read": "gpu_prep.open_dataset(out)[domain].pairs() gives (prompt, chosen, rejected) token ids"}
+PAIR_COUNTS = ("pairs_written", "prompt_merged", "prompt_truncated", "completion_truncated")
+
+
+def _shared(a: np.ndarray, b: np.ndarray) -> int:
+    """How many tokens a and b share at their start."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
+
+
+def _prompt_end(mask: np.ndarray) -> int:
+    """The tokens before a sequence's first trained one."""
+    trained = np.flatnonzero(mask)
+    return int(trained[0]) if len(trained) else len(mask)
+
+
+def cut_pairs(masked: Masked, tokens_per_piece: np.ndarray, rules: Any, num_rows: int, merged: np.ndarray
+              ) -> tuple[Masked, list[tuple[int, str, str]], Counter, np.ndarray]:
+    """Each kept row's two sequences (pieces 2r and 2r + 1, untruncated in masked) -> the pair's two samples,
+    cut to TRL's limits. merged: per row, whether a completion's first token starts inside the prompt.
+    Returns the samples (two a kept pair), the rows dropped here (row, reason, detail), the counts
+    (PAIR_COUNTS) and the trained tokens of each row's two spans (its completions as written)."""
+    ids, loss_mask, offsets = masked.ids, masked.loss_mask, masked.offsets
+    counts: Counter = Counter()
+    trained_by_span = np.zeros(2 * num_rows, np.int64)
+    drops: list[tuple[int, str, str]] = []
+    out_ids, out_mask, lengths, kept, truncated = [], [], [], [], []
+    for k, r in enumerate(masked.kept_rows.tolist()):
+        row_ids, row_mask = ids[offsets[k]:offsets[k + 1]], loss_mask[offsets[k]:offsets[k + 1]]
+        n_chosen = int(tokens_per_piece[2 * r])
+        sides = [(row_ids[:n_chosen], row_mask[:n_chosen]), (row_ids[n_chosen:], row_mask[n_chosen:])]
+        ends = [_prompt_end(m) for _, m in sides]
+        if min(len(s) - e for (s, _), e in zip(sides, ends)) == 0:
+            drops.append((r, Drop.NO_TRAINED_TOKENS, "a completion holds no token of its own"))
+            continue
+        shared = _shared(sides[0][0][:ends[0]], sides[1][0][:ends[1]])
+        counts["prompt_merged"] += bool(merged[r]) or shared < max(ends)
+        prompt = sides[0][0][:shared]
+        completions = [s[shared:] for s, _ in sides]
+        cut = False
+        if rules.max_prompt_length is not None and len(prompt) > rules.max_prompt_length:
+            n = rules.max_prompt_length
+            prompt = prompt[:n] if rules.truncation_mode == "keep_start" else prompt[len(prompt) - n:]
+            counts["prompt_truncated"] += 1
+            cut = True
+        if rules.max_completion_length is not None and max(map(len, completions)) > rules.max_completion_length:
+            completions = [c[:rules.max_completion_length] for c in completions]
+            counts["completion_truncated"] += 1
+            cut = True
+        room = rules.max_seq_len - len(prompt)
+        if max(map(len, completions)) > room:
+            if room < 1 or rules.truncation in ("drop", "raise"):
+                why = (f"the prompt's {len(prompt)} tokens leave no completion token within max_seq_len "
+                       f"{rules.max_seq_len}") if room < 1 else f"over max_seq_len {rules.max_seq_len} tokens"
+                drops.append((r, Drop.TOO_MANY_TOKENS, why))
+                continue
+            completions = [c[:room] for c in completions]
+            counts["completion_truncated"] += 1
+            cut = True
+        trained_by_span[2 * r:2 * r + 2] = [len(c) for c in completions]
+        for completion in completions:
+            out_ids += [prompt, completion]
+            out_mask += [np.zeros(len(prompt), np.int8), np.ones(len(completion), np.int8)]
+            lengths.append(len(prompt) + len(completion))
+        kept.append(r)
+        truncated.append(cut)
+        counts["pairs_written"] += 1
+    none = np.zeros(0, np.int64)
+    samples = Masked(np.concatenate(out_ids).astype(np.int64) if out_ids else none,
+                     np.concatenate(out_mask) if out_mask else np.zeros(0, np.int8),
+                     offsets_from_lengths(np, np.asarray(lengths, np.int64)), np.asarray(kept, np.int64),
+                     np.asarray(masked.no_trained_rows), np.asarray(kept, np.int64)[np.asarray(truncated, bool)])
+    return samples, drops, counts, trained_by_span
+
+
+def split_pair_samples(ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray
+                       ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """Pairs written as two samples each -> (prompts, chosen completions, rejected completions)."""
+    prompts, chosen, rejected = [], [], []
+    for p in range(0, len(offsets) - 1, 2):
+        a, b = ids[offsets[p]:offsets[p + 1]], ids[offsets[p + 1]:offsets[p + 2]]
+        n = _prompt_end(loss_mask[offsets[p]:offsets[p + 1]])
+        prompts.append(a[:n])
+        chosen.append(a[n:])
+        rejected.append(b[n:])
+    return prompts, chosen, rejected

@@ -1,0 +1,228 @@
+"""input.type preference: TRL's preference rows into prompt / chosen / rejected token ids.
+
+Checked against transformers: prompt_ids + chosen_ids is apply_chat_template of the whole conversation
+(multi-turn prompts, explicit and implicit), prompt_ids its rendering with the generation prompt, and the
+chosen completion is the last span transformers' {% generation %} mask marks; standard rows against
+tokenizer(prompt + completion + eos). Then TRL's limits, the bin and Parquet layouts (pairs never split
+across shards, nor by a shuffle; a prompt's pairs in one split), accounting and config errors.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from helpers import gpu_prep_cli, run_rows
+from reference import CHATML_WITH_GENERATION, hf_tokenizer, write_tokenizer_dir
+
+import gpu_prep
+from corpora import sharegpt_chats
+from gpu_prep.config import parse_config
+from gpu_prep.errors import ConfigError
+
+TEMPLATE = CHATML_WITH_GENERATION + "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tokenizer_dir(tmp_path_factory.mktemp("tok") / "qwen-generation", TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def pairs() -> list[dict[str, Any]]:
+    """Multi-turn prompts from ShareGPT; the last answer chosen, a mangled one rejected; every third row
+    with its prompt implicit (the whole conversations as chosen and rejected)."""
+    rows = []
+    for k, chat in enumerate(sharegpt_chats(160)):
+        messages = chat["messages"]
+        if len(messages) < 2 or messages[-1]["role"] != "assistant":
+            continue
+        prompt, answer = messages[:-1], messages[-1]["content"]
+        chosen = [{"role": "assistant", "content": answer[:600]}]
+        rejected = [{"role": "assistant", "content": answer[::-1][:300]}]
+        rows.append({"chosen": prompt + chosen, "rejected": prompt + rejected} if k % 3 == 0
+                    else {"prompt": prompt, "chosen": chosen, "rejected": rejected})
+    return rows
+
+
+def _config(tokenizer: Any, **over: Any) -> dict[str, Any]:
+    config = {"tokenizer": str(tokenizer), "input": {"type": "preference"},
+              "preprocessing": {"max_seq_len": 1 << 20, "deduplicate": False}, "output": {"storage_format": "parquet"}}
+    for key, value in over.items():
+        config[key] = {**config.get(key, {}), **value}
+    return config
+
+
+def _table(out: Path, domain: str = "__default__") -> list[dict[str, Any]]:
+    return [row for path in sorted((out / domain).glob("*.parquet")) for row in pq.read_table(path).to_pylist()]
+
+
+def _parts(row: dict[str, Any]) -> tuple[list[dict], list[dict], list[dict]]:
+    if "prompt" in row:
+        return row["prompt"], row["chosen"], row["rejected"]
+    n = next(k for k, (a, b) in enumerate(zip(row["chosen"], row["rejected"])) if a != b)
+    return row["chosen"][:n], row["chosen"][n:], row["rejected"][n:]
+
+
+def test_pairs_equal_transformers_chat_template(tmp_path: Path, tokenizer_dir: Path, pairs: list[dict[str, Any]]) -> None:
+    hf = hf_tokenizer(tokenizer_dir)
+    out = run_rows(tmp_path, _config(tokenizer_dir), pairs)
+    table = _table(out)
+    assert len(table) == len(pairs) > 100
+    assert sum(len(_parts(r)[0]) > 2 for r in pairs) > 30  # multi-turn prompts among them
+    for row, got in zip(pairs, table):
+        prompt, chosen, rejected = _parts(row)
+        whole = hf.apply_chat_template(prompt + chosen, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        assert got["prompt_ids"] + got["chosen_ids"] == whole["input_ids"]
+        assert got["prompt_ids"] + got["rejected_ids"] == hf.apply_chat_template(prompt + rejected, tokenize=True,
+                                                                                  return_dict=True)["input_ids"]
+        assert got["prompt_ids"] == hf.apply_chat_template(prompt, tokenize=True, return_dict=True,
+                                                           add_generation_prompt=True)["input_ids"]
+        # The chosen completion is what {% generation %} marks in its turn, and the newline after it.
+        mask = np.asarray(whole["assistant_masks"])
+        assert mask[len(got["prompt_ids"]):].tolist() == [1] * (len(got["chosen_ids"]) - 1) + [0]
+        assert got["prompt_length"] == len(got["prompt_ids"])
+    manifest = json.loads((out / "manifest.json").read_text())
+    totals = manifest["totals"]
+    assert totals["preference"] == {"pairs_written": len(pairs), "prompt_merged": 0, "prompt_truncated": 0,
+                                    "completion_truncated": 0}
+    assert totals["rows_written"] == len(pairs) and set(totals["trained_tokens_by_role"]) == {"chosen", "rejected"}
+    datasets = pytest.importorskip("datasets")
+    loaded = datasets.load_dataset("parquet", data_files=str(out / "__default__" / "*.parquet"), split="train")
+    assert loaded.column_names == ["prompt_ids", "chosen_ids", "rejected_ids", "prompt_length"]
+    assert loaded[0]["chosen_ids"] == table[0]["chosen_ids"]
+
+
+def test_standard_rows_and_a_merge_across_the_prompt(tmp_path: Path, tokenizer_dir: Path) -> None:
+    hf = hf_tokenizer(tokenizer_dir)
+    rows = [{"prompt": f"Question {k}: what is {k} plus {k}? Answer:", "chosen": f" {2 * k}", "rejected": f" {2 * k + 1}"}
+            for k in range(20)]
+    rows += [{"prompt": "Is the sky blue? Answer: ", "chosen": "Yes", "rejected": "No"},  # " Yes" is one token
+             {"chosen": "The sky is blue today.", "rejected": "The sky is green today."}]  # prompt "The sky is"
+    out = run_rows(tmp_path, _config(tokenizer_dir), rows)
+    table = _table(out)
+    for row, got in zip(rows, table):
+        prompt = row.get("prompt", "The sky is")
+        for key in ("chosen", "rejected"):
+            completion = row[key][len(prompt):] if "prompt" not in row else row[key]
+            assert got["prompt_ids"] + got[f"{key}_ids"] == hf(prompt + completion + hf.eos_token)["input_ids"]
+    merged = table[20]  # the prompt's trailing space went with the completion's first token
+    assert hf.decode(merged["chosen_ids"][:1]) == " Yes" and hf.decode(merged["prompt_ids"]).endswith("Answer:")
+    assert table[21]["prompt_ids"] == hf("The sky is")["input_ids"]
+    assert json.loads((out / "manifest.json").read_text())["totals"]["preference"]["prompt_merged"] == 1
+
+
+@pytest.mark.parametrize("mode", ["keep_start", "keep_end"])
+def test_trl_limits_cut_prompts_and_completions_and_drop_what_cannot_fit(tmp_path: Path, tokenizer_dir: Path,
+                                                                        pairs: list[dict[str, Any]], mode: str) -> None:
+    whole = _table(run_rows(tmp_path, _config(tokenizer_dir), pairs, name="whole"))
+    rules = {"max_prompt_length": 128, "max_completion_length": 64, "max_seq_len": 160, "truncation_mode": mode}
+    out = run_rows(tmp_path, _config(tokenizer_dir, preprocessing=rules), pairs, name="cut")
+    cut = _table(out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["totals"]["rows_written"] == len(cut) == len(pairs)  # 128 + 1 fits in 160: none dropped
+    for full, got in zip(whole, cut):
+        p = full["prompt_ids"]
+        assert got["prompt_ids"] == (p if len(p) <= 128 else p[:128] if mode == "keep_start" else p[-128:])
+        room = min(64, 160 - len(got["prompt_ids"]))
+        assert got["chosen_ids"] == full["chosen_ids"][:room] and got["rejected_ids"] == full["rejected_ids"][:room]
+    counts = manifest["totals"]["preference"]
+    assert counts["prompt_truncated"] == sum(len(f["prompt_ids"]) > 128 for f in whole) > 0
+    assert counts["completion_truncated"] > 0
+    # A prompt that leaves no completion token within max_seq_len drops its pair, named.
+    tight = run_rows(tmp_path, _config(tokenizer_dir, preprocessing={"max_seq_len": 100}), pairs, name="tight",
+                     rejects=tmp_path / "rejects.jsonl")
+    manifest = json.loads((tight / "manifest.json").read_text())
+    dropped = manifest["totals"]["rows_dropped"]["too_many_tokens"]
+    assert dropped == sum(len(f["prompt_ids"]) >= 100 for f in whole) > 0
+    assert manifest["totals"]["rows_written"] + dropped == len(pairs)
+    rejects = [json.loads(line) for line in (tmp_path / "rejects.jsonl").read_text().split("\n") if line]
+    assert all("leave no completion token" in r["detail"] for r in rejects)
+
+
+def test_bin_pairs_stay_whole_across_shards_shuffles_and_splits(tmp_path: Path, tokenizer_dir: Path,
+                                                               pairs: list[dict[str, Any]]) -> None:
+    parquet = _table(run_rows(tmp_path, _config(tokenizer_dir), pairs, name="parquet"))
+    want = sorted((tuple(r["prompt_ids"]), tuple(r["chosen_ids"]), tuple(r["rejected_ids"])) for r in parquet)
+    over = {"output": {"storage_format": "bin", "max_tokens_per_shard": 20_000, "shuffle": True,
+                       "splits": {"train": 0.8, "validation": 0.2}}}
+    out = run_rows(tmp_path, _config(tokenizer_dir, **over), pairs, name="bin")
+    ds = gpu_prep.open_dataset(out)
+    found = []
+    for name in ds:
+        domain = ds[name]
+        assert domain.num_shards > 1 and all(s["num_samples"] % 2 == 0 for s in domain.meta["shards"])
+        assert "pairs" in domain.meta["preference"]
+        found += [(tuple(p.tolist()), tuple(c.tolist()), tuple(r.tolist())) for p, c, r in domain.pairs()]
+    assert sorted(found) == want
+    # The pairs of one prompt share a split.
+    prompt_split = {}
+    for name in ds:
+        for p, _, _ in ds[name].pairs():
+            assert prompt_split.setdefault(tuple(p.tolist()), name) == name
+    assert gpu_prep_cli("verify", out).returncode == 0
+
+
+@pytest.mark.parametrize("columns, names", [
+    ("reward", ["chosen_ids", "rejected_ids", "prompt_length"]),
+    ("dpo_legacy", ["prompt_input_ids", "chosen_input_ids", "rejected_input_ids", "prompt_length"]),
+])
+def test_other_trl_column_layouts(tmp_path: Path, tokenizer_dir: Path, pairs: list[dict[str, Any]], columns: str,
+                                  names: list[str]) -> None:
+    dpo = _table(run_rows(tmp_path, _config(tokenizer_dir), pairs[:20], name="dpo"))
+    out = run_rows(tmp_path, _config(tokenizer_dir, output={"preference_columns": columns}), pairs[:20], name=columns)
+    table = _table(out)
+    assert list(table[0]) == names
+    for want, got in zip(dpo, table):
+        if columns == "reward":  # whole sequences, as RewardTrainer takes them
+            assert got["chosen_ids"] == want["prompt_ids"] + want["chosen_ids"]
+        else:
+            assert got["chosen_input_ids"] == want["chosen_ids"] and got["prompt_input_ids"] == want["prompt_ids"]
+    # Read back as pairs of samples, the same for every layout.
+    assert [s[0].tolist() for s in gpu_prep.open_dataset(out)["__default__"]] == \
+        [r["prompt_ids"] + r[k] for r in dpo for k in ("chosen_ids", "rejected_ids")]
+
+
+def test_bad_rows_are_dropped_by_name_and_counted(tmp_path: Path, tokenizer_dir: Path) -> None:
+    good = {"prompt": "Say hi.", "chosen": "Hi!", "rejected": "No."}
+    rows = [good, {"prompt": "p", "chosen": "c"}, {"prompt": [{"role": "user", "content": "x"}], "chosen": "c", "rejected": "r"},
+            {"chosen": [{"role": "user", "content": "x"}], "rejected": "text"}, {"chosen": "same", "rejected": "same"}, good]
+    out = run_rows(tmp_path, _config(tokenizer_dir), rows, rejects=tmp_path / "rejects.jsonl")
+    totals = json.loads((out / "manifest.json").read_text())["totals"]
+    assert totals["rows_read"] == 6 and totals["rows_written"] == 2
+    assert totals["rows_dropped"] == {"missing_field": 1, "wrong_type": 2, "empty": 1}
+    details = [json.loads(line)["detail"] for line in (tmp_path / "rejects.jsonl").read_text().split("\n") if line]
+    assert "'rejected' is missing" in details[0] and "'prompt' must be a string" in details[1]
+
+
+@pytest.mark.parametrize("over, says", [
+    ({"output": {"storage_format": "megatron"}}, "bin .*or parquet"),
+    ({"preprocessing": {"packing": "bfd"}}, "neither packed nor split"),
+    ({"preprocessing": {"truncation": "split"}}, "neither packed nor split"),
+])
+def test_configs_pairs_cannot_take_are_refused(over: dict[str, Any], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        parse_config(_config("qwen2.5", **over))
+
+
+def test_killed_then_resumed_pairs_are_byte_identical(tmp_path: Path, tokenizer_dir: Path,
+                                                     pairs: list[dict[str, Any]]) -> None:
+    from helpers import output_tree, write_jsonl
+
+    data = write_jsonl(tmp_path / "pairs.jsonl", pairs)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(_config(tokenizer_dir, output={"storage_format": "bin", "shuffle": True,
+                                                                "max_tokens_per_shard": 30_000})))
+    args = ["run", data, "-c", config, "-q", "--chunk-rows", 16, "--checkpoint-every", 0]
+    assert gpu_prep_cli(*args, "-o", tmp_path / "clean").returncode == 0
+    killed = gpu_prep_cli(*args, "-o", tmp_path / "out", env={"GPU_PREP_FAILPOINT": "tokenize:4"})
+    assert killed.returncode == -9
+    assert gpu_prep_cli(*args, "-o", tmp_path / "out", "--resume").returncode == 0
+    clean, resumed = (output_tree(tmp_path / d, "tokenizer.engine_choice") for d in ("clean", "out"))
+    assert {k: v for k, v in clean.items() if k != "manifest.json"} == \
+        {k: v for k, v in resumed.items() if k != "manifest.json"}
+    assert json.loads(clean["manifest.json"])["totals"] == json.loads(resumed["manifest.json"])["totals"]
