@@ -128,6 +128,8 @@ _STARTER_MASK = {
     "segments": ("{}", "the segments whose own label says train"),
     "text": ("{}", "every token (pretraining text ignores mask)"),
     "pretokenized": ("{}", "what the rows' labels say"),
+    "preference": ("{}", "each pair's chosen and rejected completions; the prompt never (TRL's columns: "
+                         "output.storage_format parquet)"),
 }
 
 

@@ -388,6 +388,8 @@ def detect_schema(record: dict[str, Any], config: PipelineConfig) -> str | None:
         return "sharegpt"
     if "segments" in record:
         return "segments"
+    if inp.chosen_key in record and inp.rejected_key in record:
+        return "preference"
     if inp.prompt_key in record and inp.response_key in record:
         return inp.auto_prompt_type
     if inp.field_instruction in record and inp.field_output in record:
@@ -401,6 +403,10 @@ def auto_schema(record: dict[str, Any], config: PipelineConfig) -> str:
     """The input type of a row of input.type auto (rows of several shapes in one input): the one its keys
     name, else unknown_schema."""
     schema = detect_schema(record, config)
+    if schema == "preference":  # two sequences a row: the run's output must be pairs throughout
+        raise RowError(Drop.UNKNOWN_SCHEMA, f"a preference row ({config.input.chosen_key} and "
+                                            f"{config.input.rejected_key}): input.type auto writes one sample a row; "
+                                            "set input.type preference for pairs")
     if schema is None:
         inp = config.input
         known = ["input_ids", inp.messages_key, sharegpt_keys(config)[0], "segments", f"{inp.prompt_key}+{inp.response_key}",

@@ -25,12 +25,19 @@ def test_each_domain_gets_its_samples_in_input_order(tmp_path: Path) -> None:
     lengths = [2, 3, 1, 4]
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     ids = np.arange(offsets[-1], dtype=np.int64)
-    append_by_domain(writer, ["x", "y", "x", "y"], ids, np.ones(len(ids), np.int8), offsets)
+    append_by_domain(writer, [(None, "x"), (None, "y"), (None, "x"), (None, "y")], ids, np.ones(len(ids), np.int8),
+                     offsets)
     domains = writer.finish()
     assert list(domains) == ["x", "y"]
     assert np.fromfile(tmp_path / "x" / "sequence.bin", "<i8").tolist() == [0, 1, 5]
     assert np.fromfile(tmp_path / "y" / "sequence.bin", "<i8").tolist() == [2, 3, 4, 6, 7, 8, 9]
     assert np.fromfile(tmp_path / "y" / "sample_offsets.bin", "<i8").tolist() == [0, 3, 7]
+    # With splits, a split's domains live in its own folder: x of train and x of validation stay apart.
+    split = DatasetWriter(tmp_path / "split", "bin", 1000)
+    append_by_domain(split, [("train", "x"), ("validation", "x"), ("train", "x"), ("train", "y")], ids,
+                     np.ones(len(ids), np.int8), offsets)
+    assert sorted(split.finish()) == ["train/x", "train/y", "validation/x"]
+    assert np.fromfile(tmp_path / "split" / "train" / "x" / "sequence.bin", "<i8").tolist() == [0, 1, 5]
 
 
 def test_trained_tokens_are_counted_by_role_and_the_rest_as_whole_pieces() -> None:

@@ -223,3 +223,36 @@ def test_the_flattening_recipe_is_for_unpacked_rows_only(outputs: dict[str, Path
     batch = collator([{k: r[k] for k in ("input_ids", "labels", "position_ids")} for r in packed])
     assert _segments(batch["position_ids"]) == [len(r["input_ids"]) for r in packed]
     assert _leak(model, torch, batch, _samples(packed)) > LEAKED
+
+
+def test_the_dpo_recipe_trains_on_the_pairs_as_written(model: Any, torch: Any, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # TRL's DPOTrainer, one step, on gpu-prep's pairs: the sequences the model sees are prompt + chosen and
+    # prompt + rejected exactly as written, and the loss covers the completions alone.
+    trl = pytest.importorskip("trl")
+    import pyarrow.parquet as pq
+
+    monkeypatch.chdir(tmp_path)
+    chats = _chats(8)
+    rows = [{"prompt": c["messages"][:1], "chosen": c["messages"][1:],
+             "rejected": [{"role": "assistant", "content": "no"}]} for c in chats]
+    config = {"tokenizer": "qwen2.5", "input": {"type": "preference"}, "output": {"storage_format": "parquet"}}
+    out = run_rows(tmp_path, config, rows, name="pairs")
+    files = [str(p) for p in sorted((out / "__default__").glob("*.parquet"))]
+    pairs = [r for f in files for r in pq.read_table(f).to_pylist()]
+    real = trl.DPOConfig
+
+    def one_step(**kwargs: Any) -> Any:
+        return real(**kwargs, max_steps=1, per_device_train_batch_size=len(pairs), use_cpu=True, bf16=False,
+                    report_to=[], save_strategy="no", logging_strategy="no")
+
+    monkeypatch.setattr(trl, "DPOConfig", one_step)
+    model.save_pretrained(tmp_path / "tiny")  # a path, as users pass one: TRL loads its reference model from it
+    namespace: dict[str, Any] = {"files": files, "out_dir": str(out), "model": str(tmp_path / "tiny")}
+    exec(_recipe("dpo"), namespace)  # noqa: S102  the README's own code
+    seen = _recorder(namespace["trainer"].model)
+    namespace["trainer"].train()
+    ids, mask = seen["input_ids"], seen["attention_mask"]
+    got = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+    want = [p["prompt_ids"] + p["chosen_ids"] for p in pairs] + [p["prompt_ids"] + p["rejected_ids"] for p in pairs]
+    assert sorted(got) == sorted(want)
