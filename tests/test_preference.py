@@ -226,3 +226,18 @@ def test_killed_then_resumed_pairs_are_byte_identical(tmp_path: Path, tokenizer_
     assert {k: v for k, v in clean.items() if k != "manifest.json"} == \
         {k: v for k, v in resumed.items() if k != "manifest.json"}
     assert json.loads(clean["manifest.json"])["totals"] == json.loads(resumed["manifest.json"])["totals"]
+
+
+def test_a_cluster_writes_the_same_pairs(tmp_path: Path, tokenizer_dir: Path, pairs: list[dict[str, Any]]) -> None:
+    pytest.importorskip("distributed")
+    from helpers import output_tree
+
+    over = {"output": {"storage_format": "bin", "shuffle": True, "splits": {"a": 0.5, "b": 0.5}},
+            "preprocessing": {"max_prompt_length": 200, "max_seq_len": 300}}
+    one = run_rows(tmp_path, _config(tokenizer_dir, **over), pairs, name="one", chunk_rows=30)
+    two = run_rows(tmp_path, _config(tokenizer_dir, **over), pairs, name="two", chunk_rows=30, cluster="local:2",
+                   part_bytes=100_000)
+    trees = [output_tree(out) for out in (one, two)]
+    manifests = [json.loads(tree.pop("manifest.json")) for tree in trees]
+    assert trees[0] == trees[1]
+    assert manifests[0]["totals"] == manifests[1]["totals"] and manifests[0]["totals"]["preference"]["prompt_truncated"]
