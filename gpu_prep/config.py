@@ -69,6 +69,9 @@ class InputConfig(_Frozen):
     # without one has the prompt chosen and rejected share at their start.
     chosen_key: str = "chosen"
     rejected_key: str = "rejected"
+    # input.type kto (TRL's unpaired preference rows): the completion, and its label (true: desirable).
+    completion_key: str = "completion"
+    label_key: str = "label"
     # The input type auto gives a row with prompt_key and response_key: instruction (the two tokenized as
     # they are, no chat template) or prompt_response (a user turn and an assistant turn through the chat
     # template, as the QLoRA seed's dataset_schema auto reads them).
@@ -416,16 +419,18 @@ class PipelineConfig(_Frozen):
 
     @model_validator(mode="after")
     def _preference(self) -> PipelineConfig:
-        if "preference" not in self.input_types():
+        kinds = self.input_types() & {"preference", "kto"}
+        if not kinds:
             return self
-        if self.input_types() != {"preference"}:
-            raise ValueError("input.type preference: every dataset of a run with preference pairs must be pairs "
-                             "(their output holds pairs, not single samples)")
+        kind = kinds.pop()
+        if self.input_types() != {kind}:
+            raise ValueError(f"input.type {kind}: every dataset of the run must be {kind} rows (the output holds "
+                             "prompts and completions, not single samples)")
         if self.output.storage_format not in ("bin", "parquet"):
-            raise ValueError("input.type preference: pairs are written as bin (two samples a pair) or parquet "
-                             "(TRL's columns), not " + self.output.storage_format)
+            raise ValueError(f"input.type {kind}: written as bin (samples with the loss mask on the completion) or "
+                             f"parquet (TRL's columns), not {self.output.storage_format}")
         if self.preprocessing.packing != "none" or self.preprocessing.truncation not in ("right", "drop", "raise"):
-            raise ValueError("input.type preference: pairs are neither packed nor split; set preprocessing.packing "
+            raise ValueError(f"input.type {kind}: pairs are neither packed nor split; set preprocessing.packing "
                              "none and truncation right (cut by max_prompt_length, max_completion_length and "
                              "max_seq_len), drop or raise")
         return self

@@ -88,14 +88,41 @@ class Pair:
     def conversational(self) -> bool:
         return isinstance(self.chosen, list)
 
+    @property
+    def completions(self) -> list[list[dict[str, Any]] | str]:
+        return [self.chosen, self.rejected]
+
     def texts(self) -> list[str]:
         """The prompt's, the chosen and the rejected completion's own text."""
-        def text(part: list[dict[str, Any]] | str) -> str:
-            return part if isinstance(part, str) else "\n".join(m["content"] for m in part)
-        return [text(self.prompt), text(self.chosen), text(self.rejected)]
+        return [_part_text(self.prompt), _part_text(self.chosen), _part_text(self.rejected)]
 
 
-Shape = Union[Conversation, Segments, Tokens, Pair]
+@dataclass(frozen=True)
+class Unpaired:
+    """An unpaired preference row (input.type kto, TRL's format): a prompt, one completion and its label."""
+
+    prompt: list[dict[str, Any]] | str
+    completion: list[dict[str, Any]] | str
+    label: bool
+    tools: list[Any] | None = None
+
+    @property
+    def conversational(self) -> bool:
+        return isinstance(self.completion, list)
+
+    @property
+    def completions(self) -> list[list[dict[str, Any]] | str]:
+        return [self.completion]
+
+    def texts(self) -> list[str]:
+        return [_part_text(self.prompt), _part_text(self.completion)]
+
+
+def _part_text(part: list[dict[str, Any]] | str) -> str:
+    return part if isinstance(part, str) else "\n".join(m["content"] for m in part)
+
+
+Shape = Union[Conversation, Segments, Tokens, Pair, Unpaired]
 Builder = Callable[..., Any]  # (record, config) or (record, config, tokenizer) -> a Shape (plugins: see builders.py)
 
 
@@ -390,6 +417,8 @@ def detect_schema(record: dict[str, Any], config: PipelineConfig) -> str | None:
         return "segments"
     if inp.chosen_key in record and inp.rejected_key in record:
         return "preference"
+    if inp.completion_key in record and inp.label_key in record:
+        return "kto"
     if inp.prompt_key in record and inp.response_key in record:
         return inp.auto_prompt_type
     if inp.field_instruction in record and inp.field_output in record:
@@ -403,10 +432,9 @@ def auto_schema(record: dict[str, Any], config: PipelineConfig) -> str:
     """The input type of a row of input.type auto (rows of several shapes in one input): the one its keys
     name, else unknown_schema."""
     schema = detect_schema(record, config)
-    if schema == "preference":  # two sequences a row: the run's output must be pairs throughout
-        raise RowError(Drop.UNKNOWN_SCHEMA, f"a preference row ({config.input.chosen_key} and "
-                                            f"{config.input.rejected_key}): input.type auto writes one sample a row; "
-                                            "set input.type preference for pairs")
+    if schema in ("preference", "kto"):  # prompt and completions: the run's output must be of them throughout
+        raise RowError(Drop.UNKNOWN_SCHEMA, f"a {schema} row: input.type auto writes one sample a row; set "
+                                            f"input.type {schema}")
     if schema is None:
         inp = config.input
         known = ["input_ids", inp.messages_key, sharegpt_keys(config)[0], "segments", f"{inp.prompt_key}+{inp.response_key}",
@@ -421,6 +449,9 @@ def build_preference(record: dict[str, Any], config: PipelineConfig) -> Pair:
     prompt key, the prompt is what chosen and rejected share at their start (TRL's extract_prompt: the
     longest common run of messages, or of characters, backed up to before a space where one ends it)."""
     inp = config.input
+    if inp.chosen_key not in record and inp.completion_key in record and inp.label_key in record:
+        raise RowError(Drop.MISSING_FIELD, f"field {inp.chosen_key!r} is missing: an unpaired row ({inp.completion_key}, "
+                                           f"{inp.label_key}) is read by input.type kto")
     chosen, rejected = (_preference_part(record, key, config) for key in (inp.chosen_key, inp.rejected_key))
     if isinstance(chosen, list) != isinstance(rejected, list):
         raise RowError(Drop.WRONG_TYPE, f"fields {inp.chosen_key!r} and {inp.rejected_key!r} must both be messages or "
@@ -437,6 +468,25 @@ def build_preference(record: dict[str, Any], config: PipelineConfig) -> Pair:
         raise RowError(Drop.EMPTY, f"field {empty!r} has nothing past the prompt")
     tools, _ = _tools(record)
     return Pair(prompt, chosen, rejected, tools)
+
+
+@register("kto")
+def build_kto(record: dict[str, Any], config: PipelineConfig) -> Unpaired:
+    """TRL's unpaired preference rows: prompt / completion (both messages, or both strings) and a boolean
+    label (true: the completion is desirable)."""
+    inp = config.input
+    completion = _preference_part(record, inp.completion_key, config)
+    prompt = _preference_part(record, inp.prompt_key, config, allow_empty=True)
+    if isinstance(prompt, list) != isinstance(completion, list):
+        raise RowError(Drop.WRONG_TYPE, f"fields {inp.prompt_key!r} and {inp.completion_key!r} must both be messages "
+                                        "or both be strings")
+    if inp.label_key not in record:
+        raise RowError(Drop.MISSING_FIELD, f"field {inp.label_key!r} is missing")
+    label = record[inp.label_key]
+    if not isinstance(label, bool) and label not in (0, 1):
+        raise RowError(Drop.WRONG_TYPE, f"field {inp.label_key!r} must be true or false, got {label!r}")
+    tools, _ = _tools(record)
+    return Unpaired(prompt, completion, bool(label), tools)
 
 
 def _preference_part(record: dict[str, Any], key: str, config: PipelineConfig,
@@ -521,7 +571,7 @@ def source_text(shape: Shape) -> str:
         return shape.source if shape.source is not None else "".join(text for text, _ in shape.pieces)
     if isinstance(shape, Tokens):  # its ids, written out: what length rules and dedup see of it
         return " ".join(map(str, shape.ids))
-    if isinstance(shape, Pair):
+    if isinstance(shape, (Pair, Unpaired)):
         return "\n".join(shape.texts())
     return "\n".join(m["content"] for m in shape.messages)
 
@@ -529,7 +579,7 @@ def source_text(shape: Shape) -> str:
 def split_text(shape: Shape) -> str:
     """What output.splits hashes: the row's own text, and for a preference pair its prompt alone (so the
     pairs of one prompt share a split: a prompt never leaks from train into validation)."""
-    return shape.texts()[0] if isinstance(shape, Pair) else source_text(shape)
+    return shape.texts()[0] if isinstance(shape, (Pair, Unpaired)) else source_text(shape)
 
 
 def dedup_text(shape: Shape, source: str | None = None) -> str:
@@ -540,8 +590,9 @@ def dedup_text(shape: Shape, source: str | None = None) -> str:
         turns = [m["content"] for m in shape.messages if m["role"] != "system"]
         if turns:
             return "\n".join(turns)
-    if isinstance(shape, Pair):  # a pair is a duplicate only of an equal pair: the prefix hashed is a digest of it
-        return hashlib.md5("\0".join(shape.texts()).encode("utf-8", "surrogatepass")).hexdigest()
+    if isinstance(shape, (Pair, Unpaired)):  # a duplicate only of an equal row: the prefix hashed is a digest of it
+        texts = [*shape.texts(), *([str(shape.label)] if isinstance(shape, Unpaired) else [])]
+        return hashlib.md5("\0".join(texts).encode("utf-8", "surrogatepass")).hexdigest()
     return source_text(shape) if source is None else source
 
 

@@ -28,11 +28,16 @@ from gpu_prep.mask import Masked
 from gpu_prep.ragged import offsets_from_lengths
 
 # What meta.json says of a domain of pairs (its pair index is the samples' order).
-PAIR_META = {"pairs": "pair p is samples 2p (prompt + chosen) and 2p + 1 (prompt + rejected); a pair never spans "
-                      "two shards, so num_samples / 2 pairs are in each",
-             "prompt": "the tokens before the first with loss_mask 1, the same in both samples of a pair",
-             "read": "gpu_prep.open_dataset(out)[domain].pairs() gives (prompt, chosen, rejected) token ids"}
-PAIR_COUNTS = ("pairs_written", "prompt_merged", "prompt_truncated", "completion_truncated")
+PAIR_META = {
+    "preference": {"pairs": "pair p is samples 2p (prompt + chosen) and 2p + 1 (prompt + rejected); a pair never "
+                            "spans two shards, so num_samples / 2 pairs are in each",
+                   "prompt": "the tokens before the first with loss_mask 1, the same in both samples of a pair",
+                   "read": "gpu_prep.open_dataset(out)[domain].pairs() gives (prompt, chosen, rejected) token ids"},
+    "kto": {"unpaired": "each sample is prompt + completion; sample_labels holds its label (1 desirable, 0 not)",
+            "prompt": "the tokens before the first with loss_mask 1",
+            "read": "gpu_prep.open_dataset(out)[domain].unpaired() gives (prompt, completion, label)"},
+}
+PAIR_COUNTS = ("prompt_merged", "prompt_truncated", "completion_truncated")
 
 
 def _shared(a: np.ndarray, b: np.ndarray) -> int:
@@ -48,26 +53,26 @@ def _prompt_end(mask: np.ndarray) -> int:
     return int(trained[0]) if len(trained) else len(mask)
 
 
-def cut_pairs(masked: Masked, tokens_per_piece: np.ndarray, rules: Any, num_rows: int, merged: np.ndarray
-              ) -> tuple[Masked, list[tuple[int, str, str]], Counter, np.ndarray]:
-    """Each kept row's two sequences (pieces 2r and 2r + 1, untruncated in masked) -> the pair's two samples,
-    cut to TRL's limits. merged: per row, whether a completion's first token starts inside the prompt.
-    Returns the samples (two a kept pair), the rows dropped here (row, reason, detail), the counts
-    (PAIR_COUNTS) and the trained tokens of each row's two spans (its completions as written)."""
+def cut_pairs(masked: Masked, tokens_per_piece: np.ndarray, rules: Any, num_rows: int, merged: np.ndarray,
+              sides_per_row: int = 2) -> tuple[Masked, list[tuple[int, str, str]], Counter, np.ndarray]:
+    """Each kept row's sequences (pieces, untruncated in masked: a pair's two, an unpaired row's one) -> its
+    samples, cut to TRL's limits. merged: per row, whether a completion's first token starts inside the
+    prompt. Returns the samples (sides_per_row a kept row), the rows dropped here (row, reason, detail), the
+    counts (PAIR_COUNTS) and the trained tokens of each row's spans (its completions as written)."""
     ids, loss_mask, offsets = masked.ids, masked.loss_mask, masked.offsets
     counts: Counter = Counter()
-    trained_by_span = np.zeros(2 * num_rows, np.int64)
+    trained_by_span = np.zeros(sides_per_row * num_rows, np.int64)
     drops: list[tuple[int, str, str]] = []
     out_ids, out_mask, lengths, kept, truncated = [], [], [], [], []
     for k, r in enumerate(masked.kept_rows.tolist()):
         row_ids, row_mask = ids[offsets[k]:offsets[k + 1]], loss_mask[offsets[k]:offsets[k + 1]]
-        n_chosen = int(tokens_per_piece[2 * r])
-        sides = [(row_ids[:n_chosen], row_mask[:n_chosen]), (row_ids[n_chosen:], row_mask[n_chosen:])]
+        cuts = np.cumsum([0, *tokens_per_piece[sides_per_row * r:sides_per_row * (r + 1)]])
+        sides = [(row_ids[a:b], row_mask[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
         ends = [_prompt_end(m) for _, m in sides]
         if min(len(s) - e for (s, _), e in zip(sides, ends)) == 0:
             drops.append((r, Drop.NO_TRAINED_TOKENS, "a completion holds no token of its own"))
             continue
-        shared = _shared(sides[0][0][:ends[0]], sides[1][0][:ends[1]])
+        shared = ends[0] if sides_per_row == 1 else _shared(sides[0][0][:ends[0]], sides[1][0][:ends[1]])
         counts["prompt_merged"] += bool(merged[r]) or shared < max(ends)
         prompt = sides[0][0][:shared]
         completions = [s[shared:] for s, _ in sides]
@@ -91,14 +96,13 @@ def cut_pairs(masked: Masked, tokens_per_piece: np.ndarray, rules: Any, num_rows
             completions = [c[:room] for c in completions]
             counts["completion_truncated"] += 1
             cut = True
-        trained_by_span[2 * r:2 * r + 2] = [len(c) for c in completions]
+        trained_by_span[sides_per_row * r:sides_per_row * (r + 1)] = [len(c) for c in completions]
         for completion in completions:
             out_ids += [prompt, completion]
             out_mask += [np.zeros(len(prompt), np.int8), np.ones(len(completion), np.int8)]
             lengths.append(len(prompt) + len(completion))
         kept.append(r)
         truncated.append(cut)
-        counts["pairs_written"] += 1
     none = np.zeros(0, np.int64)
     samples = Masked(np.concatenate(out_ids).astype(np.int64) if out_ids else none,
                      np.concatenate(out_mask) if out_mask else np.zeros(0, np.int8),

@@ -118,7 +118,8 @@ def _process(run: RunContext, out_dir: Path, options: Options, checkpoints: Chec
     writer = DatasetWriter(out_dir, Storage.from_config(config, run.render.vocab_size),
                            config.output.max_tokens_per_shard, split,
                            about={"tokenizer": run.tokenizer_summary(),
-                                  **({"preference": PAIR_META} if config.input.type == "preference" else {})})
+                                  **({"preference": PAIR_META[config.input.type]}
+                                     if config.input.type in PAIR_META else {})})
     writer.restore(resumed.get("writer", []))
     dedup = Deduplicator(checkpoints.seen()) if config.preprocessing.deduplicate else None
     commit = Committer(run, acct, writer, checkpoints, decisions, options.progress)

@@ -30,7 +30,7 @@ import numpy as np
 from gpu_prep.affix import AffixTemplate
 from gpu_prep.chat_template import row_limits
 from gpu_prep.errors import ConfigError, Drop
-from gpu_prep.format import Conversation, Pair, RowError, Segments, Shape, Tokens
+from gpu_prep.format import Conversation, Pair, RowError, Segments, Shape, Tokens, Unpaired
 from gpu_prep.locate import locate_contents, render_marked, render_text
 
 if TYPE_CHECKING:
@@ -103,6 +103,7 @@ class RenderedRow:
     notes: tuple[str, ...] = ()  # what structured truncation did, for the parse report
     span_roles: list[str] = field(default_factory=list)  # the role each span's trained tokens count under
     given: tuple[np.ndarray, np.ndarray] | None = None  # a pre-tokenized row's ids and loss mask (one empty piece)
+    label: bool | None = None  # an unpaired preference row's label (input.type kto)
 
 
 def _after_eot(text: str, eot: re.Pattern[str], last: bool) -> int | None:
@@ -371,7 +372,7 @@ def affix_disagreement(shapes: list[Shape], ctx: RenderContext) -> str | None:
 def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
     if isinstance(shape, Segments):
         return _segments(shape, ctx)
-    if isinstance(shape, Pair):
+    if isinstance(shape, (Pair, Unpaired)):
         return _pair(shape, ctx)
     if isinstance(shape, Tokens):
         ids = np.asarray(shape.ids, dtype=np.int64)
@@ -389,21 +390,21 @@ def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
                        unmarked=unmarked)
 
 
-def _pair(pair: Pair, ctx: RenderContext) -> RenderedRow:
-    """A preference pair as two pieces, prompt + chosen and prompt + rejected, each trained from the end of
-    the prompt on (pairs.py cuts them apart once tokenized). Conversational: the prompt is the template's
+def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
+    """A preference pair as two pieces, prompt + chosen and prompt + rejected (an unpaired row: one, prompt +
+    completion), each trained from the end of the prompt on (pairs.py cuts them apart once tokenized). Conversational: the prompt is the template's
     rendering of the prompt messages with its generation prompt, which must begin the rendering of the
     whole conversation; standard: the texts as they are between the tokenizer's own prefix and suffix, with
     the eos token closing a completion that lacks it (as TRL adds it)."""
     if pair.conversational:
         if ctx.template is None:
             raise ConfigError("conversational preference rows need a chat template: name one with chat_template")
-        conv = Conversation([*pair.prompt, *pair.chosen], tools=pair.tools)
+        conv = Conversation([*pair.prompt, *pair.completions[0]], tools=pair.tools)
         template = ctx.template_for(conv)
         with row_limits(*ctx.limits) as budget:
             try:
                 prompt = template.render(pair.prompt, pair.tools, None, add_generation_prompt=True)
-                wholes = [template.render([*pair.prompt, *c], pair.tools) for c in (pair.chosen, pair.rejected)]
+                wholes = [template.render([*pair.prompt, *c], pair.tools) for c in pair.completions]
             except jinja2.exceptions.TemplateError as exc:
                 if budget.exceeded is not None:
                     raise RowError(Drop.TEMPLATE_LIMIT, budget.exceeded) from None
@@ -414,7 +415,7 @@ def _pair(pair: Pair, ctx: RenderContext) -> RenderedRow:
     else:
         prompt = ctx.prefix_text + pair.prompt
         end = ctx.eos_text or ""
-        wholes = [prompt + c + ("" if c.endswith(end) else end) + ctx.suffix_text for c in (pair.chosen, pair.rejected)]
+        wholes = [prompt + c + ("" if c.endswith(end) else end) + ctx.suffix_text for c in pair.completions]
     pieces, spans, total = [], [], 0
     for whole in wholes:
         if ctx.offsets:
@@ -425,8 +426,9 @@ def _pair(pair: Pair, ctx: RenderContext) -> RenderedRow:
         pieces.append(text)
         spans.append((total + span[0], total + span[1]))
         total += width
-    return RenderedRow(pieces, [False, False], spans, sum(len(p.encode("utf-8")) for p in pieces),
-                       span_roles=["chosen", "rejected"])
+    roles = ["chosen", "rejected"] if isinstance(pair, Pair) else ["desirable" if pair.label else "undesirable"]
+    return RenderedRow(pieces, [False] * len(pieces), spans, sum(len(p.encode("utf-8")) for p in pieces),
+                       span_roles=roles, label=pair.label if isinstance(pair, Unpaired) else None)
 
 
 def _within_limits(conv: Conversation, ctx: RenderContext

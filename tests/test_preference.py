@@ -88,8 +88,7 @@ def test_pairs_equal_transformers_chat_template(tmp_path: Path, tokenizer_dir: P
         assert got["prompt_length"] == len(got["prompt_ids"])
     manifest = json.loads((out / "manifest.json").read_text())
     totals = manifest["totals"]
-    assert totals["preference"] == {"pairs_written": len(pairs), "prompt_merged": 0, "prompt_truncated": 0,
-                                    "completion_truncated": 0}
+    assert totals["preference"] == {"prompt_merged": 0, "prompt_truncated": 0, "completion_truncated": 0}
     assert totals["rows_written"] == len(pairs) and set(totals["trained_tokens_by_role"]) == {"chosen", "rejected"}
     datasets = pytest.importorskip("datasets")
     loaded = datasets.load_dataset("parquet", data_files=str(out / "__default__" / "*.parquet"), split="train")
@@ -209,14 +208,16 @@ def test_configs_pairs_cannot_take_are_refused(over: dict[str, Any], says: str) 
         parse_config(_config("qwen2.5", **over))
 
 
-def test_killed_then_resumed_pairs_are_byte_identical(tmp_path: Path, tokenizer_dir: Path,
-                                                     pairs: list[dict[str, Any]]) -> None:
+@pytest.mark.parametrize("kind", ["preference", "kto"])
+def test_killed_then_resumed_pairs_are_byte_identical(tmp_path: Path, tokenizer_dir: Path, pairs: list[dict[str, Any]],
+                                                     unpaired: list[dict[str, Any]], kind: str) -> None:
     from helpers import output_tree, write_jsonl
 
-    data = write_jsonl(tmp_path / "pairs.jsonl", pairs)
+    data = write_jsonl(tmp_path / "pairs.jsonl", pairs if kind == "preference" else unpaired)
     config = tmp_path / "config.json"
-    config.write_text(json.dumps(_config(tokenizer_dir, output={"storage_format": "bin", "shuffle": True,
-                                                                "max_tokens_per_shard": 30_000})))
+    config.write_text(json.dumps({**_config(tokenizer_dir, output={"storage_format": "bin", "shuffle": True,
+                                                                   "max_tokens_per_shard": 30_000}),
+                                  "input": {"type": kind}}))
     args = ["run", data, "-c", config, "-q", "--chunk-rows", 16, "--checkpoint-every", 0]
     assert gpu_prep_cli(*args, "-o", tmp_path / "clean").returncode == 0
     killed = gpu_prep_cli(*args, "-o", tmp_path / "out", env={"GPU_PREP_FAILPOINT": "tokenize:4"})
@@ -241,3 +242,41 @@ def test_a_cluster_writes_the_same_pairs(tmp_path: Path, tokenizer_dir: Path, pa
     manifests = [json.loads(tree.pop("manifest.json")) for tree in trees]
     assert trees[0] == trees[1]
     assert manifests[0]["totals"] == manifests[1]["totals"] and manifests[0]["totals"]["preference"]["prompt_truncated"]
+
+
+@pytest.fixture(scope="module")
+def unpaired(pairs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """KTO rows: each pair's prompt with its chosen completion (desirable) or its rejected one (not)."""
+    rows = []
+    for k, row in enumerate(pairs):
+        prompt, chosen, rejected = _parts(row)
+        rows.append({"prompt": prompt, "completion": chosen if k % 2 else rejected, "label": bool(k % 2)})
+    return rows
+
+
+def test_unpaired_rows_equal_transformers_and_keep_their_labels(tmp_path: Path, tokenizer_dir: Path,
+                                                               unpaired: list[dict[str, Any]]) -> None:
+    hf = hf_tokenizer(tokenizer_dir)
+    config = {**_config(tokenizer_dir), "input": {"type": "kto"}}
+    out = run_rows(tmp_path, config, unpaired)
+    table = _table(out)
+    assert list(table[0]) == ["prompt_ids", "completion_ids", "label", "prompt_length"]
+    for row, got in zip(unpaired, table):
+        whole = hf.apply_chat_template(row["prompt"] + row["completion"], tokenize=True, return_dict=True)["input_ids"]
+        assert got["prompt_ids"] + got["completion_ids"] == whole and got["label"] == row["label"]
+        assert got["prompt_ids"] == hf.apply_chat_template(row["prompt"], tokenize=True, return_dict=True,
+                                                           add_generation_prompt=True)["input_ids"]
+    by_role = json.loads((out / "manifest.json").read_text())["totals"]["trained_tokens_by_role"]
+    assert set(by_role) == {"desirable", "undesirable"}
+    # bin, shuffled across shards: the same rows, each with its own label.
+    over = {"output": {"storage_format": "bin", "shuffle": True, "max_tokens_per_shard": 20_000}}
+    binned = run_rows(tmp_path, {**_config(tokenizer_dir, **over), "input": {"type": "kto"}}, unpaired, name="bin")
+    domain = gpu_prep.open_dataset(binned)["__default__"]
+    assert domain.num_shards > 1 and "sample_labels" in domain.meta["shards"][0]["files"]
+    found = sorted((tuple(p.tolist()), tuple(c.tolist()), label) for p, c, label in domain.unpaired())
+    assert found == sorted((tuple(r["prompt_ids"]), tuple(r["completion_ids"]), r["label"]) for r in table)
+    assert gpu_prep_cli("verify", binned).returncode == 0
+    # A paired-preference run names kto for such rows.
+    wrong = run_rows(tmp_path, _config(tokenizer_dir), unpaired[:3], name="wrong", rejects=tmp_path / "r.jsonl")
+    assert json.loads((wrong / "manifest.json").read_text())["totals"]["rows_dropped"] == {"missing_field": 3}
+    assert "input.type kto" in (tmp_path / "r.jsonl").read_text()

@@ -86,7 +86,7 @@ def test_keys_are_distinct_and_buckets_stay_small(tmp_path: Path) -> None:
         part = offsets[lo:min(lo + 1000, 6400) + 1]
         scatter.add(ids[part[0]:part[-1]], (ids[part[0]:part[-1]] % 2).astype(np.int8), part - part[0])
     sizes, seen = [], []
-    for got_ids, got_mask, got_offsets in scatter.gather():
+    for got_ids, got_mask, got_offsets, _ in scatter.gather():
         sizes.append(len(got_offsets) - 1)
         assert np.array_equal(got_mask, got_ids % 2)
         seen.extend(int(got_ids[a]) // 3 for a in got_offsets[:-1])

@@ -22,8 +22,8 @@ class BinShard(RawShard):
     def close(self, directory: Path) -> dict[str, Any]:
         self._close_handles()
         if self.final_as_written():
-            names = {k: raw_file_name(k, self.index, temporary=False) for k in ARRAYS}
-            for k in ARRAYS:
+            names = {k: raw_file_name(k, self.index, temporary=False) for k in self.tmp}
+            for k in self.tmp:
                 finish_file(self.tmp[k], directory / names[k])
                 failpoint("shard_close")  # some of the shard's files renamed, the others not yet
             return {"files": names, "sha256": {k: d.hexdigest() for k, d in self.digests.items()}}

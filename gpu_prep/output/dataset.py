@@ -42,7 +42,7 @@ def _parquet(path: Path) -> ShardArrays:
     import pyarrow.parquet as pq
 
     table = pq.read_table(path, memory_map=True)
-    if "chosen_ids" in table.column_names or "chosen_input_ids" in table.column_names:
+    if "chosen_ids" in table.column_names or "chosen_input_ids" in table.column_names or "label" in table.column_names:
         return _pair_parquet(table)
     parts: dict[str, list[np.ndarray]] = {}
     lengths = []
@@ -69,14 +69,27 @@ def _pair_parquet(table: Any) -> ShardArrays:
     if len(lists) == 3:  # dpo: prompt, then the completions alone
         prompts, chosen, rejected = lists
         wholes = [(p + c, p + r) for p, c, r in zip(prompts, chosen, rejected)]
+    elif "label" in names:  # kto: prompt and its one completion
+        wholes = [(p + c,) for p, c in zip(*lists)]
     else:  # reward: whole sequences
         wholes = list(zip(*lists))
+    per_row = len(wholes[0]) if wholes else 1
     samples = [np.asarray(s, np.int64) for pair in wholes for s in pair]
     lengths = np.fromiter(map(len, samples), np.int64, len(samples))
-    mask = [np.arange(n) >= prompt_length[k // 2] for k, n in enumerate(lengths)]
+    mask = [np.arange(n) >= prompt_length[k // per_row] for k, n in enumerate(lengths)]
     ids = np.concatenate(samples) if samples else np.zeros(0, np.int64)
     loss_mask = np.concatenate(mask).astype(np.uint8) if mask else np.zeros(0, np.uint8)
     return ShardArrays(ids, loss_mask, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), None)
+
+
+def _sample_labels(directory: Path, record: dict[str, Any], meta: dict[str, Any]) -> np.ndarray:
+    """A shard's sample labels (input.type kto): bin's sample_labels file, or parquet's label column."""
+    if meta["storage_format"] == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(directory / record["files"]["parquet"], columns=["label"]).column("label").to_numpy(
+            zero_copy_only=False)
+    return np.fromfile(directory / record["files"]["sample_labels"], np.int8)
 
 
 def load_shard(directory: Path, record: dict[str, Any], meta: dict[str, Any]) -> ShardArrays:
@@ -185,6 +198,18 @@ class Domain:
             (chosen, mask), (rejected, _) = self[p], self[p + 1]
             n = int(np.argmax(mask != 0))
             yield chosen[:n], chosen[n:], rejected[n:]
+
+    def unpaired(self) -> Iterator[tuple[np.ndarray, np.ndarray, bool]]:
+        """Unpaired preference rows (input.type kto) as (prompt, completion, label): the prompt is the tokens
+        before the first trained one."""
+        if "unpaired" not in self.meta.get("preference", {}):
+            raise ValueError(f"{self.directory}: not unpaired preference rows (input.type kto)")
+        for k, record in enumerate(self.meta["shards"]):
+            labels = _sample_labels(self.directory, record, self.meta)
+            for i in range(record["num_samples"]):
+                ids, mask = self[int(self._starts[k]) + i]
+                n = int(np.argmax(mask != 0))
+                yield ids[:n], ids[n:], bool(labels[i])
 
     def segments(self, i: int) -> np.ndarray:
         """Where the samples packed into sequence i begin and end, from 0 to its length."""

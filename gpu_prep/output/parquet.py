@@ -32,6 +32,9 @@ class ParquetShard(OneFileShard):
         if self.storage.pairs is not None:
             self._build_pairs(tmp, layout)
             return
+        if self.storage.labels:
+            self._build_unpaired(tmp, layout)
+            return
         fields = [("input_ids", pa.list_(pa.from_numpy_dtype(self.storage.token_dtype))),
                   ("attention_mask", pa.list_(pa.int8())), ("labels", pa.list_(pa.int64()))]
         if layout.packed:
@@ -79,6 +82,32 @@ class ParquetShard(OneFileShard):
                 arrays = [pa.array(c, type=token) for c in columns]
                 arrays.append(pa.array(np.fromiter(map(len, prompts), np.int32, len(prompts))))
                 out.write_table(pa.Table.from_arrays(arrays, schema=schema))
+                first += count
+
+    def _build_unpaired(self, tmp: Path, layout: Layout) -> None:
+        """Unpaired preference rows (input.type kto) as TRL's columns, a row each: prompt_ids, completion_ids,
+        label (true: desirable), and prompt_length."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        token = pa.list_(pa.from_numpy_dtype(self.storage.token_dtype))
+        schema = pa.schema([("prompt_ids", token), ("completion_ids", token), ("label", pa.bool_()),
+                            ("prompt_length", pa.int32())])
+        ids, mask, labels = self._raw("sequence"), self._raw("loss_mask"), self._raw("sample_labels")
+        offsets = layout.segment_offsets[layout.groups]
+        first = 0
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as out:
+            for count in shard_cuts(np, np.diff(offsets), 0, COPY_ITEMS):
+                prompts, completions = [], []
+                for k in range(first, first + count):
+                    sample = np.asarray(ids[offsets[k]:offsets[k + 1]])
+                    n = int(np.argmax(np.asarray(mask[offsets[k]:offsets[k + 1]]) != 0))
+                    prompts.append(sample[:n])
+                    completions.append(sample[n:])
+                out.write_table(pa.Table.from_arrays(
+                    [pa.array(prompts, type=token), pa.array(completions, type=token),
+                     pa.array(np.asarray(labels[first:first + count]).astype(bool)),
+                     pa.array(np.fromiter(map(len, prompts), np.int32, count))], schema=schema))
                 first += count
 
 

@@ -61,6 +61,7 @@ def raw_file_name(array: str, index: int, temporary: bool) -> str:
 
 
 ARRAYS = ("sequence", "loss_mask", "sample_offsets")
+LABEL_DTYPE = np.dtype("i1")  # sample_labels: 1 desirable, 0 undesirable (input.type kto)
 COPY_ITEMS = 1 << 22  # tokens handled at a time when a shard's final files are built from its temporaries
 
 
@@ -76,6 +77,7 @@ class Storage:
     shuffle_seed: int | None = None  # output.shuffle: samples written in this seed's order (output/shuffle.py)
     group: int = 1  # samples that stay together in one shard and one place of a shuffle (a pair: 2)
     pairs: str | None = None  # preference pairs: output.preference_columns (the Parquet columns)
+    labels: bool = False  # unpaired preference rows (input.type kto): each sample's label, a fourth raw array
 
     @classmethod
     def from_config(cls, config: Any, vocab_size: int) -> Storage:
@@ -87,10 +89,15 @@ class Storage:
         mask = np.dtype("u1") if out.storage_format in ("megatron", "parquet") else np.dtype(config.mask_dtype()).newbyteorder("<")
         return cls(out.storage_format, token, mask, config.preprocessing.packing, config.preprocessing.max_seq_len,
                    out.shuffle_seed if out.shuffle else None, 2 if config.input.type == "preference" else 1,
-                   out.preference_columns if config.input.type == "preference" else None)
+                   out.preference_columns if config.input.type == "preference" else None, config.input.type == "kto")
 
     def dtype(self, array: str) -> np.dtype:
-        return {"sequence": self.token_dtype, "loss_mask": self.mask_dtype}.get(array, OFFSET_DTYPE)
+        return {"sequence": self.token_dtype, "loss_mask": self.mask_dtype, "sample_labels": LABEL_DTYPE}.get(
+            array, OFFSET_DTYPE)
+
+    def arrays(self) -> tuple[str, ...]:
+        """The raw arrays a shard of this storage appends to."""
+        return (*ARRAYS, "sample_labels") if self.labels else ARRAYS
 
 
 class RawShard:
@@ -100,9 +107,9 @@ class RawShard:
 
     def __init__(self, directory: Path, index: int, storage: Storage, lengths: dict[str, int] | None = None) -> None:
         self.index, self.storage = index, storage
-        self.tmp = {k: directory / raw_file_name(k, index, temporary=True) for k in ARRAYS}
+        self.tmp = {k: directory / raw_file_name(k, index, temporary=True) for k in storage.arrays()}
         # Where the temporaries become the final files (unpacked bin), their sha256 is taken as they are written.
-        self.digests = {k: hashlib.sha256() for k in ARRAYS} if self.final_as_written() else {}
+        self.digests = {k: hashlib.sha256() for k in self.tmp} if self.final_as_written() else {}
         if lengths is None:
             self.handles = {k: create(p) for k, p in self.tmp.items()}  # closed in close()
             self._put("sample_offsets", np.zeros(1, OFFSET_DTYPE))
@@ -127,11 +134,13 @@ class RawShard:
         if self.digests:
             self.digests[key].update(data)
 
-    def append(self, ids: np.ndarray, loss_mask: np.ndarray, ends: np.ndarray) -> None:
+    def append(self, ids: np.ndarray, loss_mask: np.ndarray, ends: np.ndarray, labels: np.ndarray | None = None) -> None:
         self._put("sequence", ids)
         failpoint("shard_append")  # one array of the shard written, the others not yet
         self._put("loss_mask", loss_mask)
         self._put("sample_offsets", ends)
+        if labels is not None:
+            self._put("sample_labels", labels)
         for key, handle in self.handles.items():
             with writing(self.tmp[key]):
                 handle.flush()

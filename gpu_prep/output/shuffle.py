@@ -12,7 +12,8 @@ read back one at a time, in bucket order, each sorted by key and appended to the
 holds one bucket (a domain's samples / BUCKETS), and ordering by (bucket, key) is ordering by key.
 
 A bucket file is a run of blocks, one per append: a header of two int64 (samples, tokens), then the samples'
-keys (uint64), lengths (int64), token ids (int64) and loss mask (int8). Their lengths in bytes are the
+keys (uint64), lengths (int64) and labels (int8: input.type kto's, else 0), token ids (int64) and loss mask
+(int8). Their lengths in bytes are the
 scatter's whole state: a checkpoint records them and --resume cuts the files back to them.
 """
 
@@ -57,10 +58,11 @@ class Scatter:
     """The first pass of one domain's shuffle: samples appended to bucket files under the domain's directory."""
 
     def __init__(self, directory: Path, seed: int, domain: str, state: dict[str, Any] | None = None,
-                 group: int = 1) -> None:
+                 group: int = 1, labels: bool = False) -> None:
         """domain: what tells this domain's order from another's (its split and name); group: samples that
-        move together, in their order (a preference pair's two: one key for both)."""
-        self.directory, self.seed, self.domain, self.group = directory, seed, domain, group
+        move together, in their order (a preference pair's two: one key for both); labels: the samples carry
+        a label each (input.type kto)."""
+        self.directory, self.seed, self.domain, self.group, self.labels = directory, seed, domain, group, labels
         self.count = 0 if state is None else state["count"]  # samples (groups) scattered so far
         self.lengths = [0] * BUCKETS if state is None else list(state["lengths"])  # bytes of each bucket file
         if state is not None:  # back to the checkpoint: what was appended since goes
@@ -81,11 +83,12 @@ class Scatter:
     def state(self) -> dict[str, Any]:
         return {"count": self.count, "lengths": list(self.lengths)}
 
-    def add(self, ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray) -> None:
-        """Samples (ids[offsets[k]:offsets[k + 1]]) appended to their buckets."""
+    def add(self, ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray, labels: np.ndarray | None = None) -> None:
+        """Samples (ids[offsets[k]:offsets[k + 1]], and their labels) appended to their buckets."""
         count = len(offsets) - 1
         if count == 0:
             return
+        labels = np.zeros(count, np.int8) if labels is None else labels
         # A group's samples share its key and keep their order (the sort in gather is stable).
         keys = np.repeat(sample_keys(self.count, count // self.group, self.seed, self.domain), self.group)
         self.count += count // self.group
@@ -98,6 +101,7 @@ class Scatter:
             block = b"".join([
                 np.array([int(pick.sum()), int(token_pick.sum())], dtype="<i8").tobytes(),
                 keys[pick].astype("<u8").tobytes(), lengths[pick].astype("<i8").tobytes(),
+                labels[pick].astype("<i1").tobytes(),
                 ids[token_pick].astype("<i8").tobytes(), loss_mask[token_pick].astype("<i1").tobytes()])
             path = self.path(bucket)
             claim(path)
@@ -105,25 +109,27 @@ class Scatter:
                 handle.write(block)
             self.lengths[bucket] += len(block)
 
-    def gather(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """The second pass: each non-empty bucket's samples in key order, as (ids, loss_mask, offsets)."""
+    def gather(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]]:
+        """The second pass: each non-empty bucket's samples in key order, as (ids, loss_mask, offsets, labels or
+        None)."""
         for bucket, length in enumerate(self.lengths):
             if length == 0:
                 continue
             with writing(self.path(bucket)), open(self.path(bucket), "rb") as handle:
                 data = handle.read(length)
-            keys, lengths, ids, masks = [], [], [], []
+            keys, lengths, labels, ids, masks = [], [], [], [], []
             at = 0
             while at < len(data):
                 samples, tokens = np.frombuffer(data, "<i8", 2, at).tolist()
                 at += 16
-                for parts, dtype, n in ((keys, "<u8", samples), (lengths, "<i8", samples), (ids, "<i8", tokens),
-                                        (masks, "<i1", tokens)):
+                for parts, dtype, n in ((keys, "<u8", samples), (lengths, "<i8", samples), (labels, "<i1", samples),
+                                        (ids, "<i8", tokens), (masks, "<i1", tokens)):
                     parts.append(np.frombuffer(data, dtype, n, at))
                     at += n * np.dtype(dtype).itemsize
-            key, length_of, token_ids, mask = (np.concatenate(p) for p in (keys, lengths, ids, masks))
-            gather, new_offsets = reorder(np, offsets_from_lengths(np, length_of), np.argsort(key, kind="stable"))
-            yield token_ids[gather], mask[gather], new_offsets
+            key, length_of, label, token_ids, mask = (np.concatenate(p) for p in (keys, lengths, labels, ids, masks))
+            order = np.argsort(key, kind="stable")
+            gather, new_offsets = reorder(np, offsets_from_lengths(np, length_of), order)
+            yield token_ids[gather], mask[gather], new_offsets, label[order] if self.labels else None
 
     def files(self) -> list[Path]:
         """The bucket files this scatter has written (removed once the run's output is complete)."""

@@ -24,7 +24,7 @@ from gpu_prep.output.h5 import H5Shard
 from gpu_prep.output.megatron import MegatronShard
 from gpu_prep.output.parquet import ParquetShard
 from gpu_prep.output.shuffle import Scatter
-from gpu_prep.output.shards import LOSS_MASK_MEANING, OFFSET_DTYPE, RawShard, Storage, shard_cuts
+from gpu_prep.output.shards import LABEL_DTYPE, LOSS_MASK_MEANING, OFFSET_DTYPE, RawShard, Storage, shard_cuts
 
 _MAX_NAME = 64
 RESERVED_NAMES = {"manifest.json", "tokenizer"}  # what a run writes beside its domain directories
@@ -56,6 +56,8 @@ def shard_arrays(storage: Storage, record: dict[str, Any]) -> dict[str, Any]:
         arrays["sample_offsets"] = {"shape": [record["num_samples"] + 1], "dtype": OFFSET_DTYPE.name}
         if "num_segments" in record:
             arrays["segment_offsets"] = {"shape": [record["num_segments"] + 1], "dtype": OFFSET_DTYPE.name}
+    if storage.labels:
+        arrays["sample_labels"] = {"shape": [record["num_samples"]], "dtype": LABEL_DTYPE.name}
     return arrays
 
 
@@ -73,7 +75,7 @@ class DomainWriter:
         self.fill_tokens = self.fill_samples = self.fill_trained = 0
         # output.shuffle: samples go to bucket files as they come, to the shards in key order at finish.
         self.scatter = None if storage.shuffle_seed is None else Scatter(directory, storage.shuffle_seed, self._key(),
-                                                                         group=storage.group)
+                                                                         group=storage.group, labels=storage.labels)
 
     def _key(self) -> str:
         return f"{self.about.get('split') or ''}/{self.name}"
@@ -99,7 +101,7 @@ class DomainWriter:
             writer._open(state["open"])
         if writer.scatter is not None:
             writer.scatter = Scatter(writer.directory, storage.shuffle_seed, writer._key(), state.get("scatter"),
-                                     group=storage.group)
+                                     group=storage.group, labels=storage.labels)
         return writer
 
     def _close_current(self) -> None:
@@ -112,13 +114,14 @@ class DomainWriter:
             self.current = None
             self.fill_tokens = self.fill_samples = self.fill_trained = 0
 
-    def append(self, ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray) -> None:
+    def append(self, ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray, labels: np.ndarray | None = None) -> None:
+        """Samples ids[offsets[k]:offsets[k + 1]]; labels: each sample's (input.type kto), else None."""
         if self.scatter is not None:
-            self.scatter.add(ids, loss_mask, offsets)
+            self.scatter.add(ids, loss_mask, offsets, labels)
         else:
-            self._write(ids, loss_mask, offsets)
+            self._write(ids, loss_mask, offsets, labels)
 
-    def _write(self, ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray) -> None:
+    def _write(self, ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray, labels: np.ndarray | None = None) -> None:
         lengths = np.diff(offsets)
         row = 0
         group = self.storage.group  # a pair's two samples go to one shard: cut between groups only
@@ -132,7 +135,7 @@ class DomainWriter:
                 self._open()
             lo, hi = int(offsets[row]), int(offsets[row + count])
             ends = self.fill_tokens + (offsets[row + 1:row + count + 1] - lo)
-            self.current.append(ids[lo:hi], loss_mask[lo:hi], ends)
+            self.current.append(ids[lo:hi], loss_mask[lo:hi], ends, None if labels is None else labels[row:row + count])
             self.fill_tokens += hi - lo
             self.fill_samples += count
             self.fill_trained += int(loss_mask[lo:hi].sum())
@@ -145,8 +148,8 @@ class DomainWriter:
 
     def finish(self) -> dict[str, Any]:
         if self.scatter is not None:  # the shuffle's second pass: bucket by bucket, in key order
-            for ids, loss_mask, offsets in self.scatter.gather():
-                self._write(ids, loss_mask, offsets)
+            for ids, loss_mask, offsets, labels in self.scatter.gather():
+                self._write(ids, loss_mask, offsets, labels)
         self._close_current()
         self.remove_obsolete()
         tokens = sum(s["num_tokens"] for s in self.shards)
@@ -204,14 +207,14 @@ class DatasetWriter:
         return candidate
 
     def append(self, domain: str, ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray,
-               split: str | None = None) -> None:
+               split: str | None = None, labels: np.ndarray | None = None) -> None:
         if self.window is not None:
             offsets = split_offsets(np, offsets, self.window)
         key = (split, domain)
         if key not in self.domains:
             about = self.about if split is None else {**self.about, "split": split}
             self.domains[key] = DomainWriter(self.out_dir / self._dir_for(key), domain, self.storage, self.cap, about)
-        self.domains[key].append(ids, loss_mask, offsets)
+        self.domains[key].append(ids, loss_mask, offsets, labels)
 
     def _relative(self, writer: DomainWriter) -> str:
         return writer.directory.relative_to(self.out_dir).as_posix()

@@ -29,7 +29,7 @@ import numpy as np
 from gpu_prep.errors import ConfigError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.output.files import create, remove_written, write_json_atomic, writing
-from gpu_prep.output.shards import ARRAYS, raw_file_name
+from gpu_prep.output.shards import raw_file_name
 from gpu_prep.output.shuffle import bucket_name
 
 CHECKPOINT = ".gpu-prep-checkpoint.json"
@@ -60,7 +60,7 @@ def _kept_files(state: dict[str, Any]) -> set[str]:
             kept.update(f"{directory}/{name}" for name in shard["files"].values())
         if domain["open"] is not None:
             index = len(domain["shards"])
-            kept.update(f"{directory}/{raw_file_name(k, index, temporary=True)}" for k in ARRAYS)
+            kept.update(f"{directory}/{raw_file_name(k, index, temporary=True)}" for k in domain["open"])
         scatter = domain.get("scatter")  # output.shuffle's buckets
         kept.update(f"{directory}/{bucket_name(b)}" for b, n in enumerate(scatter["lengths"] if scatter else ()) if n)
     return kept
@@ -80,7 +80,7 @@ def load_for_resume(out_dir: Path, identity: dict[str, Any]) -> dict[str, Any] |
     for domain in state["writer"] if state is not None else []:
         if domain["open"] is not None:
             directory, index = out_dir / domain["directory"], len(domain["shards"])
-            for array in ARRAYS:
+            for array in domain["open"]:  # the open shard's arrays, as the checkpoint lists their lengths
                 reopen(directory / raw_file_name(array, index, temporary=False),
                        directory / raw_file_name(array, index, temporary=True))
     remove_written(out_dir, keep=_kept_files(state) if state is not None else set())

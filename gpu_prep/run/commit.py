@@ -116,7 +116,7 @@ class Committer:
         splits = [names[rows.split[r]] for r in kept] if rows.split is not None else [None] * len(kept)
         acct.rows_by_split.update(s for s in splits if s is not None)
         keys = [key for key in zip(splits, (rows.domain[r] for r in kept)) for _ in range(per_row)]
-        append_by_domain(self.writer, keys, ids, loss_mask, offsets)
+        append_by_domain(self.writer, keys, ids, loss_mask, offsets, mask.labels)
         acct.tokens += len(ids)
         trained = int(loss_mask.sum())
         acct.trained_tokens += trained
@@ -136,19 +136,23 @@ def count_trained_by_role(acct: Accounting, span_roles: list[str], trained_by_sp
 
 
 def append_by_domain(writer: DatasetWriter, domains: list[tuple[str | None, str]], ids: np.ndarray,
-                     loss_mask: np.ndarray, offsets: np.ndarray) -> None:
+                     loss_mask: np.ndarray, offsets: np.ndarray, labels: np.ndarray | None = None) -> None:
     """Hand each domain its samples, in input order: one stable sort of the samples by domain and one
-    gather of their tokens, whatever the number of domains. domains: each sample's (split or None, domain)."""
+    gather of their tokens, whatever the number of domains. domains: each sample's (split or None, domain);
+    labels: each sample's (input.type kto), else None."""
     names = list(dict.fromkeys(domains))  # in order of first appearance
     if len(names) == 1:
-        writer.append(names[0][1], ids, loss_mask, offsets, split=names[0][0])
+        writer.append(names[0][1], ids, loss_mask, offsets, split=names[0][0], labels=labels)
         return
     code = {name: k for k, name in enumerate(names)}
     codes = np.fromiter((code[d] for d in domains), np.int64, len(domains))
-    gather, sorted_offsets = reorder(np, offsets, np.argsort(codes, kind="stable"))
+    order = np.argsort(codes, kind="stable")
+    gather, sorted_offsets = reorder(np, offsets, order)
     ids, loss_mask = ids[gather], loss_mask[gather]
+    labels = None if labels is None else labels[order]
     bounds = offsets_from_lengths(np, np.bincount(codes, minlength=len(names)))
     for k, name in enumerate(names):
         first, last = sorted_offsets[bounds[k]], sorted_offsets[bounds[k + 1]]
         writer.append(name[1], ids[first:last], loss_mask[first:last],
-                      sorted_offsets[bounds[k]:bounds[k + 1] + 1] - first, split=name[0])
+                      sorted_offsets[bounds[k]:bounds[k + 1] + 1] - first, split=name[0],
+                      labels=None if labels is None else labels[bounds[k]:bounds[k + 1]])

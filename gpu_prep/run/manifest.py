@@ -52,7 +52,7 @@ def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], 
         "totals": {**acct.totals(), **({"splits": split_totals(config.output.splits, acct, domains)}
                                        if config.output.splits else {}),
                    **({"preference": {k: acct.pairs.get(k, 0) for k in PAIR_COUNTS}}
-                      if config.input.type == "preference" else {})},
+                      if config.input.type in ("preference", "kto") else {})},
         **({"datasets": dataset_totals(config, run.datasets, acct)} if run.datasets is not None else {}),
         "dropped_examples": acct.examples,
         **({"packing": pack.summary([{"num_samples": m["num_samples"], **m["packing"]} for m in domains.values()],

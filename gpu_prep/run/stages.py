@@ -130,6 +130,7 @@ class MaskResult:
     samples_per_row: int = 1  # preference pairs: 2 (prompt + chosen, prompt + rejected)
     drops: list[tuple[int, str, str]] = field(default_factory=list)  # rows dropped by the pair cut (pairs.py)
     pair_counts: Counter | None = None  # pairs.PAIR_COUNTS of the chunk (preference pairs only)
+    labels: np.ndarray | None = None  # input.type kto: each kept row's label (1 desirable)
 
 
 @dataclass
@@ -444,7 +445,7 @@ def mask_rows(run: RunContext, rendered: list[RenderedRow], tokens: Encoded) -> 
     keep_tail = np.zeros(num_rows, dtype=np.int64)
     keep_tail[closing] = tokens_per_piece[piece_offsets[1:][closing] - 1]
     lengths = np.diff(token_offsets)
-    pairs = run.config.input.type == "preference"  # cut by pairs.cut_pairs, below, not here
+    pairs = run.config.input.type in ("preference", "kto")  # cut by pairs.cut_pairs, below, not here
     over = lengths > rules.max_seq_len if rules.truncation in ("drop", "raise") and not pairs \
         else np.zeros(num_rows, dtype=bool)
     # split: the writer cuts rows into windows, so none is truncated here
@@ -463,8 +464,10 @@ def mask_rows(run: RunContext, rendered: list[RenderedRow], tokens: Encoded) -> 
         starts_before = xp.zeros(len(spans), dtype=bool)
         starts_before[inside] = places.starts[first[inside]] < span_start[inside]
         merged = backend.to_host(segment_sums(xp, starts_before.astype(xp.int64), span_offsets_d) > 0)
-        samples, drops, counts, by_span = cut_pairs(host, tokens_per_piece, rules, num_rows, merged)
-        return MaskResult(samples, backend.to_host(valid), over, by_span, 2, drops, counts)
+        sides = 2 if run.config.input.type == "preference" else 1
+        samples, drops, counts, by_span = cut_pairs(host, tokens_per_piece, rules, num_rows, merged, sides)
+        labels = None if sides == 2 else np.array([rendered[r].label for r in samples.kept_rows.tolist()], np.int8)
+        return MaskResult(samples, backend.to_host(valid), over, by_span, sides, drops, counts, labels)
     by_role = kept_span_tokens(xp, first, stop, span_offsets_d, offsets_d, limit, side, kept)
     return MaskResult(masked, backend.to_host(valid), over, backend.to_host(by_role))
 
