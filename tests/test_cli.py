@@ -48,7 +48,7 @@ BAD_CONFIGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "unknown_key": ("c.json", '{"preprocessing": {"max_seq_lenn": 512}}',
                     ("preprocessing.max_seq_lenn", "unknown key")),
     "input_type": ("c.json", '{"input": {"type": "foo"}}',
-                   ("input.type", "'foo'", "allowed: alpaca, auto, chat, instruction, pretokenized, prompt_response, segments, sharegpt, text")),
+                   ("input.type", "'foo'", "allowed: alpaca, auto, chat, instruction, kto, preference, pretokenized, prompt_response, segments, sharegpt, text")),
     "storage_format": ("c.json", '{"output": {"storage_format": "csv"}}',
                        ("output.storage_format", "'csv'", "'bin'", "'h5'")),
     "max_seq_len": ("c.json", '{"preprocessing": {"max_seq_len": 0}}',

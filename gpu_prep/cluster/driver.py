@@ -58,6 +58,17 @@ def connect(spec: str, gpu: bool, config: PipelineConfig) -> Iterator[Any]:
         yield client
 
 
+def _value(value: Any) -> Any:
+    return value
+
+
+def held_value(client: Any, value: Any) -> Any:
+    """A future of value that survives the workers holding it: a task that returns it, which the scheduler
+    recomputes on a worker that is alive when one dies (scattered data, even broadcast, is lost with the
+    last worker the scheduler counts as holding it, and every task that needs it is cancelled)."""
+    return client.submit(_value, value, pure=False)
+
+
 def run_on_cluster(run: RunContext, dedup: Deduplicator | None, decisions: Decisions, rows_done: int,
                    options: Options, clock: Stopwatch, info: dict[str, Any]) -> Iterator[Done]:
     """The run's chunks, processed on the cluster (options.cluster) and yielded in input order for the
@@ -91,7 +102,7 @@ def _drive(run: RunContext, dedup: Deduplicator | None, decisions: Decisions, ro
         job = Job(uuid.uuid4().hex, config, options.tokenizer_for(config), device, options.plugins, run.files,
                   [[f.index for f in d.files] for d in run.datasets] if run.datasets is not None else None,
                   parts, streams, options.chunk_rows, threads)
-        job_f = client.scatter(job, broadcast=True)
+        job_f = held_value(client, job)
         buckets = max(1, min(workers, 64)) if config.preprocessing.deduplicate else 0
         scans = client.map(scan, [job_f] * len(parts), range(len(parts)), [buckets] * len(parts), pure=False)
         counts = clock.time("cluster scan", client.gather, client.map(scan_counts, scans))
@@ -105,7 +116,7 @@ def _drive(run: RunContext, dedup: Deduplicator | None, decisions: Decisions, ro
         # has it recomputed from these, where a released key would be "already forgotten".
         held = [scans]
         if buckets:
-            positions_f = client.scatter(positions, broadcast=True)
+            positions_f = held_value(client, positions)
             for b in range(buckets):
                 pieces = [client.submit(bucket_of, s, b, pure=False) for s in scans]
                 held.append(pieces)
@@ -114,7 +125,7 @@ def _drive(run: RunContext, dedup: Deduplicator | None, decisions: Decisions, ro
         here = dataclasses.replace(run, threads=threads)
         chunks = read_chunks([], options.chunk_rows, rows=range_rows(here, job, Plan(rows, first_line, {}), rest))
         decide(here, chunks, Deduplicator(dedup.seen.array()) if dedup is not None else None, decisions)
-        plan_f = client.scatter(Plan(rows, first_line, decisions.state()), broadcast=True)
+        plan_f = held_value(client, Plan(rows, first_line, decisions.state()))
         info["ranges"], info["parts"] = len(ranges), len(parts)
         window: deque = deque()
         pending = iter(enumerate(ranges))
