@@ -280,3 +280,11 @@ def test_unpaired_rows_equal_transformers_and_keep_their_labels(tmp_path: Path, 
     wrong = run_rows(tmp_path, _config(tokenizer_dir), unpaired[:3], name="wrong", rejects=tmp_path / "r.jsonl")
     assert json.loads((wrong / "manifest.json").read_text())["totals"]["rows_dropped"] == {"missing_field": 3}
     assert "input.type kto" in (tmp_path / "r.jsonl").read_text()
+
+
+def test_inspect_and_stats_read_pairs(tmp_path: Path, tokenizer_dir: Path, pairs: list[dict[str, Any]]) -> None:
+    out = run_rows(tmp_path, _config(tokenizer_dir, output={"storage_format": "bin"}), pairs[:10])
+    shown = gpu_prep_cli("inspect", out, "-n", 2, "--plain")
+    assert shown.returncode == 0 and shown.stdout.count("⟦") >= 2  # each sample's completion marked trained
+    stats = gpu_prep_cli("stats", out)
+    assert stats.returncode == 0 and "chosen" in stats.stdout and "rejected" in stats.stdout
