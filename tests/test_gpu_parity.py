@@ -96,3 +96,20 @@ def test_dask_cuda_cluster_matches_the_cpu(tmp_path: Path) -> None:
     gpu = run(config, [str(data)], tmp_path / "gpu", Options(device="gpu", cluster="local", part_bytes=1 << 20))
     assert gpu["device"] == "gpu" and gpu["cluster"]["parts"] > 1
     _assert_same(cpu, gpu)
+
+
+@pytest.mark.parametrize("kind", ["preference", "kto"])
+def test_preference_rows_split_and_shuffled_match(kind: str, tmp_path: Path) -> None:
+    # Pairs and unpaired rows (the merge probe on the device), split and shuffled: the same bytes on both.
+    rows = []
+    for k, chat in enumerate(sharegpt_chats(300)):
+        messages = chat["messages"]
+        if len(messages) > 1 and messages[-1]["role"] == "assistant":
+            answer = messages[-1]["content"]
+            rows.append({"prompt": messages[:-1], "chosen": messages[-1:], "label": bool(k % 2),
+                         "completion": messages[-1:], "rejected": [{"role": "assistant", "content": answer[::-1]}]})
+    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    config = parse_config({"input": {"type": kind}, "preprocessing": {"max_seq_len": 1024, "max_prompt_length": 512},
+                           "output": {"splits": {"train": 0.9, "validation": 0.1}, "shuffle": True,
+                                      "max_tokens_per_shard": 100_000}})
+    _assert_same(*_both(config, [str(data)], tmp_path, chunk_rows=53))
