@@ -73,11 +73,12 @@ class Backend:
     def to_host(self, array: Any) -> np.ndarray:
         return np.asarray(array)
 
-    def text_stats(self, texts: list[str], keys: list[str], chars: int | None) -> tuple[np.ndarray, list[bytes]]:
-        """Each text's length in characters (code points), and (when chars is given) the MD5 digest of each
-        key's first `chars` characters, as hashlib computes it."""
+    def text_stats(self, texts: list[str], keys: list[str], chars: int | None,
+                   digests: bool = True) -> tuple[np.ndarray, list[bytes]]:
+        """Each text's length in characters (code points), and (with digests) the MD5 digest of each key's
+        first `chars` characters (None: of the whole key), as hashlib computes it."""
         lengths = np.fromiter((len(t) for t in texts), np.int64, len(texts))
-        if chars is None:
+        if not digests:
             return lengths, []
         return lengths, [hashlib.md5(k[:chars].encode("utf-8")).digest() for k in keys]
 
@@ -96,7 +97,8 @@ class GpuBackend(Backend):
     def to_host(self, array: Any) -> np.ndarray:
         return self.xp.asnumpy(array)
 
-    def text_stats(self, texts: list[str], keys: list[str], chars: int | None) -> tuple[np.ndarray, list[bytes]]:
+    def text_stats(self, texts: list[str], keys: list[str], chars: int | None,
+                   digests: bool = True) -> tuple[np.ndarray, list[bytes]]:
         import cudf
 
         if not texts:
@@ -105,11 +107,11 @@ class GpuBackend(Backend):
         # returns lowercase hex. No text is null here, so no null-hashes-like-"" surprise.
         column = cudf.Series(texts, dtype="str")
         lengths = column.str.len().to_numpy().astype(np.int64)
-        if chars is None:
+        if not digests:
             return lengths, []
         if any(k is not t for k, t in zip(keys, texts)):  # else each key is its text: one upload serves both
             column = cudf.Series(keys, dtype="str")
-        hex_digests = column.str.slice(0, chars).hash_values(method="md5")
+        hex_digests = (column if chars is None else column.str.slice(0, chars)).hash_values(method="md5")
         return lengths, [bytes.fromhex(h) for h in hex_digests.to_arrow().to_pylist()]
 
     def json_range_reader(self) -> ReadRange | None:

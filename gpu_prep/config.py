@@ -202,6 +202,8 @@ class PreprocessingConfig(_Frozen):
     min_chars: int = Field(50, ge=0)
     max_chars: int = Field(2_000_000, ge=1)
     deduplicate: bool = True
+    # gpu-prep's own: how many of a row's first characters dedup hashes (the seed's 200); null: the whole text.
+    dedup_prefix_chars: int | None = Field(200, ge=1)
     max_items: int | None = Field(None, ge=1)
     # gpu-prep's own: how samples are put together into sequences of at most max_seq_len tokens, within a
     # shard. none: one sample per sequence. wrapped: the samples concatenated in order and cut every

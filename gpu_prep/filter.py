@@ -9,8 +9,8 @@ duplicate).
 - min_chars: rows shorter than this are dropped; pretraining text only (as the v1 schema says), since
   short chat turns are normal.
 - max_chars: rows longer than this are dropped, whatever the input type.
-- deduplicate: a row whose first 200 characters (code points) have the MD5 of an earlier row's first 200
-  characters is dropped. The first occurrence in input order among rows that pass the length rules wins,
+- deduplicate: a row whose first 200 characters (code points; preprocessing.dedup_prefix_chars, null: the
+  whole text) have the MD5 of an earlier row's first 200 characters is dropped. The first occurrence in input order among rows that pass the length rules wins,
   even when a later stage drops it (nothing left to train, a template that refuses it).
 """
 
@@ -23,7 +23,6 @@ import numpy as np
 from gpu_prep.backend import Backend
 from gpu_prep.errors import Drop
 
-DEDUP_PREFIX_CHARS = 200
 
 
 DIGEST = np.dtype("V16")  # one MD5 digest, held as 16 bytes in an array: no Python object per row
@@ -104,7 +103,7 @@ def filter_rows(backend: Backend, texts: list[str], keys: list[str], is_pretrain
 
     texts: what the length rules measure; keys: what dedup hashes a prefix of."""
     rules = config.preprocessing
-    chars, digests = backend.text_stats(texts, keys, DEDUP_PREFIX_CHARS if dedup is not None else None)
+    chars, digests = backend.text_stats(texts, keys, rules.dedup_prefix_chars, digests=dedup is not None)
     reasons: list[str | None] = [None] * len(texts)
     too_short = is_pretraining & (chars < rules.min_chars)
     too_long = chars > rules.max_chars

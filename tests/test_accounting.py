@@ -143,6 +143,22 @@ def test_dedup_off_keeps_duplicates(tmp_path: Path) -> None:
     assert manifest["totals"]["rows_written"] == 2
 
 
+def test_dedup_can_hash_the_whole_text(tmp_path: Path) -> None:
+    # Two documents that agree on their first 200 characters: duplicates by the seed's prefix rule, distinct
+    # with dedup_prefix_chars null; an equal document is a duplicate either way.
+    head = "x" * 200
+    rows = [_text(head + " one ending"), _text(head + " another ending"), _text(head + " one ending")]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    written = {}
+    for chars in (200, None):
+        config = {**TEXT_CONFIG, "preprocessing": {**TEXT_CONFIG["preprocessing"], "dedup_prefix_chars": chars}}
+        manifest = _run(config, [data], tmp_path / f"out-{chars}")
+        written[chars] = manifest["totals"]["rows_written"]
+        detail = manifest["dropped_examples"]["duplicate"][0]["detail"]
+        assert ("first 200 characters" in detail) == (chars == 200)
+    assert written == {200: 1, None: 2}
+
+
 def test_dedup_digest_is_md5_of_the_first_200_code_points() -> None:
     # The digest the CPU backend computes is the contract a GPU backend must match.
     texts = ["é" * 250, "short", ""]

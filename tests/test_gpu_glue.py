@@ -94,4 +94,6 @@ def test_gpu_text_stats_are_the_cpu_lengths_and_digests(monkeypatch: pytest.Monk
     gpu, cpu = GpuBackend("gpu", np).text_stats(texts, keys, 200), CPU.text_stats(texts, keys, 200)
     assert gpu[0].tolist() == cpu[0].tolist() == [250, 5, 0, 300]
     assert gpu[1] == cpu[1] and len(set(cpu[1])) == 4
-    assert GpuBackend("gpu", np).text_stats(texts, keys, None)[1] == []
+    assert GpuBackend("gpu", np).text_stats(texts, keys, 200, digests=False)[1] == []
+    whole = GpuBackend("gpu", np).text_stats(texts, keys, None)[1]  # dedup_prefix_chars null: the whole key
+    assert whole == CPU.text_stats(texts, keys, None)[1] == [hashlib.md5(k.encode("utf-8")).digest() for k in keys]

@@ -26,7 +26,7 @@ from gpu_prep.config import TEMPLATE_ROLES, PipelineConfig
 from gpu_prep.engines import HfEngine
 from gpu_prep.errors import Drop, EngineMismatch
 from gpu_prep.failpoint import failpoint
-from gpu_prep.filter import DEDUP_PREFIX_CHARS, Deduplicator, filter_rows
+from gpu_prep.filter import Deduplicator, filter_rows
 from gpu_prep.format import (Conversation, RowError, Segments, Tokens, auto_schema, dedup_text, domain_of,
                              source_text, split_text)
 from gpu_prep.mask import (Masked, contiguous_places, kept_span_tokens, mask_from_ranges, offset_places, row_of,
@@ -200,7 +200,8 @@ def filter_reasons(run: RunContext, rows: Rows, dedup: Deduplicator | None) -> l
     rules = run.config.preprocessing
     details = {Drop.TOO_SHORT: f"shorter than min_chars {rules.min_chars}",
                Drop.TOO_LONG: f"longer than max_chars {rules.max_chars}",
-               Drop.DUPLICATE: f"its first {DEDUP_PREFIX_CHARS} characters have the MD5 of an earlier row's"}
+               Drop.DUPLICATE: "its text has the MD5 of an earlier row's" if rules.dedup_prefix_chars is None
+               else f"its first {rules.dedup_prefix_chars} characters have the MD5 of an earlier row's"}
     return [None if r is None else (r, f"{len(t)} characters; {details[r]}") for r, t in zip(reasons, texts)]
 
 
