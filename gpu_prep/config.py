@@ -204,6 +204,9 @@ class PreprocessingConfig(_Frozen):
     deduplicate: bool = True
     # gpu-prep's own: how many of a row's first characters dedup hashes (the seed's 200); null: the whole text.
     dedup_prefix_chars: int | None = Field(200, ge=1)
+    # gpu-prep's own: the memory the dedup seen-set may hold (16 bytes a row kept); past it, its digests go
+    # to sorted files in the output directory, memory-mapped, and are removed when the run ends. null: no cap.
+    dedup_memory_mb: float | None = Field(1024, gt=0)
     max_items: int | None = Field(None, ge=1)
     # gpu-prep's own: how samples are put together into sequences of at most max_seq_len tokens, within a
     # shard. none: one sample per sequence. wrapped: the samples concatenated in order and cut every

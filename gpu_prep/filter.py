@@ -16,6 +16,8 @@ duplicate).
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,19 +25,24 @@ import numpy as np
 from gpu_prep.backend import Backend
 from gpu_prep.errors import Drop
 
-
-
 DIGEST = np.dtype("V16")  # one MD5 digest, held as 16 bytes in an array: no Python object per row
 
 
 class DigestSet:
     """Fixed-size digests in sorted numpy runs (16 bytes a row). New digests form a run of their own and runs
     of like size are merged, so n digests cost O(n log n) to add in all and a lookup is a binary search per
-    run (at most log2(n) runs)."""
+    run (at most log2(n) runs). With a budget, the runs in memory are merged into one sorted file (memory-
+    mapped: lookups read the pages they touch) whenever they pass it, so memory stays about the budget
+    whatever the number of rows (preprocessing.dedup_memory_mb); spill_dir holds those files."""
 
-    def __init__(self, digests: Any = ()) -> None:
-        batch = np.unique(self._array(digests))  # sorted
-        self.runs: list[np.ndarray] = [batch] if len(batch) else []
+    def __init__(self, digests: Any = (), budget_bytes: int | None = None, spill_dir: Path | None = None) -> None:
+        self.budget, self.spill_dir = budget_bytes, spill_dir
+        self.runs: list[np.ndarray] = []
+        self.spilled: list[np.ndarray] = []  # sorted runs on disk (np.memmap)
+        batch = self._array(digests)
+        step = max(1, budget_bytes // DIGEST.itemsize) if budget_bytes else max(1, len(batch))
+        for lo in range(0, len(batch), step):  # a slice at a time: a resumed run's whole log is never sorted in memory
+            self._add(np.unique(np.asarray(batch[lo:lo + step])))
 
     @staticmethod
     def _array(digests: Any) -> np.ndarray:
@@ -44,27 +51,49 @@ class DigestSet:
         return np.frombuffer(b"".join(digests), dtype=DIGEST)
 
     def __len__(self) -> int:
-        return sum(len(run) for run in self.runs)
+        return sum(len(run) for run in (*self.runs, *self.spilled))
 
     def __iter__(self):  # noqa: ANN204  bytes, in no particular order
-        return (item.tobytes() for run in self.runs for item in run)
+        return (item.tobytes() for run in (*self.runs, *self.spilled) for item in run)
 
     def array(self) -> np.ndarray:
-        """Every digest, as one array (what another DigestSet is made from)."""
-        return np.concatenate(self.runs) if self.runs else np.zeros(0, DIGEST)
+        """Every digest, as one array in memory (what another DigestSet is made from)."""
+        runs = [*self.runs, *(np.asarray(run) for run in self.spilled)]
+        return np.concatenate(runs) if runs else np.zeros(0, DIGEST)
 
     def contains(self, batch: np.ndarray) -> np.ndarray:
         found = np.zeros(len(batch), dtype=bool)
-        for run in self.runs:
+        for run in (*self.runs, *self.spilled):
             at = np.minimum(np.searchsorted(run, batch), len(run) - 1)
             found |= run[at] == batch
         return found
 
     def _add(self, new: np.ndarray) -> None:
+        if not len(new):
+            return
         self.runs.append(np.sort(new))
         while len(self.runs) > 1 and len(self.runs[-2]) <= 2 * len(self.runs[-1]):
             last = self.runs.pop()
             self.runs[-1] = np.sort(np.concatenate([self.runs[-1], last]))
+        if self.budget is not None and sum(run.nbytes for run in self.runs) > self.budget:
+            self._spill()
+
+    def _spill(self) -> None:
+        """The runs in memory, merged, to a file of their own, memory-mapped."""
+        from gpu_prep.output.files import claim, temporary_name, writing
+
+        merged = np.sort(np.concatenate(self.runs)) if len(self.runs) > 1 else self.runs[0]
+        directory = self.spill_dir if self.spill_dir is not None else Path(tempfile.mkdtemp(prefix="gpu-prep-seen-"))
+        path = directory / temporary_name(f"gpu-prep-seen-{len(self.spilled):05d}")
+        claim(path)
+        with writing(path), open(path, "wb") as handle:
+            handle.write(merged.tobytes())
+        self.spilled.append(np.memmap(path, dtype=DIGEST, mode="r"))
+        self.runs = []
+
+    def files(self) -> list[Path]:
+        """The files the set spilled to (removed once the run is done)."""
+        return [Path(run.filename) for run in self.spilled]
 
     def first_seen(self, digests: Any) -> np.ndarray:
         """For each digest, in order: True where neither the set nor an earlier one of these holds it (and
@@ -83,8 +112,9 @@ class Deduplicator:
     """Remembers the digests of rows already kept, across chunks and input files. `added` collects the
     digests remembered since the caller last took them (a checkpoint logs them, --resume reloads them)."""
 
-    def __init__(self, seen: Any = ()) -> None:
-        self.seen = seen if isinstance(seen, DigestSet) else DigestSet(seen)
+    def __init__(self, seen: Any = (), budget_bytes: int | None = None, spill_dir: Path | None = None) -> None:
+        """budget_bytes, spill_dir: the seen-set's memory budget and where it spills past it (DigestSet)."""
+        self.seen = seen if isinstance(seen, DigestSet) else DigestSet(seen, budget_bytes, spill_dir)
         self.added: list[bytes] = []
 
     def first_seen(self, digests: list[bytes]) -> np.ndarray:

@@ -121,7 +121,9 @@ def _process(run: RunContext, out_dir: Path, options: Options, checkpoints: Chec
                                   **({"preference": PAIR_META[config.input.type]}
                                      if config.input.type in PAIR_META else {})})
     writer.restore(resumed.get("writer", []))
-    dedup = Deduplicator(checkpoints.seen()) if config.preprocessing.deduplicate else None
+    memory = config.preprocessing.dedup_memory_mb
+    dedup = Deduplicator(checkpoints.seen(), None if memory is None else int(memory * (1 << 20)), out_dir) \
+        if config.preprocessing.deduplicate else None
     commit = Committer(run, acct, writer, checkpoints, decisions, options.progress)
     outcome = Outcome(acct, {})
     try:
@@ -139,7 +141,7 @@ def _process(run: RunContext, out_dir: Path, options: Options, checkpoints: Chec
     acct.close()
     outcome.engine_check = decisions.engine_check
     outcome.domains = clock.time("write", writer.finish)
-    outcome.leftovers = writer.leftovers()
+    outcome.leftovers = writer.leftovers() + (dedup.seen.files() if dedup is not None else [])
     template = run.render.template
     clock.time("write", run.tok.copy_to, out_dir, template.source if template is not None else None)
     return outcome

@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from gpu_prep.backend import CPU
@@ -239,3 +240,32 @@ def test_a_chunk_of_empty_texts_is_counted_not_crashed(tmp_path: Path) -> None:
     manifest = _run(config, [_write(tmp_path, "empty.jsonl", rows)], tmp_path / "out")
     (entry,) = manifest["inputs"]
     assert {k: entry[k] for k in ("rows_read", "rows_written", "rows_dropped")} == _expected(rows)
+
+
+def test_the_dedup_seen_set_spills_past_its_budget_and_decides_the_same(tmp_path: Path) -> None:
+    from gpu_prep.filter import DIGEST, DigestSet
+
+    rng = np.random.default_rng(3)
+    pool = rng.integers(0, 256, size=(3000, 16), dtype=np.uint8).view(DIGEST).reshape(-1)
+    free, capped = DigestSet(), DigestSet(budget_bytes=100 * 16, spill_dir=tmp_path)
+    for _ in range(40):
+        batch = pool[rng.integers(0, len(pool), 150)]  # repeats within and across batches
+        assert np.array_equal(free.first_seen(batch), capped.first_seen(batch))
+        assert sum(run.nbytes for run in capped.runs) <= 100 * 16
+    assert len(capped.spilled) > 3 and all(p.exists() for p in capped.files())
+    assert len(capped) == len(free) == len(np.unique(free.array()))
+    (tmp_path / "again").mkdir()  # --resume's rebuild from the dedup log, a slice at a time
+    resumed = DigestSet(free.array(), budget_bytes=100 * 16, spill_dir=tmp_path / "again")
+    assert resumed.contains(pool).tolist() == free.contains(pool).tolist() and resumed.spilled
+
+
+def test_a_run_whose_seen_set_spills_writes_what_one_in_memory_does(tmp_path: Path) -> None:
+    rows = [_text(f"document {i % 300}: " + "word " * (20 + i % 300 % 7)) for i in range(900)]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    outs = {}
+    for memory in (None, 0.0002):  # 0.0002 MB: about 13 digests in memory
+        config = {**TEXT_CONFIG, "preprocessing": {**TEXT_CONFIG["preprocessing"], "dedup_memory_mb": memory}}
+        manifest = _run(config, [data], tmp_path / f"out-{memory}")
+        outs[memory] = (manifest["totals"], (tmp_path / f"out-{memory}" / "__default__" / "sequence.bin").read_bytes())
+    assert outs[None] == outs[0.0002] and outs[None][0]["rows_dropped"]["duplicate"] == 600
+    assert not list((tmp_path / "out-0.0002").glob(".gpu-prep-seen*"))  # the spill files go with the run

@@ -52,6 +52,7 @@ CASES = [
     ("tokenize", 6, "bin-shuffled", 0),  # output.shuffle: killed while samples go to the buckets
     ("shard_append", 3, "bin-shuffled", 0),  # killed while the buckets go to the shards, in key order
     ("shard_close", 2, "parquet-shuffled", 0),
+    ("tokenize", 7, "bin-spill", 0),  # the dedup seen-set spilled to files, rebuilt from the log on resume
 ]
 # The storage of each case: the output and preprocessing settings over CONFIG's.
 STORAGES = {"bin": {}, "h5": {"output": {"storage_format": "h5"}}, "megatron": {"output": {"storage_format": "megatron"}},
@@ -60,6 +61,7 @@ STORAGES = {"bin": {}, "h5": {"output": {"storage_format": "h5"}}, "megatron": {
             "parquet-wrapped": {"output": {"storage_format": "parquet"}, "preprocessing": {"packing": "wrapped"}},
             "bin-splits": {"output": {"splits": {"train": 0.7, "validation": 0.3}, "split_seed": 3}},
             "bin-shuffled": {"output": {"shuffle": True, "shuffle_seed": 9}},
+            "bin-spill": {"preprocessing": {"dedup_memory_mb": 0.0003}},
             "parquet-shuffled": {"output": {"storage_format": "parquet", "shuffle": True, "splits": {"a": 0.5, "b": 0.5}},
                                  "preprocessing": {"packing": "bfd"}}}
 

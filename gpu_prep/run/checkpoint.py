@@ -115,8 +115,10 @@ class Checkpointer:
     def seen(self) -> np.ndarray:
         """The digests in force at the checkpoint, as 16-byte items (filter.DigestSet takes them)."""
         self.log.flush()
-        data = (self.out_dir / DEDUP_LOG).read_bytes()[:self.digests * DIGEST_BYTES]
-        return np.frombuffer(data, dtype=f"V{DIGEST_BYTES}")
+        if not self.digests:
+            return np.zeros(0, dtype=f"V{DIGEST_BYTES}")
+        # Mapped, not read: the set is built from it a slice at a time (a long run's log can pass the budget).
+        return np.memmap(self.out_dir / DEDUP_LOG, dtype=f"V{DIGEST_BYTES}", mode="r", shape=(self.digests,))
 
     def chunk_done(self, rows: int, digests: list[bytes], state: Any) -> bool:
         """A chunk is accounted for and written; state() gives the rest of the checkpoint when one is due.
