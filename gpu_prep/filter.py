@@ -61,6 +61,13 @@ class DigestSet:
         runs = [*self.runs, *(np.asarray(run) for run in self.spilled)]
         return np.concatenate(runs) if runs else np.zeros(0, DIGEST)
 
+    def copy(self) -> DigestSet:
+        """Another set of these digests that can grow on its own (a few chunks' worth: it keeps what it adds in
+        memory): the runs in memory copied (within the budget), the spilled files shared (never written again)."""
+        other = DigestSet()
+        other.runs, other.spilled = [run.copy() for run in self.runs], list(self.spilled)
+        return other
+
     def contains(self, batch: np.ndarray) -> np.ndarray:
         found = np.zeros(len(batch), dtype=bool)
         for run in (*self.runs, *self.spilled):

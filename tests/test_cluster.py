@@ -291,3 +291,15 @@ def test_connect_refuses_what_is_neither_local_nor_an_address(spec: str) -> None
 
     with pytest.raises(ConfigError, match="give local, local:N"), connect(spec, False, parse_config(BASE)):
         pass
+
+
+def test_the_dedup_shuffle_takes_more_buckets_for_a_smaller_budget(tmp_path: Path, corpus: dict[str, Path]) -> None:
+    # Each bucket of the cluster's dedup shuffle holds its share of the digests: a budget the input's digests
+    # would pass in one bucket spreads them over more, and the output is the same.
+    from gpu_prep.cluster.driver import dedup_buckets
+
+    assert dedup_buckets(10 << 20, 2, 1024) == 2 and dedup_buckets(10 << 20, 2, 0.5) == 20
+    assert dedup_buckets(1 << 50, 2, 1) == 4096 and dedup_buckets(1 << 50, 2, None) == 2
+    tight = {**BASE, "preprocessing": {**BASE.get("preprocessing", {}), "dedup_memory_mb": 0.001}}
+    single, clustered = _both(tmp_path, tight, [str(corpus["one"])], "local:2")
+    assert clustered["totals"] == single["totals"] and clustered["totals"]["rows_dropped"]["duplicate"] >= 10

@@ -4,6 +4,7 @@ chunks back in input order (the pipeline commits them)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import uuid
 from collections import deque
@@ -58,6 +59,21 @@ def connect(spec: str, gpu: bool, config: PipelineConfig) -> Iterator[Any]:
         yield client
 
 
+# A row of JSON Lines is taken to be at least this many bytes, and a bucket's shuffle to need this many times
+# its digests' bytes (positions and the sort besides), to keep each bucket within dedup_memory_mb.
+ROW_BYTES_AT_LEAST, SHUFFLE_OVERHEAD = 64, 4
+
+
+def dedup_buckets(input_bytes: int, workers: int, memory_mb: float | None) -> int:
+    """How many buckets the dedup shuffle hashes digests into: one per worker (64 at most), or more where the
+    input's digests would pass preprocessing.dedup_memory_mb in one bucket (4096 at most)."""
+    buckets = max(1, min(workers, 64))
+    if memory_mb is not None:
+        need = input_bytes / ROW_BYTES_AT_LEAST * 16 * SHUFFLE_OVERHEAD / (memory_mb * (1 << 20))
+        buckets = max(buckets, min(4096, math.ceil(need)))
+    return buckets
+
+
 def _value(value: Any) -> Any:
     return value
 
@@ -103,7 +119,8 @@ def _drive(run: RunContext, dedup: Deduplicator | None, decisions: Decisions, ro
                   [[f.index for f in d.files] for d in run.datasets] if run.datasets is not None else None,
                   parts, streams, options.chunk_rows, threads)
         job_f = held_value(client, job)
-        buckets = max(1, min(workers, 64)) if config.preprocessing.deduplicate else 0
+        buckets = dedup_buckets(sum(f.size_bytes for f in run.files), workers, config.preprocessing.dedup_memory_mb) \
+            if config.preprocessing.deduplicate else 0
         scans = client.map(scan, [job_f] * len(parts), range(len(parts)), [buckets] * len(parts), pure=False)
         counts = clock.time("cluster scan", client.gather, client.map(scan_counts, scans))
         rows = [n for n, _, _ in counts]
@@ -124,7 +141,7 @@ def _drive(run: RunContext, dedup: Deduplicator | None, decisions: Decisions, ro
         # The first rows' decisions, on the rows and chunks a single process makes them on.
         here = dataclasses.replace(run, threads=threads)
         chunks = read_chunks([], options.chunk_rows, rows=range_rows(here, job, Plan(rows, first_line, {}), rest))
-        decide(here, chunks, Deduplicator(dedup.seen.array()) if dedup is not None else None, decisions)
+        decide(here, chunks, Deduplicator(dedup.seen.copy()) if dedup is not None else None, decisions)
         plan_f = held_value(client, Plan(rows, first_line, decisions.state()))
         info["ranges"], info["parts"] = len(ranges), len(parts)
         window: deque = deque()
