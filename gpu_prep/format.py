@@ -74,10 +74,26 @@ class Tokens:
     domain: str | None = None  # the domain a plugin's builder named for the row (None: output.domain_key's)
 
 
+class _Preference:
+    """What preference rows share: a prompt and completions, each a list of messages (conversational) or a
+    string (standard)."""
+
+    prompt: list[dict[str, Any]] | str
+    completions: list[list[dict[str, Any]] | str]
+
+    @property
+    def conversational(self) -> bool:
+        return isinstance(self.completions[0], list)
+
+    def texts(self) -> list[str]:
+        """The prompt's own text, then each completion's."""
+        return [_part_text(self.prompt), *map(_part_text, self.completions)]
+
+
 @dataclass(frozen=True)
-class Pair:
+class Pair(_Preference):
     """A preference row (input.type preference, TRL's formats): a prompt and a chosen and a rejected
-    completion, each a list of messages (conversational) or a string (standard)."""
+    completion."""
 
     prompt: list[dict[str, Any]] | str
     chosen: list[dict[str, Any]] | str
@@ -85,20 +101,12 @@ class Pair:
     tools: list[Any] | None = None
 
     @property
-    def conversational(self) -> bool:
-        return isinstance(self.chosen, list)
-
-    @property
     def completions(self) -> list[list[dict[str, Any]] | str]:
         return [self.chosen, self.rejected]
 
-    def texts(self) -> list[str]:
-        """The prompt's, the chosen and the rejected completion's own text."""
-        return [_part_text(self.prompt), _part_text(self.chosen), _part_text(self.rejected)]
-
 
 @dataclass(frozen=True)
-class Unpaired:
+class Unpaired(_Preference):
     """An unpaired preference row (input.type kto, TRL's format): a prompt, one completion and its label."""
 
     prompt: list[dict[str, Any]] | str
@@ -107,15 +115,8 @@ class Unpaired:
     tools: list[Any] | None = None
 
     @property
-    def conversational(self) -> bool:
-        return isinstance(self.completion, list)
-
-    @property
     def completions(self) -> list[list[dict[str, Any]] | str]:
         return [self.completion]
-
-    def texts(self) -> list[str]:
-        return [_part_text(self.prompt), _part_text(self.completion)]
 
 
 def _part_text(part: list[dict[str, Any]] | str) -> str:
@@ -571,7 +572,7 @@ def source_text(shape: Shape) -> str:
         return shape.source if shape.source is not None else "".join(text for text, _ in shape.pieces)
     if isinstance(shape, Tokens):  # its ids, written out: what length rules and dedup see of it
         return " ".join(map(str, shape.ids))
-    if isinstance(shape, (Pair, Unpaired)):
+    if isinstance(shape, _Preference):
         return "\n".join(shape.texts())
     return "\n".join(m["content"] for m in shape.messages)
 
@@ -579,7 +580,7 @@ def source_text(shape: Shape) -> str:
 def split_text(shape: Shape) -> str:
     """What output.splits hashes: the row's own text, and for a preference pair its prompt alone (so the
     pairs of one prompt share a split: a prompt never leaks from train into validation)."""
-    return shape.texts()[0] if isinstance(shape, (Pair, Unpaired)) else source_text(shape)
+    return shape.texts()[0] if isinstance(shape, _Preference) else source_text(shape)
 
 
 def dedup_text(shape: Shape, source: str | None = None) -> str:
@@ -590,7 +591,7 @@ def dedup_text(shape: Shape, source: str | None = None) -> str:
         turns = [m["content"] for m in shape.messages if m["role"] != "system"]
         if turns:
             return "\n".join(turns)
-    if isinstance(shape, (Pair, Unpaired)):  # a duplicate only of an equal row: the prefix hashed is a digest of it
+    if isinstance(shape, _Preference):  # a duplicate only of an equal row: the prefix hashed is a digest of it
         texts = [*shape.texts(), *([str(shape.label)] if isinstance(shape, Unpaired) else [])]
         return hashlib.md5("\0".join(texts).encode("utf-8", "surrogatepass")).hexdigest()
     return source_text(shape) if source is None else source

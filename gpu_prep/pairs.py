@@ -47,7 +47,7 @@ def _shared(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if len(differ) else n
 
 
-def _prompt_end(mask: np.ndarray) -> int:
+def prompt_end(mask: np.ndarray) -> int:
     """The tokens before a sequence's first trained one."""
     trained = np.flatnonzero(mask)
     return int(trained[0]) if len(trained) else len(mask)
@@ -68,7 +68,7 @@ def cut_pairs(masked: Masked, tokens_per_piece: np.ndarray, rules: Any, num_rows
         row_ids, row_mask = ids[offsets[k]:offsets[k + 1]], loss_mask[offsets[k]:offsets[k + 1]]
         cuts = np.cumsum([0, *tokens_per_piece[sides_per_row * r:sides_per_row * (r + 1)]])
         sides = [(row_ids[a:b], row_mask[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
-        ends = [_prompt_end(m) for _, m in sides]
+        ends = [prompt_end(m) for _, m in sides]
         if min(len(s) - e for (s, _), e in zip(sides, ends)) == 0:
             drops.append((r, Drop.NO_TRAINED_TOKENS, "a completion holds no token of its own"))
             continue
@@ -117,7 +117,7 @@ def split_pair_samples(ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarr
     prompts, chosen, rejected = [], [], []
     for p in range(0, len(offsets) - 1, 2):
         a, b = ids[offsets[p]:offsets[p + 1]], ids[offsets[p + 1]:offsets[p + 2]]
-        n = _prompt_end(loss_mask[offsets[p]:offsets[p + 1]])
+        n = prompt_end(loss_mask[offsets[p]:offsets[p + 1]])
         prompts.append(a[:n])
         chosen.append(a[n:])
         rejected.append(b[n:])

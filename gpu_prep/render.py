@@ -416,18 +416,19 @@ def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
         prompt = ctx.prefix_text + pair.prompt
         end = ctx.eos_text or ""
         wholes = [prompt + c + ("" if c.endswith(end) else end) + ctx.suffix_text for c in pair.completions]
-    pieces, spans, total = [], [], 0
+    pieces, spans, total, num_bytes = [], [], 0, 0  # total: in the spans' units (characters with offsets, else bytes)
     for whole in wholes:
         if ctx.offsets:
-            text, span, width = whole, (len(prompt), len(whole)), len(whole)
+            text, span, width, size = whole, (len(prompt), len(whole)), len(whole), len(whole.encode("utf-8"))
         else:
             text, ((a, b, _, _),), size = _to_bytes(whole, [(len(prompt), len(whole), True, "")], ctx.normalization)
             span, width = (a, b), size
         pieces.append(text)
         spans.append((total + span[0], total + span[1]))
         total += width
+        num_bytes += size
     roles = ["chosen", "rejected"] if isinstance(pair, Pair) else ["desirable" if pair.label else "undesirable"]
-    return RenderedRow(pieces, [False] * len(pieces), spans, sum(len(p.encode("utf-8")) for p in pieces),
+    return RenderedRow(pieces, [False] * len(pieces), spans, num_bytes,
                        span_roles=roles, label=pair.label if isinstance(pair, Unpaired) else None)
 
 

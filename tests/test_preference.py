@@ -268,6 +268,10 @@ def test_unpaired_rows_equal_transformers_and_keep_their_labels(tmp_path: Path, 
                                                            add_generation_prompt=True)["input_ids"]
     by_role = json.loads((out / "manifest.json").read_text())["totals"]["trained_tokens_by_role"]
     assert set(by_role) == {"desirable", "undesirable"}
+    # Read back (columnar) as the samples the rows are: prompt + completion, the mask on the completion.
+    samples = [(ids.tolist(), mask.tolist()) for ids, mask in gpu_prep.open_dataset(out)["__default__"]]
+    assert samples == [(r["prompt_ids"] + r["completion_ids"], [0] * len(r["prompt_ids"]) + [1] * len(r["completion_ids"]))
+                       for r in table]
     # bin, shuffled across shards: the same rows, each with its own label.
     over = {"output": {"storage_format": "bin", "shuffle": True, "max_tokens_per_shard": 20_000}}
     binned = run_rows(tmp_path, {**_config(tokenizer_dir, **over), "input": {"type": "kto"}}, unpaired, name="bin")

@@ -20,6 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from gpu_prep.pairs import prompt_end
+from gpu_prep.ragged import offsets_from_lengths, reorder
+
 from gpu_prep.output.files import manifest_edited
 
 TOTALS = ("num_samples", "num_tokens", "num_trained_tokens")
@@ -61,25 +64,31 @@ def _parquet(path: Path) -> ShardArrays:
 
 
 def _pair_parquet(table: Any) -> ShardArrays:
-    """Preference pairs (a row per pair, TRL's columns) as the two samples each pair is: prompt + chosen
-    and prompt + rejected, the loss mask 0 on the prompt."""
+    """Preference rows (a row each, TRL's columns) as the samples they are, without a Python object per
+    token: prompt + chosen and prompt + rejected (dpo), the whole sequences (reward), prompt + completion
+    (kto); the loss mask 0 on each sample's first prompt_length tokens."""
     names = table.column_names
     prompt_length = table.column("prompt_length").to_numpy().astype(np.int64)
-    lists = [table.column(n).to_pylist() for n in names if n.endswith("ids")]
-    if len(lists) == 3:  # dpo: prompt, then the completions alone
-        prompts, chosen, rejected = lists
-        wholes = [(p + c, p + r) for p, c, r in zip(prompts, chosen, rejected)]
-    elif "label" in names:  # kto: prompt and its one completion
-        wholes = [(p + c,) for p, c in zip(*lists)]
-    else:  # reward: whole sequences
-        wholes = list(zip(*lists))
-    per_row = len(wholes[0]) if wholes else 1
-    samples = [np.asarray(s, np.int64) for pair in wholes for s in pair]
-    lengths = np.fromiter(map(len, samples), np.int64, len(samples))
-    mask = [np.arange(n) >= prompt_length[k // per_row] for k, n in enumerate(lengths)]
-    ids = np.concatenate(samples) if samples else np.zeros(0, np.int64)
-    loss_mask = np.concatenate(mask).astype(np.uint8) if mask else np.zeros(0, np.uint8)
-    return ShardArrays(ids, loss_mask, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), None)
+    columns = [table.column(n).combine_chunks() for n in names if n.endswith("ids")]
+    rows = len(prompt_length)
+    # Every column's lists as rows of one ragged array: column c's row p is row c * rows + p.
+    values = np.concatenate([np.asarray(c.flatten()) for c in columns]) if columns else np.zeros(0, np.int64)
+    lengths = np.concatenate([np.asarray(c.value_lengths()) for c in columns]).astype(np.int64)
+    p = np.arange(rows)
+    if len(columns) == 3:  # dpo: sample 2p is prompt p then chosen p, sample 2p + 1 prompt p then rejected p
+        parts = np.stack([p, rows + p, p, 2 * rows + p], axis=1).reshape(-1)
+        per_sample = 2
+    elif "label" in names:  # kto: prompt p then completion p
+        parts, per_sample = np.stack([p, rows + p], axis=1).reshape(-1), 2
+    else:  # reward: the whole sequences, chosen p then rejected p
+        parts, per_sample = np.stack([p, rows + p], axis=1).reshape(-1), 1
+    gather, part_offsets = reorder(np, offsets_from_lengths(np, lengths), parts)
+    offsets = part_offsets[::per_sample].astype(np.int64)
+    sample_lengths = np.diff(offsets)
+    position = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], sample_lengths)
+    pair_of_sample = np.arange(len(sample_lengths)) // (len(sample_lengths) // rows if rows else 1)
+    loss_mask = (position >= np.repeat(prompt_length[pair_of_sample], sample_lengths)).astype(np.uint8)
+    return ShardArrays(values[gather].astype(np.int64), loss_mask, offsets, None)
 
 
 def _sample_labels(directory: Path, record: dict[str, Any], meta: dict[str, Any]) -> np.ndarray:
@@ -196,7 +205,7 @@ class Domain:
             raise ValueError(f"{self.directory}: not preference pairs (meta.json has no 'preference')")
         for p in range(0, len(self), 2):
             (chosen, mask), (rejected, _) = self[p], self[p + 1]
-            n = int(np.argmax(mask != 0))
+            n = prompt_end(mask)
             yield chosen[:n], chosen[n:], rejected[n:]
 
     def unpaired(self) -> Iterator[tuple[np.ndarray, np.ndarray, bool]]:
@@ -208,7 +217,7 @@ class Domain:
             labels = _sample_labels(self.directory, record, self.meta)
             for i in range(record["num_samples"]):
                 ids, mask = self[int(self._starts[k]) + i]
-                n = int(np.argmax(mask != 0))
+                n = prompt_end(mask)
                 yield ids[:n], ids[n:], bool(labels[i])
 
     def segments(self, i: int) -> np.ndarray:

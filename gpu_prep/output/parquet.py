@@ -10,7 +10,7 @@ import numpy as np
 
 from gpu_prep.output.pack import Layout
 from gpu_prep.output.shards import COPY_ITEMS, LOSS_MASK_MEANING, OneFileShard, shard_cuts
-from gpu_prep.pairs import split_pair_samples
+from gpu_prep.pairs import prompt_end, split_pair_samples
 
 IGNORE_INDEX = -100  # labels of tokens outside the loss
 
@@ -101,7 +101,7 @@ class ParquetShard(OneFileShard):
                 prompts, completions = [], []
                 for k in range(first, first + count):
                     sample = np.asarray(ids[offsets[k]:offsets[k + 1]])
-                    n = int(np.argmax(np.asarray(mask[offsets[k]:offsets[k + 1]]) != 0))
+                    n = prompt_end(np.asarray(mask[offsets[k]:offsets[k + 1]]))
                     prompts.append(sample[:n])
                     completions.append(sample[n:])
                 out.write_table(pa.Table.from_arrays(
