@@ -188,6 +188,22 @@ class InputConfig(_Frozen):
         return data
 
 
+class FuzzyDedupConfig(_Frozen):
+    """gpu-prep's own: near-duplicate removal by MinHash + LSH over word n-grams (gpu_prep/fuzzy.py)."""
+
+    threshold: float = Field(0.8, gt=0.0, lt=1.0)  # the Jaccard similarity the bands are tuned to
+    ngram: int = Field(5, ge=1)  # words per shingle
+    num_perm: int = Field(128, ge=2, le=1024)  # MinHash permutations
+    bands: int | None = Field(None, ge=1)  # LSH bands of num_perm // bands rows; null: chosen for threshold
+    seed: int = Field(42, ge=0)
+
+    @model_validator(mode="after")
+    def _bands_fit(self) -> FuzzyDedupConfig:
+        if self.bands is not None and self.bands > self.num_perm:
+            raise ValueError(f"fuzzy_dedup.bands ({self.bands}) cannot exceed num_perm ({self.num_perm})")
+        return self
+
+
 class PreprocessingConfig(_Frozen):
     max_seq_len: int = Field(2048, ge=1)
     # gpu-prep's own: a run that drops more than this share of the rows it read ends with exit code 3 (its
@@ -207,6 +223,9 @@ class PreprocessingConfig(_Frozen):
     # gpu-prep's own: the memory the dedup seen-set may hold (16 bytes a row kept); past it, its digests go
     # to sorted files in the output directory, memory-mapped, and are removed when the run ends. null: no cap.
     dedup_memory_mb: float | None = Field(1024, gt=0)
+    # gpu-prep's own: drop rows that share a MinHash band with a row written earlier (near_duplicate);
+    # {} takes the defaults, null (the default) turns it off. Its band keys take dedup_memory_mb too.
+    fuzzy_dedup: FuzzyDedupConfig | None = None
     max_items: int | None = Field(None, ge=1)
     # gpu-prep's own: how samples are put together into sequences of at most max_seq_len tokens, within a
     # shard. none: one sample per sequence. wrapped: the samples concatenated in order and cut every

@@ -57,6 +57,7 @@ class Drop:
     TOO_LONG = "too_long"
     TOO_LARGE = "too_large"  # a line over input.max_row_bytes, dropped unparsed
     DUPLICATE = "duplicate"
+    NEAR_DUPLICATE = "near_duplicate"  # preprocessing.fuzzy_dedup: shares a MinHash band with a row kept before
     NO_TRAINED_TOKENS = "no_trained_tokens"
     TOO_MANY_TOKENS = "too_many_tokens"  # over max_seq_len, with preprocessing.truncation "drop"
     TOKENIZER_MISMATCH = "tokenizer_mismatch"

@@ -35,8 +35,10 @@ class DigestSet:
     mapped: lookups read the pages they touch) whenever they pass it, so memory stays about the budget
     whatever the number of rows (preprocessing.dedup_memory_mb); spill_dir holds those files."""
 
-    def __init__(self, digests: Any = (), budget_bytes: int | None = None, spill_dir: Path | None = None) -> None:
-        self.budget, self.spill_dir = budget_bytes, spill_dir
+    def __init__(self, digests: Any = (), budget_bytes: int | None = None, spill_dir: Path | None = None,
+                 name: str = "seen") -> None:
+        """name: what its spilled files are called after (gpu-prep-NAME-00000)."""
+        self.budget, self.spill_dir, self.name = budget_bytes, spill_dir, name
         self.runs: list[np.ndarray] = []
         self.spilled: list[np.ndarray] = []  # sorted runs on disk (np.memmap)
         batch = self._array(digests)
@@ -64,7 +66,7 @@ class DigestSet:
     def copy(self) -> DigestSet:
         """Another set of these digests that can grow on its own (a few chunks' worth: it keeps what it adds in
         memory): the runs in memory copied (within the budget), the spilled files shared (never written again)."""
-        other = DigestSet()
+        other = DigestSet(name=self.name)
         other.runs, other.spilled = [run.copy() for run in self.runs], list(self.spilled)
         return other
 
@@ -74,6 +76,10 @@ class DigestSet:
             at = np.minimum(np.searchsorted(run, batch), len(run) - 1)
             found |= run[at] == batch
         return found
+
+    def add(self, items: Any) -> None:
+        """Remember items the set does not hold yet (the caller knows they are new)."""
+        self._add(self._array(items))
 
     def _add(self, new: np.ndarray) -> None:
         if not len(new):
@@ -91,7 +97,7 @@ class DigestSet:
 
         merged = np.sort(np.concatenate(self.runs)) if len(self.runs) > 1 else self.runs[0]
         directory = self.spill_dir if self.spill_dir is not None else Path(tempfile.mkdtemp(prefix="gpu-prep-seen-"))
-        path = directory / temporary_name(f"gpu-prep-seen-{len(self.spilled):05d}")
+        path = directory / temporary_name(f"gpu-prep-{self.name}-{len(self.spilled):05d}")
         claim(path)
         with writing(path), open(path, "wb") as handle:
             handle.write(merged.tobytes())

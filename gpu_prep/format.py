@@ -597,6 +597,12 @@ def dedup_text(shape: Shape, source: str | None = None) -> str:
     return source_text(shape) if source is None else source
 
 
+def fuzzy_text(shape: Shape) -> str:
+    """What near-duplicate removal shingles: the text exact dedup hashes, and for a preference or kto row
+    its texts themselves (prompt and completions)."""
+    return source_text(shape) if isinstance(shape, _Preference) else dedup_text(shape)
+
+
 def domain_of(record: dict[str, Any], domain_key: str | None) -> str:
     if domain_key is None:
         return DEFAULT_DOMAIN

@@ -27,6 +27,7 @@ from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import Interrupted, WriteError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter import Deduplicator
+from gpu_prep.fuzzy import NearIndex
 from gpu_prep.output.files import journal, sha256_file, write_json_atomic
 from gpu_prep.output.shards import Storage
 from gpu_prep.output.writer import DatasetWriter
@@ -124,7 +125,9 @@ def _process(run: RunContext, out_dir: Path, options: Options, checkpoints: Chec
     memory = config.preprocessing.dedup_memory_mb
     dedup = Deduplicator(checkpoints.seen(), None if memory is None else int(memory * (1 << 20)), out_dir) \
         if config.preprocessing.deduplicate else None
-    commit = Committer(run, acct, writer, checkpoints, decisions, options.progress)
+    near = NearIndex(checkpoints.near_seen(), None if memory is None else int(memory * (1 << 20)), out_dir) \
+        if config.preprocessing.fuzzy_dedup is not None else None
+    commit = Committer(run, acct, writer, checkpoints, decisions, options.progress, near)
     outcome = Outcome(acct, {})
     try:
         if options.cluster is not None:
@@ -141,7 +144,7 @@ def _process(run: RunContext, out_dir: Path, options: Options, checkpoints: Chec
     acct.close()
     outcome.engine_check = decisions.engine_check
     outcome.domains = clock.time("write", writer.finish)
-    outcome.leftovers = writer.leftovers() + (dedup.seen.files() if dedup is not None else [])
+    outcome.leftovers = writer.leftovers() + [path for s in (dedup, near) if s is not None for path in s.seen.files()]
     template = run.render.template
     clock.time("write", run.tok.copy_to, out_dir, template.source if template is not None else None)
     return outcome

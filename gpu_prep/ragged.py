@@ -37,3 +37,21 @@ def reorder(xp: Any, offsets: Any, order: Any) -> tuple[Any, Any]:
     lengths = offsets[1:][order] - offsets[:-1][order]
     new_offsets = offsets_from_lengths(xp, lengths)
     return xp.repeat(offsets[:-1][order] - new_offsets[:-1], lengths) + xp.arange(int(new_offsets[-1])), new_offsets
+
+
+def segment_mins(xp: Any, values: Any, offsets: Any, fill: int, rows: Any = None, scatter: bool | None = None) -> Any:
+    """The least value within each row; `fill` for an empty row. rows: row_of(xp, offsets, len(values)) where
+    the caller has it. numpy reduces each row in one pass (reduceat over the rows that have values; an empty
+    row starts where the next one does, so skipping it leaves every other row's range whole); CuPy has no
+    minimum.reduceat and scatters instead (minimum.at). scatter: which, when not by the module (tests)."""
+    out = xp.full(len(offsets) - 1, fill, dtype=values.dtype)
+    if not len(values):
+        return out
+    if scatter is None:
+        scatter = xp.__name__ != "numpy"
+    if scatter:
+        xp.minimum.at(out, row_of(xp, offsets, len(values)) if rows is None else rows, values)
+        return out
+    filled = offsets[1:] > offsets[:-1]
+    out[filled] = xp.minimum.reduceat(values, offsets[:-1][filled])
+    return out

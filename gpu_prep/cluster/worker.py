@@ -91,7 +91,9 @@ def process_range(job: Job, plan: Plan, rng: Range, *seen: np.ndarray) -> tuple[
         dedup = Deduplicator(np.concatenate(seen) if seen else ())
     chunks = read_chunks([], job.chunk_rows, rows=range_rows(run, job, plan, rng))
     stages = prepare_and_tokenize(chunks, run, dedup, clock, Decisions.from_state(plan.decided))
-    return [lighten(mask_chunk(run, clock, item), run.backend) for item in stages], dict(clock.seconds)
+    # With fuzzy_dedup the driver may still drop a row it is sent (near_duplicate): its record goes with it.
+    keep_records = run.config.preprocessing.fuzzy_dedup is not None
+    return [lighten(mask_chunk(run, clock, item), run.backend, keep_records) for item in stages], dict(clock.seconds)
 
 
 @dataclass(frozen=True)
@@ -104,15 +106,16 @@ class _Kept:
     unmarked: tuple[str, ...]
 
 
-def lighten(done: Done, backend: Backend) -> Done:
+def lighten(done: Done, backend: Backend, keep_records: bool = False) -> Done:
     """A chunk as the driver needs it: host arrays, rendered rows without their text, and no input record
-    of a row that is written (a dropped row's record goes to the examples and the rejects file)."""
+    of a row that is written (a dropped row's record goes to the examples and the rejects file), unless
+    keep_records."""
     prepared, mask = done.prepared, done.mask
     records = list(prepared.chunk.records)
     if mask is not None:
         masked = Masked(**{k: backend.to_host(v) for k, v in vars(mask.masked).items()})
         mask = dataclasses.replace(mask, masked=masked)
-        for r in masked.kept_rows.tolist():
+        for r in [] if keep_records else masked.kept_rows.tolist():
             records[prepared.rows.index[r]] = None
     rows = Rows(prepared.rows.index, prepared.rows.domain,
                 [_Kept(row.left_out, row.notes, row.span_roles, row.unmarked) for row in prepared.rows.payload],

@@ -34,6 +34,7 @@ from gpu_prep.output.shuffle import bucket_name
 
 CHECKPOINT = ".gpu-prep-checkpoint.json"
 DEDUP_LOG = ".gpu-prep-dedup.bin"
+NEAR_LOG = ".gpu-prep-near.bin"  # preprocessing.fuzzy_dedup's band-key records (fuzzy.NearIndex), 16 bytes each
 DIGEST_BYTES = 16
 FORMAT = 1
 
@@ -53,7 +54,7 @@ def run_identity(config_sha256: str, files: list[Any], tokenizer: dict[str, Any]
 
 def _kept_files(state: dict[str, Any]) -> set[str]:
     """Paths (relative to OUT) the checkpoint refers to."""
-    kept = {CHECKPOINT, DEDUP_LOG}
+    kept = {CHECKPOINT, DEDUP_LOG, NEAR_LOG}
     for domain in state["writer"]:
         directory = domain["directory"]
         for shard in domain["shards"]:
@@ -103,28 +104,35 @@ class Checkpointer:
         # The rows the last checkpoint holds (None: none was written yet, nothing to resume from).
         self.rows_saved: int | None = None if state is None else self.rows_done
         self.digests = 0 if state is None else state["dedup_digests"]
-        log = out_dir / DEDUP_LOG
-        if state is None:
-            self.log = create(log)  # closed in finish()
-        else:
-            self.log = open(log, "r+b")  # noqa: SIM115
-            self.log.truncate(self.digests * DIGEST_BYTES)
-            self.log.seek(0, 2)
+        self.near_bytes = 0 if state is None else state.get("near_records", 0) * DIGEST_BYTES
+        self.log = _log(out_dir / DEDUP_LOG, None if state is None else self.digests * DIGEST_BYTES)
+        self.near_log = _log(out_dir / NEAR_LOG, None if state is None else self.near_bytes)
         self.last = time.monotonic()
 
     def seen(self) -> np.ndarray:
         """The digests in force at the checkpoint, as 16-byte items (filter.DigestSet takes them)."""
-        self.log.flush()
-        if not self.digests:
-            return np.zeros(0, dtype=f"V{DIGEST_BYTES}")
-        # Mapped, not read: the set is built from it a slice at a time (a long run's log can pass the budget).
-        return np.memmap(self.out_dir / DEDUP_LOG, dtype=f"V{DIGEST_BYTES}", mode="r", shape=(self.digests,))
+        return self._mapped(self.log, DEDUP_LOG, self.digests)
 
-    def chunk_done(self, rows: int, digests: list[bytes], state: Any) -> bool:
+    def near_seen(self) -> np.ndarray:
+        """The fuzzy_dedup records in force at the checkpoint (fuzzy.NearIndex takes them)."""
+        return self._mapped(self.near_log, NEAR_LOG, self.near_bytes // DIGEST_BYTES)
+
+    def _mapped(self, log: Any, name: str, items: int) -> np.ndarray:
+        log.flush()
+        if not items:
+            return np.zeros(0, dtype=f"V{DIGEST_BYTES}")
+        # Mapped, not read: a set is built from it a slice at a time (a long run's log can pass the budget).
+        return np.memmap(self.out_dir / name, dtype=f"V{DIGEST_BYTES}", mode="r", shape=(items,))
+
+    def chunk_done(self, rows: int, digests: list[bytes], state: Any, near: list[bytes] = ()) -> bool:
         """A chunk is accounted for and written; state() gives the rest of the checkpoint when one is due.
-        True when a checkpoint was written."""
+        near: the fuzzy_dedup records it added. True when a checkpoint was written."""
         with writing(self.out_dir / DEDUP_LOG):
             self.log.write(b"".join(digests))
+        if near:
+            with writing(self.out_dir / NEAR_LOG):
+                self.near_log.write(b"".join(near))
+            self.near_bytes += sum(len(n) for n in near)
         self.digests += len(digests)
         self.rows_done += rows
         if time.monotonic() - self.last < self.every:
@@ -135,18 +143,32 @@ class Checkpointer:
     def save(self, state: dict[str, Any]) -> None:
         with writing(self.out_dir / DEDUP_LOG):
             self.log.flush()
+        with writing(self.out_dir / NEAR_LOG):
+            self.near_log.flush()
         failpoint("checkpoint")
         write_json_atomic(self.out_dir / CHECKPOINT, {"identity": self.identity, "rows_done": self.rows_done,
-                                                      "dedup_digests": self.digests, **state})
+                                                      "dedup_digests": self.digests,
+                                                      "near_records": self.near_bytes // DIGEST_BYTES, **state})
         self.rows_saved = self.rows_done
         failpoint("checkpoint_written")
         self.last = time.monotonic()
 
     def close(self) -> None:
         self.log.close()
+        self.near_log.close()
 
     def finish(self) -> None:
-        """The run is complete (manifest written): the checkpoint and the dedup log are no longer needed."""
+        """The run is complete (manifest written): the checkpoint and the dedup logs are no longer needed."""
         self.close()
-        (self.out_dir / CHECKPOINT).unlink(missing_ok=True)
-        (self.out_dir / DEDUP_LOG).unlink(missing_ok=True)
+        for name in (CHECKPOINT, DEDUP_LOG, NEAR_LOG):
+            (self.out_dir / name).unlink(missing_ok=True)
+
+
+def _log(path: Path, length: int | None) -> Any:
+    """An append-only log: new (length None), or the one a checkpoint refers to, cut back to its length."""
+    if length is None or (not length and not path.exists()):
+        return create(path)  # closed in Checkpointer.close()
+    handle = open(path, "r+b")  # noqa: SIM115
+    handle.truncate(length)
+    handle.seek(0, 2)
+    return handle

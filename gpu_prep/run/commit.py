@@ -13,6 +13,7 @@ import numpy as np
 
 from gpu_prep.engines import add_checks
 from gpu_prep.errors import Drop, InputError
+from gpu_prep.fuzzy import NO_ROW, NearIndex
 from gpu_prep.output.writer import DatasetWriter
 from gpu_prep.ragged import offsets_from_lengths, reorder
 from gpu_prep.run.accounting import PIECES, Accounting
@@ -26,9 +27,11 @@ class Committer:
     """Accounts for and writes chunks in the order given, checkpointing as it goes."""
 
     def __init__(self, run: RunContext, acct: Accounting, writer: DatasetWriter, checkpoints: Checkpointer,
-                 decisions: Decisions, progress: Callable[[int, int, int | None, int], None] | None = None) -> None:
+                 decisions: Decisions, progress: Callable[[int, int, int | None, int], None] | None = None,
+                 near: NearIndex | None = None) -> None:
+        """near: preprocessing.fuzzy_dedup's index of the rows written so far (None: off)."""
         self.run, self.acct, self.writer, self.checkpoints = run, acct, writer, checkpoints
-        self.decisions, self.progress = decisions, progress
+        self.decisions, self.progress, self.near = decisions, progress, near
         self.rows = self.read_bytes = 0
         self.bytes_before = np.cumsum([0] + [f.size_bytes for f in run.files]).tolist()  # by file index
         self.total_bytes = self.bytes_before[-1]
@@ -42,7 +45,8 @@ class Committer:
         self.account_and_write(prepared, done.mask, clock)
         if done.engine_check is not None:
             self.decisions.engine_check = add_checks(self.decisions.engine_check, done.engine_check)
-        if self.checkpoints.chunk_done(len(prepared.chunk), prepared.digests, self.state):
+        near = self.near.take_added() if self.near is not None else []
+        if self.checkpoints.chunk_done(len(prepared.chunk), prepared.digests, self.state, near):
             self.writer.remove_obsolete()
         if self.progress is not None:
             self.rows += len(prepared.chunk)
@@ -105,7 +109,19 @@ class Committer:
             drop(r, reason, detail)
         if mask.pair_counts is not None:
             acct.pairs.update(mask.pair_counts)
-        per_row = mask.samples_per_row
+        per_row, labels, trained_by_span = mask.samples_per_row, mask.labels, mask.trained_by_span
+        if self.near is not None and prepared.bands is not None and len(kept):
+            near = self.near_duplicates(prepared, kept, drop)
+            if near.any():
+                gather, offsets = reorder(np, offsets, np.flatnonzero(np.repeat(~near, per_row)))
+                ids, loss_mask = ids[gather], loss_mask[gather]
+                labels = None if labels is None else labels[~near]
+                spans = offsets_from_lengths(np, np.fromiter((len(row.span_roles) for row in rows.payload), np.int64,
+                                                             len(rows.payload)))
+                trained_by_span = trained_by_span.copy()
+                for r in kept[near]:
+                    trained_by_span[spans[r]:spans[r + 1]] = 0
+                kept = kept[~near]
         lengths = np.diff(offsets)
         lengths = lengths.reshape(-1, per_row).sum(axis=1) if per_row > 1 else lengths
         for k, r in enumerate(kept):
@@ -116,12 +132,27 @@ class Committer:
         splits = [names[rows.split[r]] for r in kept] if rows.split is not None else [None] * len(kept)
         acct.rows_by_split.update(s for s in splits if s is not None)
         keys = [key for key in zip(splits, (rows.domain[r] for r in kept)) for _ in range(per_row)]
-        append_by_domain(self.writer, keys, ids, loss_mask, offsets, mask.labels)
+        append_by_domain(self.writer, keys, ids, loss_mask, offsets, labels)
         acct.tokens += len(ids)
         trained = int(loss_mask.sum())
         acct.trained_tokens += trained
-        count_trained_by_role(acct, [role for row in rows.payload for role in row.span_roles], mask.trained_by_span,
+        count_trained_by_role(acct, [role for row in rows.payload for role in row.span_roles], trained_by_span,
                               trained)
+
+    def near_duplicates(self, prepared: Prepared, kept: np.ndarray, drop: Callable[[int, str, str], None]
+                        ) -> np.ndarray:
+        """Which of the rows about to be written (kept: indices into the chunk's rows, in order) share an LSH
+        band with a row written before them (fuzzy.NearIndex); those are dropped, naming that row."""
+        rows, chunk = prepared.rows, prepared.chunk
+        keys, signed = prepared.bands
+        where = np.fromiter((rows.index[r] for r in kept), np.int64, len(kept))
+        places = np.fromiter(((chunk.file_index[i] << 32) | chunk.line[i] for i in where), np.uint64, len(where))
+        named = self.near.decide(keys[where], signed[where], places)
+        near = named != NO_ROW
+        for r, place in zip(kept[near], named[near].tolist()):
+            path = self.acct.files[place >> 32].path
+            drop(int(r), Drop.NEAR_DUPLICATE, f"shares a MinHash band with {path}:{place & 0xFFFFFFFF}, which is kept")
+        return near
 
 
 def count_trained_by_role(acct: Accounting, span_roles: list[str], trained_by_span: np.ndarray, trained: int) -> None:

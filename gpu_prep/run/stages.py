@@ -28,7 +28,8 @@ from gpu_prep.errors import Drop, EngineMismatch
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter import Deduplicator, filter_rows
 from gpu_prep.format import (Conversation, RowError, Segments, Tokens, auto_schema, dedup_text, domain_of,
-                             source_text, split_text)
+                             fuzzy_text, source_text, split_text)
+from gpu_prep.fuzzy import MinHasher, text_band_keys
 from gpu_prep.mask import (Masked, contiguous_places, kept_span_tokens, mask_from_ranges, offset_places, row_of,
                            span_tokens, truncate_and_filter)
 from gpu_prep.pairs import cut_pairs
@@ -101,6 +102,9 @@ class Prepared:
     schemas: Counter
     notes: Counter
     digests: list[bytes]
+    # preprocessing.fuzzy_dedup: each chunk row's LSH band keys (rows x bands, uint64) and whether it has
+    # any (False: no words, or dropped before the keys were taken); decided at commit (fuzzy.NearIndex).
+    bands: tuple[np.ndarray, np.ndarray] | None = None
 
 
 @dataclass(frozen=True)
@@ -205,6 +209,16 @@ def filter_reasons(run: RunContext, rows: Rows, dedup: Deduplicator | None) -> l
     return [None if r is None else (r, f"{len(t)} characters; {details[r]}") for r, t in zip(reasons, texts)]
 
 
+def band_keys(run: RunContext, rows: Rows, chunk_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """preprocessing.fuzzy_dedup's band keys of the rows still alive, placed by chunk row."""
+    hasher = MinHasher.from_config(run.config.preprocessing.fuzzy_dedup)
+    keys = np.zeros((chunk_rows, hasher.bands), np.uint64)
+    signed = np.zeros(chunk_rows, bool)
+    texts = [fuzzy_text(shape) for shape in rows.payload]
+    keys[rows.index], signed[rows.index] = text_band_keys(run.backend, hasher, texts)
+    return keys, signed
+
+
 # ---------------------------------------------------------------- render
 
 
@@ -240,6 +254,7 @@ def prepare(chunks: Iterator[RawChunk], run: RunContext, dedup: Deduplicator | N
     only once it matched Jinja on the first chunk's rows (decisions.affix)."""
     ctx = run.render if decisions.affix is not False else dataclasses.replace(run.render, affix=None)
     contexts = dataset_contexts(ctx, run.config, run.sources)
+    hasher = run.config.preprocessing.fuzzy_dedup
     while (chunk := clock.time("read", next, chunks, None)) is not None:
         failpoint("read")
         formatted = clock.time("format", format_rows, chunk, run.config, run.sources, run.builder_tokenizer)
@@ -253,10 +268,11 @@ def prepare(chunks: Iterator[RawChunk], run: RunContext, dedup: Deduplicator | N
         if (splits := run.config.output.splits) is not None:
             rows.split = split_codes([split_text(shape) for shape in rows.payload], splits,
                                      run.config.output.split_seed).tolist()
+        bands = clock.time("filter", band_keys, run, rows, len(chunk)) if hasher is not None else None
         rows, reasons = clock.time("render", render_rows, rows, chunk, contexts, ctx)
         rows = rows.keep(reasons, chunk, formatted.drops)
         digests = dedup.take_added() if dedup is not None else []
-        yield Prepared(chunk, rows, formatted.drops, formatted.schemas, formatted.notes, digests)
+        yield Prepared(chunk, rows, formatted.drops, formatted.schemas, formatted.notes, digests, bands)
 
 
 # ---------------------------------------------------------------- tokenize
