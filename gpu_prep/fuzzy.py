@@ -167,7 +167,7 @@ def shingle_hashes(xp: Any, data: Any, offsets: Any, ngram: int) -> tuple[Any, A
 def _powers(xp: Any, base: int, n: int) -> Any:
     """base ** 0, base ** 1, ... base ** (n - 1), modulo 2**64."""
     powers = xp.full(n, base, dtype=xp.uint64)
-    powers[0] = 1
+    powers[:1] = 1
     return xp.cumprod(powers)
 
 

@@ -116,6 +116,15 @@ def test_plain_run_with_dedup_across_parts(tmp_path: Path, corpus: dict[str, Pat
     assert totals["rows_read"] == lines and single["totals"] == totals
 
 
+def test_near_duplicates_are_decided_as_in_one_process(tmp_path: Path, corpus: dict[str, Path], scheduler: str) -> None:
+    # The workers hash, the driver decides in input order as it commits: the same rows dropped, the same rows
+    # named, whatever part or range a row and the row it is like fall in.
+    config = {**BASE, "preprocessing": {**BASE["preprocessing"], "fuzzy_dedup": {"threshold": 0.5, "ngram": 3}}}
+    single, clustered = _both(tmp_path, config, [str(corpus["one"]), str(corpus["two"])], scheduler)
+    assert clustered["totals"]["rows_dropped"]["near_duplicate"] >= 20
+    assert single["totals"] == clustered["totals"]
+
+
 def test_files_read_whole_gzip_parquet_and_json_arrays(tmp_path: Path, corpus: dict[str, Path], scheduler: str) -> None:
     # Compressed files, Parquet and JSON arrays cannot be cut at byte offsets: each is one part, beside a
     # JSON Lines file that is cut. Rows repeat across the files, so dedup spans them.

@@ -53,6 +53,8 @@ CASES = [
     ("shard_append", 3, "bin-shuffled", 0),  # killed while the buckets go to the shards, in key order
     ("shard_close", 2, "parquet-shuffled", 0),
     ("tokenize", 7, "bin-spill", 0),  # the dedup seen-set spilled to files, rebuilt from the log on resume
+    ("checkpoint", 5, "bin-near", 0),  # fuzzy_dedup's band keys logged, spilled, and rebuilt on resume
+    ("rejects", 9, "bin-near", 0),
 ]
 # The storage of each case: the output and preprocessing settings over CONFIG's.
 STORAGES = {"bin": {}, "h5": {"output": {"storage_format": "h5"}}, "megatron": {"output": {"storage_format": "megatron"}},
@@ -62,6 +64,7 @@ STORAGES = {"bin": {}, "h5": {"output": {"storage_format": "h5"}}, "megatron": {
             "bin-splits": {"output": {"splits": {"train": 0.7, "validation": 0.3}, "split_seed": 3}},
             "bin-shuffled": {"output": {"shuffle": True, "shuffle_seed": 9}},
             "bin-spill": {"preprocessing": {"dedup_memory_mb": 0.0003}},
+            "bin-near": {"preprocessing": {"dedup_memory_mb": 0.002, "fuzzy_dedup": {"threshold": 0.6, "ngram": 3}}},
             "parquet-shuffled": {"output": {"storage_format": "parquet", "shuffle": True, "splits": {"a": 0.5, "b": 0.5}},
                                  "preprocessing": {"packing": "bfd"}}}
 
