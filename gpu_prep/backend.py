@@ -35,6 +35,8 @@ GPU_API: list[tuple[str, str, tuple[str, ...]]] = [
     ("cupy", "asarray", ()),
     ("cupy", "asnumpy", ()),
     ("cupy", "cuda.runtime.getDeviceCount", ()),
+    # ragged.segment_mins on the device (fuzzy.py's MinHash): CuPy has no minimum.reduceat, it scatters.
+    ("cupy", "minimum.at", ()),
     ("cudf", "Series", ("dtype",)),
     ("cudf", "Series.str", ()),
     ("cudf", "Series.hash_values", ("method",)),

@@ -130,7 +130,9 @@ def shingle_hashes(xp: Any, data: Any, offsets: Any, ngram: int) -> tuple[Any, A
     each text's offsets into them."""
     n, size = len(offsets) - 1, len(data)
     space = xp.zeros(size + 1, dtype=bool)
-    space[:size] = xp.isin(data, xp.asarray(WHITESPACE, dtype=xp.uint8))
+    table = xp.zeros(256, dtype=bool)
+    table[xp.asarray(WHITESPACE)] = True
+    space[:size] = table[data]
     space[size] = True
     boundary = xp.zeros(size + 2, dtype=bool)  # where each text begins (and the end)
     boundary[offsets] = True
@@ -164,11 +166,21 @@ def shingle_hashes(xp: Any, data: Any, offsets: Any, ngram: int) -> tuple[Any, A
     return hashes, shingle_offsets
 
 
+_POWERS: dict[tuple[str, int], Any] = {}  # by array module and base: the longest run of powers made so far
+
+
 def _powers(xp: Any, base: int, n: int) -> Any:
-    """base ** 0, base ** 1, ... base ** (n - 1), modulo 2**64."""
-    powers = xp.full(n, base, dtype=xp.uint64)
-    powers[:1] = 1
-    return xp.cumprod(powers)
+    """base ** 0, base ** 1, ... base ** (n - 1), modulo 2**64 (made once per batch size, then sliced)."""
+    made = _POWERS.get((xp.__name__, base))
+    if made is None or len(made) < n:
+        # base ** (4096 i + j) = (base ** 4096) ** i * base ** j: two short running products and one multiply.
+        low = xp.full(4096, base, dtype=xp.uint64)
+        low[:1] = 1
+        high = xp.full(-(-max(n, 2 * len(made) if made is not None else 0) // 4096), pow(base, 4096, 1 << 64),
+                       dtype=xp.uint64)
+        high[:1] = 1
+        made = _POWERS[(xp.__name__, base)] = (xp.cumprod(high)[:, None] * xp.cumprod(low)[None, :]).reshape(-1)
+    return made[:n]
 
 
 def encode_texts(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:

@@ -113,3 +113,17 @@ def test_preference_rows_split_and_shuffled_match(kind: str, tmp_path: Path) -> 
                            "output": {"splits": {"train": 0.9, "validation": 0.1}, "shuffle": True,
                                       "max_tokens_per_shard": 100_000}})
     _assert_same(*_both(config, [str(data)], tmp_path, chunk_rows=53))
+
+
+def test_near_duplicates_match(tmp_path: Path) -> None:
+    # The MinHash signatures and band keys computed with CuPy (fuzzy.py over xp) drop and name the same rows.
+    answers = [m["content"] for chat in sharegpt_chats(800) for m in chat["messages"] if m["role"] == "assistant"]
+    rows = [{"text": t} for t in answers] + [{"text": t.replace(" the ", " a ", 2)} for t in answers[:200]]
+    data = write_jsonl(tmp_path / "docs.jsonl", rows)
+    config = parse_config({"input": {"type": "text"},
+                           "preprocessing": {"deduplicate": False, "min_chars": 0, "fuzzy_dedup": {}}})
+    cpu = run(config, [str(data)], tmp_path / "cpu", Options(device="cpu", rejects=tmp_path / "cpu.jsonl"))
+    gpu = run(config, [str(data)], tmp_path / "gpu", Options(device="gpu", rejects=tmp_path / "gpu.jsonl"))
+    assert gpu["device"] == "gpu" and cpu["totals"]["rows_dropped"]["near_duplicate"] >= 150
+    _assert_same(cpu, gpu)
+    assert (tmp_path / "cpu.jsonl").read_bytes() == (tmp_path / "gpu.jsonl").read_bytes()
