@@ -1,8 +1,8 @@
 """fuzzy: near-duplicate removal (preprocessing.fuzzy_dedup) by MinHash signatures over word n-grams and
 locality-sensitive hashing of their bands, written once against the array module `xp` (numpy or cupy).
 
-- Words: runs of bytes that are not ASCII whitespace (tab, newline, vertical tab, form feed, carriage
-  return, space) in the row's own text as UTF-8 (the text exact dedup hashes: a conversation without its
+- Words: what Python's str.split() gives (runs of characters that are not whitespace, str.isspace()),
+  found in the row's own text as UTF-8 bytes (the text exact dedup hashes: a conversation without its
   system messages). No case folding or other normalisation. Shingles: each run of `ngram` consecutive
   words; a row of fewer words has one shingle of them all; a row of no words has no signature and is never
   a near-duplicate.
@@ -34,11 +34,14 @@ import numpy as np
 from gpu_prep.filter import DigestSet
 from gpu_prep.ragged import offsets_from_lengths, row_of, segment_mins
 
-WHITESPACE = (9, 10, 11, 12, 13, 32)
+# What Python's str.split() splits at (str.isspace()): these bytes, and the UTF-8 of the characters below.
+WHITESPACE = (9, 10, 11, 12, 13, 28, 29, 30, 31, 32)
+WIDE_SPACES = tuple(int.from_bytes(chr(c).encode(), "big") for c in (
+    0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F, 0x3000))
 BASE = 0x100000001B3  # odd: invertible modulo 2**64
 BASE_INVERSE = pow(BASE, -1, 1 << 64)
 FOLD = 0x9E3779B97F4A7C15
-BATCH_BYTES = 1 << 22  # text hashed at a time (about 24 bytes of work arrays per byte)
+BATCH_BYTES = 1 << 20  # text hashed at a time (about 40 bytes of work arrays per byte)
 NO_ROW = np.uint64(0xFFFFFFFFFFFFFFFF)  # a kept row names no other
 
 
@@ -130,9 +133,7 @@ def shingle_hashes(xp: Any, data: Any, offsets: Any, ngram: int) -> tuple[Any, A
     each text's offsets into them."""
     n, size = len(offsets) - 1, len(data)
     space = xp.zeros(size + 1, dtype=bool)
-    table = xp.zeros(256, dtype=bool)
-    table[xp.asarray(WHITESPACE)] = True
-    space[:size] = table[data]
+    space[:size] = _spaces(xp, data)
     space[size] = True
     boundary = xp.zeros(size + 2, dtype=bool)  # where each text begins (and the end)
     boundary[offsets] = True
@@ -166,6 +167,26 @@ def shingle_hashes(xp: Any, data: Any, offsets: Any, ngram: int) -> tuple[Any, A
     return hashes, shingle_offsets
 
 
+def _spaces(xp: Any, data: Any) -> Any:
+    """Which bytes of UTF-8 text belong to a whitespace character (as str.isspace() has it)."""
+    table = xp.zeros(256, dtype=bool)
+    table[xp.asarray(WHITESPACE)] = True
+    space = table[data]
+    lead = xp.zeros(256, dtype=bool)
+    lead[xp.asarray([0xC2, 0xE1, 0xE2, 0xE3])] = True  # the first bytes of WIDE_SPACES
+    at = xp.flatnonzero(lead[data])
+    if not len(at):
+        return space
+    last = len(data) - 1
+    b0, b1, b2 = (data[xp.minimum(at + k, last)].astype(xp.int64) for k in range(3))
+    wide = xp.asarray(WIDE_SPACES, dtype=xp.int64)
+    two = xp.isin((b0 << 8) | b1, wide) & (b0 == 0xC2)
+    three = xp.isin((b0 << 16) | (b1 << 8) | b2, wide) & (b0 != 0xC2)
+    for k, hit in ((0, two | three), (1, two | three), (2, three)):
+        space[at[hit] + k] = True
+    return space
+
+
 _POWERS: dict[tuple[str, int], Any] = {}  # by array module and base: the longest run of powers made so far
 
 
@@ -176,8 +197,7 @@ def _powers(xp: Any, base: int, n: int) -> Any:
         # base ** (4096 i + j) = (base ** 4096) ** i * base ** j: two short running products and one multiply.
         low = xp.full(4096, base, dtype=xp.uint64)
         low[:1] = 1
-        high = xp.full(-(-max(n, 2 * len(made) if made is not None else 0) // 4096), pow(base, 4096, 1 << 64),
-                       dtype=xp.uint64)
+        high = xp.full(-(-max(n, BATCH_BYTES + 1) // 4096), pow(base, 4096, 1 << 64), dtype=xp.uint64)
         high[:1] = 1
         made = _POWERS[(xp.__name__, base)] = (xp.cumprod(high)[:, None] * xp.cumprod(low)[None, :]).reshape(-1)
     return made[:n]

@@ -24,12 +24,9 @@ from helpers import output_tree, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")
 
-WHITESPACE = " \t\n\v\f\r"
-
-
 def shingles(text: str, n: int = 5) -> set[tuple[str, ...]]:
-    """The word n-grams the module hashes, as Python sees them (ASCII whitespace splits words)."""
-    words = [w for w in "".join(" " if c in WHITESPACE else c for c in text).split(" ") if w]
+    """The word n-grams the module hashes, as Python makes them."""
+    words = text.split()
     if not words:
         return set()
     return {tuple(words[i:i + n]) for i in range(max(len(words) - n + 1, 1))}
@@ -98,6 +95,26 @@ def test_shingles_are_the_word_ngrams_of_each_text() -> None:
     # Whitespace of any kind or amount separates the same words.
     d2, o2 = encode_texts(["one  two\tthree\nfour five six"])
     assert shingle_hashes(np, d2, o2, 5)[0].tolist() == hashes[:2].tolist()
+
+
+def test_words_are_what_str_split_gives() -> None:
+    # Every whitespace character Python knows, ASCII or not, among words of every script, emoji, controls
+    # that are not whitespace, and the bytes of a lone surrogate; and each text hashed alone and together.
+    wide = [chr(c) for c in range(0x3001) if chr(c).isspace()]
+    pieces = ["word", "é", "日本語", "🙂", "\x00", "\x1b", "\u200b", "\ufeff", "\ud800", "a\u0301", "¢", "\u2030"]
+    rng = random.Random(9)
+    texts = ["".join(rng.choice(pieces + wide) for _ in range(rng.randrange(0, 40))) for _ in range(400)]
+    texts += ["x" + s + "y" for s in wide] + wide
+    hasher = shingle_hashes
+    hashes, starts = hasher(np, *encode_texts(texts), 1)
+    by_word: dict[str, int] = {}
+    for k, text in enumerate(texts):
+        words = text.split()
+        got = hashes[starts[k]:starts[k + 1]].tolist()
+        assert len(got) == len(words), (k, text)
+        for word, h in zip(words, got):
+            assert by_word.setdefault(word, h) == h, (k, word)
+    assert len(set(by_word.values())) == len(by_word)
 
 
 def test_keys_do_not_depend_on_the_batch_a_text_is_hashed_in(documents: list[str]) -> None:

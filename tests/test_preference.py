@@ -292,3 +292,30 @@ def test_inspect_and_stats_read_pairs(tmp_path: Path, tokenizer_dir: Path, pairs
     assert shown.returncode == 0 and shown.stdout.count("⟦") >= 2  # each sample's completion marked trained
     stats = gpu_prep_cli("stats", out)
     assert stats.returncode == 0 and "chosen" in stats.stdout and "rejected" in stats.stdout
+
+
+@pytest.mark.parametrize("kind", ["preference", "kto"])
+def test_near_duplicate_pairs_are_dropped_whole(tmp_path: Path, tokenizer_dir: Path, pairs: list[dict[str, Any]],
+                                                 kind: str) -> None:
+    # Every pair twice, the second with one more word in its chosen answer: the copies go as near_duplicate,
+    # the bin output keeps each remaining pair as its two samples (and KTO rows keep their labels).
+    rows = []
+    for k, row in enumerate(pairs):
+        prompt, chosen, rejected = _parts(row)
+        base = {"prompt": prompt, "chosen": chosen, "rejected": rejected} if kind == "preference" else \
+            {"prompt": prompt, "completion": chosen, "label": bool(k % 2)}
+        twin = json.loads(json.dumps(base))
+        (twin["chosen"] if kind == "preference" else twin["completion"])[-1]["content"] += " indeed"
+        rows += [base, twin]
+    config = _config(tokenizer_dir, input={"type": kind}, output={"storage_format": "bin"},
+                     preprocessing={"fuzzy_dedup": {"threshold": 0.7}})
+    out = run_rows(tmp_path, config, rows)
+    manifest = json.loads((out / "manifest.json").read_text())
+    near = manifest["totals"]["rows_dropped"].get("near_duplicate", 0)
+    assert near >= 0.9 * len(pairs) and manifest["totals"]["rows_written"] == len(rows) - near
+    domain = gpu_prep.open_dataset(out)["__default__"]
+    written = list(domain.pairs() if kind == "preference" else domain.unpaired())
+    assert len(written) == len(rows) - near
+    if kind == "kto":
+        assert [int(label) for *_, label in written][:4] == [0, 1, 0, 1][:len(written[:4])]
+    assert gpu_prep_cli("verify", out).returncode == 0
