@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -429,4 +431,24 @@ def _show_samples(output: Path, domain: str | None, samples: int, start: int, id
 
 
 def main() -> None:
-    app()
+    """The console script. A run allocates millions of short-lived containers (parsed rows, rendered
+    pieces): the collector's first generation waits for 100,000 of them, not 700, which spares a few
+    percent of a run. And once the command is done (every file written, closed and renamed; the cluster, if
+    any, shut down) the process leaves without the interpreter's teardown, which would free the tokenizers
+    and collect every object one last time, about 0.1 s of a run that has nothing left to do."""
+    gc.set_threshold(100_000, 50, 100)
+    try:
+        app()
+        code: Any = 0
+    except SystemExit as exc:
+        code = exc.code
+    if not isinstance(code, int):  # SystemExit("message"): printed, and status 1, as the interpreter does
+        if code is not None:
+            print(code, file=sys.stderr)
+        code = 0 if code is None else 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that went away (| head) or a stream closed
+            pass
+    os._exit(code)
