@@ -5,9 +5,11 @@
 #
 # 1. the machine: GPU, driver, and which of CuPy, cuDF, RMM and dask-cuda import (the GPU backend needs
 #    CuPy and cuDF; without cuDF it cannot run, and this says so instead of failing);
-# 2. the API-contract tests (every cuDF / CuPy call gpu-prep makes, against the installed wheels) and the
-#    parity suite (the GPU backend's shards byte-identical to the CPU backend's);
-# 3. the backend benchmark: bench_pipeline.py, the CPU and the GPU backend stage by stage on its corpora.
+# 2. the API-contract tests (every cuDF / CuPy call gpu-prep makes, against the installed wheels), the
+#    parity suite (the GPU backend's shards byte-identical to the CPU backend's) and the xp suite (the array
+#    code on CuPy equal to numpy: it needs CuPy alone, so it runs where cuDF is missing too);
+# 3. the backend benchmark: bench_pipeline.py, the CPU and the GPU backend stage by stage on its corpora,
+#    and fuzzy_dedup's band keys (MinHash + LSH, gpu_prep/fuzzy.py) on numpy and on CuPy.
 #
 # The report goes to the terminal and, where CuPy sees a GPU, is appended to benchmarks/RESULTS.md under a
 # heading that names the machine and the day. The script exits non-zero when a test failed.
@@ -40,7 +42,8 @@ PY
 } | tee -a "$report"
 
 tests=$(mktemp)
-"$PY" -m pytest -q -p no:cacheprovider -rs tests/test_gpu_api_contract.py tests/test_gpu_parity.py > "$tests" 2>&1 \
+"$PY" -m pytest -q -p no:cacheprovider -rs tests/test_gpu_api_contract.py tests/test_gpu_parity.py tests/test_gpu_xp.py \
+  > "$tests" 2>&1 \
   || status=1
 {
   echo
@@ -55,6 +58,39 @@ rm -f "$tests"
   echo "Backend benchmark (python benchmarks/bench_pipeline.py --rows 2000):"
   echo
   "$PY" benchmarks/bench_pipeline.py --rows 2000 2>&1 | tail -40 | sed 's/^/    /'
+} | tee -a "$report"
+
+{
+  echo
+  echo "fuzzy_dedup band keys, numpy beside CuPy (20,000 synthetic documents, 128 permutations, 9 x 13 bands):"
+  echo
+  "$PY" - <<'PY' 2>&1 | sed 's/^/    /'
+import sys, time
+sys.path.insert(0, "tests")
+import numpy as np
+from test_gpu_xp import _texts
+from gpu_prep.backend import CPU, GpuBackend
+from gpu_prep.fuzzy import MinHasher, text_band_keys
+texts = _texts(20000, seed=7)
+megabytes = sum(len(t.encode()) for t in texts) / 1e6
+hasher = MinHasher(5, 128, 9, 13, 42)
+backends = [CPU]
+try:
+    import cupy
+    if cupy.is_available():
+        backends.append(GpuBackend("gpu", cupy))  # the array code alone: no cuDF needed
+except ImportError:
+    pass
+keys = {}
+for backend in backends:
+    text_band_keys(backend, hasher, texts[:200])  # warm: kernels compiled, memory pooled
+    started = time.perf_counter()
+    keys[backend.name] = text_band_keys(backend, hasher, texts)[0]  # on the host when it returns
+    seconds = time.perf_counter() - started
+    print(f"{backend.name}: {seconds:.3f} s, {len(texts) / seconds:,.0f} docs/s, {megabytes / seconds:.1f} MB/s")
+if len(keys) == 2:
+    print("same keys on both:", bool((keys["cpu"] == keys["gpu"]).all()))
+PY
 } | tee -a "$report"
 
 # A machine where CuPy sees no GPU has nothing to record (GPU_CHECK_APPEND=1 records it all the same).

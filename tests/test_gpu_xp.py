@@ -1,0 +1,55 @@
+"""The array code written against `xp` gives on CuPy what it gives on numpy (run with `pytest -m gpu` on a
+GPU): fuzzy_dedup's shingle hashes, signatures and band keys, and the scatter form of segment_mins that
+CuPy takes. These need CuPy alone, not cuDF, so a machine with a GPU and CuPy checks them even where the
+GPU backend as a whole cannot run. Without a GPU they skip (tests/conftest.py says why)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from gpu_prep.fuzzy import MinHasher, encode_texts, shingle_hashes
+from gpu_prep.ragged import segment_mins
+
+pytestmark = pytest.mark.gpu
+
+
+def _texts(n: int, seed: int = 4) -> list[str]:
+    """Documents of every size from none to a few thousand words, sharing a vocabulary (so shingles repeat
+    across them), with Unicode words and whitespace of several kinds."""
+    rng = random.Random(seed)
+    vocabulary = [f"w{k}" for k in range(400)] + ["é", "日本語", "🙂", "naïve", "x" * 300]
+    spaces = [" ", " ", " ", "\n", "\t", "\u3000", "\u00a0", "  "]
+    return ["".join(rng.choice(vocabulary) + rng.choice(spaces) for _ in range(rng.choice([0, 1, 3, 40, 2000])))
+            for _ in range(n)]
+
+
+def test_band_keys_and_signatures_are_the_same_on_cupy() -> None:
+    import cupy
+
+    data, offsets = encode_texts(_texts(600))
+    hasher = MinHasher(5, 128, 9, 13, 42)
+    want_hashes, want_starts = shingle_hashes(np, data, offsets, 5)
+    got_hashes, got_starts = shingle_hashes(cupy, cupy.asarray(data), cupy.asarray(offsets), 5)
+    assert (cupy.asnumpy(got_starts) == want_starts).all() and (cupy.asnumpy(got_hashes) == want_hashes).all()
+    want_sig, want_signed = hasher.signatures(np, data, offsets)
+    got_sig, got_signed = hasher.signatures(cupy, cupy.asarray(data), cupy.asarray(offsets))
+    assert (cupy.asnumpy(got_sig) == want_sig).all() and (cupy.asnumpy(got_signed) == want_signed).all()
+    want_keys, _ = hasher.band_keys(np, data, offsets)
+    got_keys, _ = hasher.band_keys(cupy, cupy.asarray(data), cupy.asarray(offsets))
+    assert (cupy.asnumpy(got_keys) == want_keys).all()
+
+
+@pytest.mark.parametrize("dtype", ["uint32", "uint64"])
+def test_segment_mins_scatter_on_cupy(dtype: str) -> None:
+    import cupy
+
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(0, 6, size=5000)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    values = rng.integers(0, np.iinfo(dtype).max, size=int(offsets[-1]), dtype=dtype)
+    want = segment_mins(np, values, offsets, np.iinfo(dtype).max)
+    got = segment_mins(cupy, cupy.asarray(values), cupy.asarray(offsets), np.iinfo(dtype).max)
+    assert (cupy.asnumpy(got) == want).all()
