@@ -254,7 +254,7 @@ def prepare(chunks: Iterator[RawChunk], run: RunContext, dedup: Deduplicator | N
     only once it matched Jinja on the first chunk's rows (decisions.affix)."""
     ctx = run.render if decisions.affix is not False else dataclasses.replace(run.render, affix=None)
     contexts = dataset_contexts(ctx, run.config, run.sources)
-    hasher = run.config.preprocessing.fuzzy_dedup
+    fuzzy = run.config.preprocessing.fuzzy_dedup
     while (chunk := clock.time("read", next, chunks, None)) is not None:
         failpoint("read")
         formatted = clock.time("format", format_rows, chunk, run.config, run.sources, run.builder_tokenizer)
@@ -268,7 +268,7 @@ def prepare(chunks: Iterator[RawChunk], run: RunContext, dedup: Deduplicator | N
         if (splits := run.config.output.splits) is not None:
             rows.split = split_codes([split_text(shape) for shape in rows.payload], splits,
                                      run.config.output.split_seed).tolist()
-        bands = clock.time("filter", band_keys, run, rows, len(chunk)) if hasher is not None else None
+        bands = clock.time("filter", band_keys, run, rows, len(chunk)) if fuzzy is not None else None
         rows, reasons = clock.time("render", render_rows, rows, chunk, contexts, ctx)
         rows = rows.keep(reasons, chunk, formatted.drops)
         digests = dedup.take_added() if dedup is not None else []
