@@ -171,7 +171,7 @@ mask: {mask}
 preprocessing:
   max_seq_len: 2048            # longer rows are cut (truncation: right | left | drop | split | structured)
   deduplicate: true            # rows whose first 200 characters repeat an earlier row's are dropped
-  # fuzzy_dedup: {{}}           # also drop near-duplicates (MinHash + LSH over word 5-grams, Jaccard 0.8)
+  # fuzzy_dedup: {{}}            # also drop near-duplicates (MinHash + LSH over word 5-grams, Jaccard 0.8)
   min_chars: 1
 output:
   storage_format: bin          # bin | h5 | megatron | parquet
