@@ -256,3 +256,40 @@ def test_the_dpo_recipe_trains_on_the_pairs_as_written(model: Any, torch: Any, t
     got = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
     want = [p["prompt_ids"] + p["chosen_ids"] for p in pairs] + [p["prompt_ids"] + p["rejected_ids"] for p in pairs]
     assert sorted(got) == sorted(want)
+
+
+def test_the_kto_recipe_trains_on_the_rows_as_written(model: Any, torch: Any, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # TRL's KTOTrainer, one step, on gpu-prep's unpaired rows: the policy sees each prompt + completion as
+    # written, and for the KL term each prompt with the completion before it in the batch.
+    trl = pytest.importorskip("trl")
+    import pyarrow.parquet as pq
+
+    monkeypatch.chdir(tmp_path)
+    chats = _chats(6)
+    rows = [{"prompt": c["messages"][:1], "completion": c["messages"][1:], "label": k % 2 == 0}
+            for k, c in enumerate(chats)]
+    config = {"tokenizer": "qwen2.5", "input": {"type": "kto"}, "output": {"storage_format": "parquet"}}
+    out = run_rows(tmp_path, config, rows, name="unpaired")
+    files = [str(p) for p in sorted((out / "__default__").glob("*.parquet"))]
+    written = [r for f in files for r in pq.read_table(f).to_pylist()]
+    real = trl.KTOConfig
+
+    def one_step(**kwargs: Any) -> Any:
+        return real(**kwargs, max_steps=1, per_device_train_batch_size=len(written), use_cpu=True, bf16=False,
+                    report_to=[], save_strategy="no", logging_strategy="no")
+
+    monkeypatch.setattr(trl, "KTOConfig", one_step)
+    model.save_pretrained(tmp_path / "tiny")
+    namespace: dict[str, Any] = {"files": files, "out_dir": str(out), "model": str(tmp_path / "tiny")}
+    exec(_recipe("kto"), namespace)  # noqa: S102  the README's own code
+    trainer = namespace["trainer"]
+    calls: list[dict[str, Any]] = []
+    trainer.model.register_forward_pre_hook(lambda _m, _a, kwargs: calls.append(kwargs), with_kwargs=True)
+    trainer.train()
+    seen = {tuple(row[m.bool()].tolist()) for call in calls
+            for row, m in zip(call["input_ids"], call["attention_mask"])}
+    matched = {tuple(r["prompt_ids"] + r["completion_ids"]) for r in written}
+    mismatched = {tuple(r["prompt_ids"] + written[k - 1]["completion_ids"]) for k, r in enumerate(written)}
+    assert trainer.calculate_KL and matched | mismatched == seen
+    assert len(matched) == len(written) == len(rows)
