@@ -41,7 +41,9 @@ WIDE_SPACES = tuple(int.from_bytes(chr(c).encode(), "big") for c in (
 BASE = 0x100000001B3  # odd: invertible modulo 2**64
 BASE_INVERSE = pow(BASE, -1, 1 << 64)
 FOLD = 0x9E3779B97F4A7C15
-BATCH_BYTES = 1 << 20  # text hashed at a time (about 40 bytes of work arrays per byte)
+# Text hashed at a time (about 40 bytes of work arrays per byte): on the CPU a batch whose arrays stay in
+# cache; on a GPU a larger one, since every batch costs a few hundred kernel launches (not measured yet).
+BATCH_BYTES = {"cpu": 1 << 20, "gpu": 16 << 20}
 NO_ROW = np.uint64(0xFFFFFFFFFFFFFFFF)  # a kept row names no other
 
 
@@ -197,7 +199,7 @@ def _powers(xp: Any, base: int, n: int) -> Any:
         # base ** (4096 i + j) = (base ** 4096) ** i * base ** j: two short running products and one multiply.
         low = xp.full(4096, base, dtype=xp.uint64)
         low[:1] = 1
-        high = xp.full(-(-max(n, BATCH_BYTES + 1) // 4096), pow(base, 4096, 1 << 64), dtype=xp.uint64)
+        high = xp.full(-(-max(n, BATCH_BYTES["cpu"] + 1) // 4096), pow(base, 4096, 1 << 64), dtype=xp.uint64)
         high[:1] = 1
         made = _POWERS[(xp.__name__, base)] = (xp.cumprod(high)[:, None] * xp.cumprod(low)[None, :]).reshape(-1)
     return made[:n]
@@ -217,7 +219,7 @@ def text_band_keys(backend: Any, hasher: MinHasher, texts: list[str]) -> tuple[n
     lo = 0
     while lo < len(texts):
         hi, size = lo, 0
-        while hi < len(texts) and (hi == lo or size + len(texts[hi]) <= BATCH_BYTES):
+        while hi < len(texts) and (hi == lo or size + len(texts[hi]) <= BATCH_BYTES.get(backend.name, BATCH_BYTES["cpu"])):
             size += len(texts[hi])
             hi += 1
         data, offsets = encode_texts(texts[lo:hi])
