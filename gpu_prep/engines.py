@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from gpu_prep.mixing import splitmix64
+
 NORMAL_FORMS = frozenset({"NFC", "NFD", "NFKC", "NFKD"})  # normalizers that are a Unicode normal form
 FAST_ENGINES = ("fastokens", "tiktoken")  # tried in this order under tokenizer.engine auto
 AUDIT_RATE = 0.01  # share of pieces the audit re-encodes with HF
@@ -347,14 +349,6 @@ def choose_engine(requested: str, spec: dict[str, Any], path: Path, hf: HfEngine
     return hf, "hf: " + "; ".join(reasons), hf.encode(pieces)
 
 
-def _mix(keys: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer: 64 well-mixed bits from each uint64 key (array arithmetic wraps)."""
-    x = keys + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
 class Audit:
     """Checks a fast engine all the way through a run: a seeded share of the pieces is encoded again by HF,
     in a thread of its own. Which pieces is decided by each piece's key (its row's place in the input and
@@ -370,7 +364,7 @@ class Audit:
 
     def picks(self, keys: np.ndarray) -> np.ndarray:
         """The places of the pieces (by their uint64 keys) that are checked."""
-        mixed = _mix(keys.astype(np.uint64) ^ np.uint64(self.seed))
+        mixed = splitmix64(np, keys.astype(np.uint64) ^ np.uint64(self.seed))
         return np.flatnonzero((mixed >> np.uint64(11)) < np.uint64(int(self.rate * (1 << 53))))
 
     def submit(self, pieces: list[str], keys: np.ndarray, ids: np.ndarray, counts: np.ndarray,

@@ -7,7 +7,7 @@ locality-sensitive hashing of their bands, written once against the array module
   words; a row of fewer words has one shingle of them all; a row of no words has no signature and is never
   a near-duplicate.
 - Hashes, 64-bit: a word hashes as a polynomial over its bytes (prefix sums, so a word of any length costs
-  its bytes), mixed (splitmix64's finaliser) with its length; a shingle as its words folded in order.
+  its bytes), mixed (splitmix64) with its length; a shingle as its words folded in order.
   Permutation p maps a shingle hash h to the high 32 bits of a_p * h + b_p (mod 2**64, a_p odd: multiply-
   shift hashing); a row's signature holds, per permutation, the least value over its shingles.
 - LSH: the signature's first bands * rows values cut into `bands` bands of `rows`; a band's key is its
@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from gpu_prep.filter import DigestSet
+from gpu_prep.mixing import splitmix64
 from gpu_prep.ragged import offsets_from_lengths, row_of, segment_mins
 
 # What Python's str.split() splits at (str.isspace()): these bytes, and the UTF-8 of the characters below.
@@ -49,15 +50,6 @@ NO_ROW = np.uint64(0xFFFFFFFFFFFFFFFF)  # a kept row names no other
 
 def _u64(xp: Any, value: int) -> Any:
     return xp.uint64(value & 0xFFFFFFFFFFFFFFFF)
-
-
-def mix(xp: Any, x: Any) -> Any:
-    """splitmix64's finaliser: every bit of x reaches every bit of the result (uint64, wrapping)."""
-    x = x ^ (x >> _u64(xp, 30))
-    x = x * _u64(xp, 0xBF58476D1CE4E5B9)
-    x = x ^ (x >> _u64(xp, 27))
-    x = x * _u64(xp, 0x94D049BB133111EB)
-    return x ^ (x >> _u64(xp, 31))
 
 
 @functools.lru_cache(maxsize=16)
@@ -100,7 +92,7 @@ class MinHasher:
         """The permutations' multipliers (odd) and addends, and each band's starting key: a splitmix64
         stream from the seed, so a config gives the same values everywhere."""
         counter = (np.arange(2 * self.num_perm + self.bands + 1, dtype=np.uint64) + np.uint64(1)) * np.uint64(FOLD)
-        stream = mix(np, counter + _u64(np, self.seed * FOLD))
+        stream = splitmix64(np, counter + _u64(np, self.seed * FOLD))
         a = stream[:self.num_perm] | np.uint64(1)
         b = stream[self.num_perm:2 * self.num_perm]
         return a, b, stream[2 * self.num_perm:]
@@ -126,7 +118,7 @@ class MinHasher:
         bands = signature.reshape(n, self.bands, self.rows).astype(xp.uint64)
         keys = xp.broadcast_to(xp.asarray(self.parameters()[2][:self.bands])[None, :], (n, self.bands))
         for r in range(self.rows):
-            keys = mix(xp, keys * _u64(xp, FOLD) + bands[:, :, r])
+            keys = splitmix64(xp, keys * _u64(xp, FOLD) + bands[:, :, r])
         return keys, signed
 
 
@@ -151,7 +143,7 @@ def shingle_hashes(xp: Any, data: Any, offsets: Any, ngram: int) -> tuple[Any, A
     xp.cumsum((data.astype(xp.uint64) + _u64(xp, 1)) * _powers(xp, BASE, size), out=prefix[1:])
     inverse = _powers(xp, BASE_INVERSE, size + 1)[starts]
     lengths = (ends - starts).astype(xp.uint64)
-    words = mix(xp, (prefix[ends] - prefix[starts]) * inverse ^ (lengths * _u64(xp, FOLD)))
+    words = splitmix64(xp, (prefix[ends] - prefix[starts]) * inverse ^ (lengths * _u64(xp, FOLD)))
     # Words per text, then each text's shingles: max(words - ngram + 1, 1) of them, or none.
     per_text = xp.bincount(xp.searchsorted(offsets, starts, side="right") - 1, minlength=n)[:n]
     word_offsets = offsets_from_lengths(xp, per_text)
@@ -164,7 +156,7 @@ def shingle_hashes(xp: Any, data: Any, offsets: Any, ngram: int) -> tuple[Any, A
     hashes = xp.full(total, FOLD, dtype=xp.uint64)
     last = max(len(words) - 1, 0)
     for j in range(ngram):
-        folded = mix(xp, hashes * _u64(xp, FOLD) + words[xp.minimum(first + j, last)]) if len(words) else hashes
+        folded = splitmix64(xp, hashes * _u64(xp, FOLD) + words[xp.minimum(first + j, last)]) if len(words) else hashes
         hashes = xp.where(width > j, folded, hashes)
     return hashes, shingle_offsets
 

@@ -18,6 +18,7 @@ from corpora import sharegpt_chats
 from gpu_prep.config import parse_config
 from gpu_prep.errors import ConfigError, Drop
 from gpu_prep.fuzzy import NO_ROW, MinHasher, NearIndex, encode_texts, lsh_bands, shingle_hashes
+from gpu_prep.mixing import splitmix64
 from gpu_prep.pipeline import Options, run
 from gpu_prep.ragged import segment_mins
 from helpers import output_tree, write_jsonl
@@ -61,6 +62,20 @@ def near_copy(text: str, rng: random.Random) -> str:
 
 
 # ---------------------------------------------------------------- the hashing
+
+
+def test_splitmix64_is_vignas_generator_step() -> None:
+    # The reference generator, in Python integers: state += gamma, then the finaliser. Seeded 0 its first
+    # output is 0xE220A8397B1DCDAF, as published with the algorithm.
+    def step(state: int) -> int:
+        z = (state + 0x9E3779B97F4A7C15) & (2**64 - 1)
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
+        return z ^ (z >> 31)
+
+    values = np.random.default_rng(8).integers(0, 2**64, size=1000, dtype=np.uint64)
+    assert splitmix64(np, values).tolist() == [step(int(v)) for v in values]
+    assert int(splitmix64(np, np.zeros(1, np.uint64))[0]) == 0xE220A8397B1DCDAF
 
 
 def test_bands_are_chosen_as_datasketch_chooses_them() -> None:

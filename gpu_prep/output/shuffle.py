@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from gpu_prep.mixing import splitmix64
 from gpu_prep.output.files import claim, temporary_name, writing
 from gpu_prep.ragged import offsets_from_lengths, reorder
 
@@ -34,20 +35,11 @@ _BUCKET_SHIFT = np.uint64(64 - 6)  # log2(BUCKETS) top bits of a key
 _MASK64 = (1 << 64) - 1
 
 
-def splitmix64(x: np.ndarray) -> np.ndarray:
-    """The splitmix64 finalizer over uint64 (wrapping arithmetic): a bijection with good mixing."""
-    with np.errstate(over="ignore"):
-        z = x + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
-
-
 def sample_keys(first: int, count: int, seed: int, domain: str = "") -> np.ndarray:
     """The keys of a domain's samples first .. first + count - 1 under seed (each domain its own order)."""
     named = int.from_bytes(hashlib.blake2b(domain.encode("utf-8"), digest_size=8).digest(), "little")
-    salt = splitmix64(np.array([(seed ^ named) & _MASK64], dtype=np.uint64))[0]
-    return splitmix64(np.arange(first, first + count, dtype=np.uint64) ^ salt)
+    salt = splitmix64(np, np.array([(seed ^ named) & _MASK64], dtype=np.uint64))[0]
+    return splitmix64(np, np.arange(first, first + count, dtype=np.uint64) ^ salt)
 
 
 def bucket_name(bucket: int) -> str:
