@@ -225,33 +225,40 @@ def test_the_flattening_recipe_is_for_unpacked_rows_only(outputs: dict[str, Path
     assert _leak(model, torch, batch, _samples(packed)) > LEAKED
 
 
-def test_the_dpo_recipe_trains_on_the_pairs_as_written(model: Any, torch: Any, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    # TRL's DPOTrainer, one step, on gpu-prep's pairs: the sequences the model sees are prompt + chosen and
-    # prompt + rejected exactly as written, and the loss covers the completions alone.
+def _one_step_recipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model: Any, kind: str, rows: list[dict],
+                     recipe: str, config_name: str) -> tuple[Any, list[dict[str, Any]]]:
+    """gpu-prep's Parquet of these rows (input.type kind), and the trainer the README's recipe makes on it,
+    set to one CPU step over one batch of them all: (the trainer, the rows as written)."""
     trl = pytest.importorskip("trl")
     import pyarrow.parquet as pq
 
     monkeypatch.chdir(tmp_path)
-    chats = _chats(8)
-    rows = [{"prompt": c["messages"][:1], "chosen": c["messages"][1:],
-             "rejected": [{"role": "assistant", "content": "no"}]} for c in chats]
-    config = {"tokenizer": "qwen2.5", "input": {"type": "preference"}, "output": {"storage_format": "parquet"}}
-    out = run_rows(tmp_path, config, rows, name="pairs")
+    config = {"tokenizer": "qwen2.5", "input": {"type": kind}, "output": {"storage_format": "parquet"}}
+    out = run_rows(tmp_path, config, rows, name=kind)
     files = [str(p) for p in sorted((out / "__default__").glob("*.parquet"))]
-    pairs = [r for f in files for r in pq.read_table(f).to_pylist()]
-    real = trl.DPOConfig
+    written = [r for f in files for r in pq.read_table(f).to_pylist()]
+    real = getattr(trl, config_name)
 
     def one_step(**kwargs: Any) -> Any:
-        return real(**kwargs, max_steps=1, per_device_train_batch_size=len(pairs), use_cpu=True, bf16=False,
+        return real(**kwargs, max_steps=1, per_device_train_batch_size=len(written), use_cpu=True, bf16=False,
                     report_to=[], save_strategy="no", logging_strategy="no")
 
-    monkeypatch.setattr(trl, "DPOConfig", one_step)
+    monkeypatch.setattr(trl, config_name, one_step)
     model.save_pretrained(tmp_path / "tiny")  # a path, as users pass one: TRL loads its reference model from it
     namespace: dict[str, Any] = {"files": files, "out_dir": str(out), "model": str(tmp_path / "tiny")}
-    exec(_recipe("dpo"), namespace)  # noqa: S102  the README's own code
-    seen = _recorder(namespace["trainer"].model)
-    namespace["trainer"].train()
+    exec(_recipe(recipe), namespace)  # noqa: S102  the README's own code
+    return namespace["trainer"], written
+
+
+def test_the_dpo_recipe_trains_on_the_pairs_as_written(model: Any, torch: Any, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # TRL's DPOTrainer, one step, on gpu-prep's pairs: the sequences the model sees are prompt + chosen and
+    # prompt + rejected exactly as written, and the loss covers the completions alone.
+    rows = [{"prompt": c["messages"][:1], "chosen": c["messages"][1:],
+             "rejected": [{"role": "assistant", "content": "no"}]} for c in _chats(8)]
+    trainer, pairs = _one_step_recipe(tmp_path, monkeypatch, model, "preference", rows, "dpo", "DPOConfig")
+    seen = _recorder(trainer.model)
+    trainer.train()
     ids, mask = seen["input_ids"], seen["attention_mask"]
     got = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
     want = [p["prompt_ids"] + p["chosen_ids"] for p in pairs] + [p["prompt_ids"] + p["rejected_ids"] for p in pairs]
@@ -262,28 +269,9 @@ def test_the_kto_recipe_trains_on_the_rows_as_written(model: Any, torch: Any, tm
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     # TRL's KTOTrainer, one step, on gpu-prep's unpaired rows: the policy sees each prompt + completion as
     # written, and for the KL term each prompt with the completion before it in the batch.
-    trl = pytest.importorskip("trl")
-    import pyarrow.parquet as pq
-
-    monkeypatch.chdir(tmp_path)
-    chats = _chats(6)
     rows = [{"prompt": c["messages"][:1], "completion": c["messages"][1:], "label": k % 2 == 0}
-            for k, c in enumerate(chats)]
-    config = {"tokenizer": "qwen2.5", "input": {"type": "kto"}, "output": {"storage_format": "parquet"}}
-    out = run_rows(tmp_path, config, rows, name="unpaired")
-    files = [str(p) for p in sorted((out / "__default__").glob("*.parquet"))]
-    written = [r for f in files for r in pq.read_table(f).to_pylist()]
-    real = trl.KTOConfig
-
-    def one_step(**kwargs: Any) -> Any:
-        return real(**kwargs, max_steps=1, per_device_train_batch_size=len(written), use_cpu=True, bf16=False,
-                    report_to=[], save_strategy="no", logging_strategy="no")
-
-    monkeypatch.setattr(trl, "KTOConfig", one_step)
-    model.save_pretrained(tmp_path / "tiny")
-    namespace: dict[str, Any] = {"files": files, "out_dir": str(out), "model": str(tmp_path / "tiny")}
-    exec(_recipe("kto"), namespace)  # noqa: S102  the README's own code
-    trainer = namespace["trainer"]
+            for k, c in enumerate(_chats(6))]
+    trainer, written = _one_step_recipe(tmp_path, monkeypatch, model, "kto", rows, "kto", "KTOConfig")
     calls: list[dict[str, Any]] = []
     trainer.model.register_forward_pre_hook(lambda _m, _a, kwargs: calls.append(kwargs), with_kwargs=True)
     trainer.train()
