@@ -224,8 +224,14 @@ class PreprocessingConfig(_Frozen):
     # to sorted files in the output directory, memory-mapped, and are removed when the run ends. null: no cap.
     dedup_memory_mb: float | None = Field(1024, gt=0)
     # gpu-prep's own: drop rows that share a MinHash band with a row written earlier (near_duplicate);
-    # {} takes the defaults, null (the default) turns it off. Its band keys take dedup_memory_mb too.
+    # {} or true takes the defaults, null or false (the default) turns it off. Its band keys take
+    # dedup_memory_mb too.
     fuzzy_dedup: FuzzyDedupConfig | None = None
+
+    @field_validator("fuzzy_dedup", mode="before")
+    @classmethod
+    def _fuzzy_switch(cls, value: Any) -> Any:
+        return {} if value is True else None if value is False else value
     max_items: int | None = Field(None, ge=1)
     # gpu-prep's own: how samples are put together into sequences of at most max_seq_len tokens, within a
     # shard. none: one sample per sequence. wrapped: the samples concatenated in order and cut every

@@ -264,6 +264,14 @@ def test_chat_rows_are_compared_without_their_system_prompt(tmp_path: Path, docu
     assert reject["line"] == 11 and _named_line(reject) == 1
 
 
+def test_true_and_false_switch_it_with_the_defaults() -> None:
+    on = parse_config({"input": {"type": "text"}, "preprocessing": {"fuzzy_dedup": True}}).preprocessing.fuzzy_dedup
+    assert on == parse_config({"input": {"type": "text"}, "preprocessing": {"fuzzy_dedup": {}}}).preprocessing.fuzzy_dedup
+    assert (on.threshold, on.ngram, on.num_perm, on.bands) == (0.8, 5, 128, None)
+    assert parse_config({"input": {"type": "text"},
+                         "preprocessing": {"fuzzy_dedup": False}}).preprocessing.fuzzy_dedup is None
+
+
 @pytest.mark.parametrize(("fuzzy", "message"), [({"bands": 200}, "cannot exceed num_perm"),
                                                  ({"threshold": 1.0}, "threshold"), ({"ngram": 0}, "ngram")])
 def test_settings_that_cannot_work_are_refused(fuzzy: dict, message: str) -> None:
