@@ -248,41 +248,40 @@ class NearIndex:
 
     def decide(self, keys: np.ndarray, signed: np.ndarray, places: np.ndarray) -> np.ndarray:
         """For rows in order (keys: rows x bands; places: each row's own): the place of the kept row each
-        shares a band with (the earliest band's), NO_ROW for the rows kept; the kept rows' keys are remembered."""
+        shares a band with, NO_ROW for the rows kept; the kept rows' keys are remembered. A row is named by
+        its lowest band that a kept row holds, whether that row was kept in an earlier call or in this one,
+        so names do not depend on how the rows are cut into calls."""
         n, bands = keys.shape
         named = np.full(n, NO_ROW, dtype=np.uint64)
         if not n:
             return named
         earlier = self.lookup(keys.reshape(-1)).reshape(n, bands)
-        hit = (earlier != NO_ROW) & signed[:, None]
-        first_hit = np.argmax(hit, axis=1)
-        dropped = hit.any(axis=1)
-        named[dropped] = earlier[dropped, first_hit[dropped]]
-        # Among these rows: a row may share a band with an earlier one of them that is kept.
-        open_rows = np.flatnonzero(~dropped & signed)
-        flat = keys[open_rows]
-        band = np.broadcast_to(np.arange(bands), flat.shape)
-        order = np.lexsort((np.broadcast_to(open_rows[:, None], flat.shape).reshape(-1), band.reshape(-1),
-                            flat.reshape(-1)))
-        sorted_keys, sorted_band = flat.reshape(-1)[order], band.reshape(-1)[order]
+        rows = np.flatnonzero(signed)
+        # Rows that share a band's key with another row of this call are settled one by one, in order.
+        flat = keys[rows].reshape(-1)
+        band = np.tile(np.arange(bands), len(rows))
+        order = np.lexsort((band, flat))
+        same = (flat[order][1:] == flat[order][:-1]) & (band[order][1:] == band[order][:-1])
         shared = np.zeros(len(order), dtype=bool)
-        same = (sorted_keys[1:] == sorted_keys[:-1]) & (sorted_band[1:] == sorted_band[:-1])
         shared[1:] |= same
         shared[:-1] |= same
-        kept = np.ones(len(open_rows), dtype=bool)
-        if shared.any():  # rare: settle those rows one by one, in order
-            contested = set((order[shared] // bands).tolist())
-            holder: dict[tuple[int, int], int] = {}
-            for k, row in enumerate(open_rows):
-                own = [(j, int(flat[k, j])) for j in range(bands)]
-                if k in contested:
-                    taken = [holder[key] for key in own if key in holder]
-                    if taken:
-                        kept[k] = False
-                        named[row] = places[taken[0]]
-                        continue
-                    holder.update(dict.fromkeys(own, row))
-        keep_rows = open_rows[kept]
+        contested = np.zeros(len(rows), dtype=bool)
+        contested[order[shared] // bands] = True
+        # The others share keys with no row of this call: named by the lowest band an earlier call's row holds.
+        plain = rows[~contested]
+        hit = earlier[plain] != NO_ROW
+        found = hit.any(axis=1)
+        named[plain[found]] = earlier[plain[found], np.argmax(hit[found], axis=1)]
+        holder: dict[tuple[int, int], int] = {}  # (band, key) -> the row of this call that was kept with it
+        for row in rows[contested].tolist():
+            own = [(j, int(keys[row, j])) for j in range(bands)]
+            for j, key in own:
+                if earlier[row, j] != NO_ROW or (j, key) in holder:
+                    named[row] = earlier[row, j] if earlier[row, j] != NO_ROW else places[holder[(j, key)]]
+                    break
+            else:
+                holder.update(dict.fromkeys(own, row))
+        keep_rows = rows[named[rows] == NO_ROW]
         if len(keep_rows):
             records = _records(keys[keep_rows].reshape(-1), np.repeat(places[keep_rows], bands))
             self.seen.add(records)

@@ -162,17 +162,20 @@ def test_the_index_keeps_what_it_is_told_and_spills_alike(tmp_path: Path) -> Non
     keys[60, 2] = keys[20, 2]  # row 60 one band with row 20
     keys[70, 1] = keys[60, 1]  # row 70 one band with row 60, which is dropped: 70 is kept
     keys[80, 3] = keys[20, 3]
+    keys[100, 3] = keys[20, 3]  # row 100 shares band 3 with row 20 and band 0 with row 95: 95 is named
+    keys[100, 0] = keys[95, 0]
     signed = np.ones(300, bool)
     signed[90], keys[90] = False, keys[10]  # no words: never a near-duplicate, never remembered
     places = np.arange(1000, 1300, dtype=np.uint64)
-    whole = NearIndex()
-    spilled = NearIndex(budget_bytes=200, spill_dir=tmp_path)
-    named = [whole.decide(keys[a:b], signed[a:b], places[a:b]) for a, b in ((0, 55), (55, 300))]
-    spilled_named = [spilled.decide(keys[a:b], signed[a:b], places[a:b]) for a, b in ((0, 7), (7, 65), (65, 300))]
-    got = np.concatenate(named)
-    assert (got == np.concatenate(spilled_named)).all() and spilled.seen.spilled
+    got = None
+    for cuts in ((0, 55, 300), (0, 7, 65, 300), (0, 97, 300), (0, 100, 300), (0, 300)):
+        for index in (NearIndex(), NearIndex(budget_bytes=200, spill_dir=tmp_path)):
+            named = np.concatenate([index.decide(keys[a:b], signed[a:b], places[a:b]) for a, b in zip(cuts, cuts[1:])])
+            assert got is None or (named == got).all(), cuts
+            got = named
+    assert index.seen.spilled
     dropped = {int(i): int(got[i]) for i in np.flatnonzero(got != NO_ROW)}
-    assert dropped == {50: 1010, 60: 1020, 80: 1020}
+    assert dropped == {50: 1010, 60: 1020, 80: 1020, 100: 1095}
     # What a resumed run is given back (the records taken) decides the rest alike.
     first = NearIndex()
     first.decide(keys[:100], signed[:100], places[:100])
