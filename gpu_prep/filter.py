@@ -17,6 +17,7 @@ duplicate).
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,11 +71,17 @@ class DigestSet:
         other.runs, other.spilled = [run.copy() for run in self.runs], list(self.spilled)
         return other
 
+    def nearest(self, batch: np.ndarray) -> Iterator[np.ndarray]:
+        """Per run (in memory or spilled): for each item of batch, the run's least item not below it (its
+        last where none is)."""
+        for run in (*self.runs, *self.spilled):
+            if len(run):
+                yield np.asarray(run[np.minimum(np.searchsorted(run, batch), len(run) - 1)])
+
     def contains(self, batch: np.ndarray) -> np.ndarray:
         found = np.zeros(len(batch), dtype=bool)
-        for run in (*self.runs, *self.spilled):
-            at = np.minimum(np.searchsorted(run, batch), len(run) - 1)
-            found |= run[at] == batch
+        for nearest in self.nearest(batch):
+            found |= nearest == batch
         return found
 
     def add(self, items: Any) -> None:

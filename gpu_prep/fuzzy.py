@@ -236,12 +236,8 @@ class NearIndex:
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """The place of the kept row holding each key (uint64), NO_ROW where none does."""
         found = np.full(len(keys), NO_ROW, dtype=np.uint64)
-        probes = _records(keys, np.zeros(len(keys), np.uint64))
-        for run in (*self.seen.runs, *self.seen.spilled):
-            if not len(run) or not len(keys):
-                continue
-            at = np.minimum(np.searchsorted(run, probes), len(run) - 1)
-            hit = np.asarray(run[at]).view(">u8").reshape(-1, 2)
+        for nearest in self.seen.nearest(_records(keys, np.zeros(len(keys), np.uint64))):
+            hit = nearest.view(">u8").reshape(-1, 2)  # (key, place): the probe (key, 0) finds its key's record
             match = hit[:, 0] == keys
             found[match] = hit[match, 1]
         return found

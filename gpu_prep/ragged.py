@@ -34,9 +34,11 @@ def segment_sums(xp: Any, values: Any, offsets: Any) -> Any:
 def reorder(xp: Any, offsets: Any, order: Any) -> tuple[Any, Any]:
     """Rows taken in `order` (a permutation, or any selection of rows): the index that gathers their values,
     and their offsets."""
-    lengths = offsets[1:][order] - offsets[:-1][order]
-    new_offsets = offsets_from_lengths(xp, lengths)
-    return xp.repeat(offsets[:-1][order] - new_offsets[:-1], lengths) + xp.arange(int(new_offsets[-1])), new_offsets
+    starts = offsets[:-1][order]
+    new_offsets = offsets_from_lengths(xp, offsets[1:][order] - starts)
+    total = int(new_offsets[-1])
+    row = row_of(xp, new_offsets, total)  # not repeat(): its CuPy semantics changed between releases
+    return (starts - new_offsets[:-1])[row] + xp.arange(total), new_offsets
 
 
 def segment_mins(xp: Any, values: Any, offsets: Any, fill: int, rows: Any = None, scatter: bool | None = None) -> Any:

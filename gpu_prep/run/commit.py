@@ -15,12 +15,12 @@ from gpu_prep.engines import add_checks
 from gpu_prep.errors import Drop, InputError
 from gpu_prep.fuzzy import NO_ROW, NearIndex
 from gpu_prep.output.writer import DatasetWriter
-from gpu_prep.ragged import offsets_from_lengths, reorder
+from gpu_prep.ragged import offsets_from_lengths, reorder, row_of
 from gpu_prep.run.accounting import PIECES, Accounting
 from gpu_prep.run.checkpoint import Checkpointer
 from gpu_prep.run.context import Decisions, RunContext
 from gpu_prep.run.overlap import Stopwatch
-from gpu_prep.run.stages import Done, Dropped, MaskResult, Prepared
+from gpu_prep.run.stages import Done, Dropped, MaskResult, Prepared, row_keys
 
 
 class Committer:
@@ -118,9 +118,9 @@ class Committer:
                 labels = None if labels is None else labels[~near]
                 spans = offsets_from_lengths(np, np.fromiter((len(row.span_roles) for row in rows.payload), np.int64,
                                                              len(rows.payload)))
-                trained_by_span = trained_by_span.copy()
-                for r in kept[near]:
-                    trained_by_span[spans[r]:spans[r + 1]] = 0
+                dropped = np.zeros(len(rows.payload), dtype=bool)
+                dropped[kept[near]] = True
+                trained_by_span = np.where(dropped[row_of(np, spans, len(trained_by_span))], 0, trained_by_span)
                 kept = kept[~near]
         lengths = np.diff(offsets)
         lengths = lengths.reshape(-1, per_row).sum(axis=1) if per_row > 1 else lengths
@@ -143,11 +143,9 @@ class Committer:
                         ) -> np.ndarray:
         """Which of the rows about to be written (kept: indices into the chunk's rows, in order) share an LSH
         band with a row written before them (fuzzy.NearIndex); those are dropped, naming that row."""
-        rows, chunk = prepared.rows, prepared.chunk
         keys, signed = prepared.bands
-        where = np.fromiter((rows.index[r] for r in kept), np.int64, len(kept))
-        places = np.fromiter(((chunk.file_index[i] << 32) | chunk.line[i] for i in where), np.uint64, len(where))
-        named = self.near.decide(keys[where], signed[where], places)
+        where = np.asarray(prepared.rows.index, np.int64)[kept]
+        named = self.near.decide(keys[where], signed[where], row_keys(prepared)[kept])
         near = named != NO_ROW
         for r, place in zip(kept[near], named[near].tolist()):
             path = self.acct.files[place >> 32].path
