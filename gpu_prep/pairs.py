@@ -25,7 +25,7 @@ import numpy as np
 
 from gpu_prep.errors import Drop
 from gpu_prep.mask import Masked
-from gpu_prep.ragged import offsets_from_lengths
+from gpu_prep.ragged import offsets_from_lengths, row_of, segment_mins
 
 # What meta.json says of a domain of pairs (its pair index is the samples' order).
 PAIR_META = {
@@ -111,14 +111,22 @@ def cut_pairs(masked: Masked, tokens_per_piece: np.ndarray, rules: Any, num_rows
     return samples, drops, counts, trained_by_span
 
 
-def split_pair_samples(ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray
-                       ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
-    """Pairs written as two samples each -> (prompts, chosen completions, rejected completions)."""
-    prompts, chosen, rejected = [], [], []
-    for p in range(0, len(offsets) - 1, 2):
-        a, b = ids[offsets[p]:offsets[p + 1]], ids[offsets[p + 1]:offsets[p + 2]]
-        n = prompt_end(loss_mask[offsets[p]:offsets[p + 1]])
-        prompts.append(a[:n])
-        chosen.append(a[n:])
-        rejected.append(b[n:])
-    return prompts, chosen, rejected
+def prompt_lengths(loss_mask: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """prompt_end of every sample at once (samples as offsets into loss_mask): the tokens before its first
+    trained one, as a column operation."""
+    total = int(offsets[-1])
+    sample = row_of(np, offsets, total)
+    position = np.arange(total) - offsets[:-1][sample]
+    never = np.iinfo(np.int64).max
+    first = segment_mins(np, np.where(loss_mask[:total] != 0, position, never), offsets, never)
+    return np.minimum(first, np.diff(offsets))
+
+
+def cut_samples(ids: np.ndarray, offsets: np.ndarray, cuts: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each sample cut in two after its first cuts[k] tokens: the heads (flat ids, offsets), then the tails."""
+    total = int(offsets[-1])
+    sample = row_of(np, offsets, total)
+    head = np.arange(total) - offsets[:-1][sample] < cuts[sample]
+    return (ids[:total][head], offsets_from_lengths(np, cuts), ids[:total][~head],
+            offsets_from_lengths(np, np.diff(offsets) - cuts))

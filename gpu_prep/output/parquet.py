@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from gpu_prep.output.pack import Layout
 from gpu_prep.output.shards import COPY_ITEMS, LOSS_MASK_MEANING, OneFileShard, shard_cuts
-from gpu_prep.pairs import prompt_end, split_pair_samples
+from gpu_prep.pairs import cut_samples, prompt_lengths
+from gpu_prep.ragged import reorder
 
 IGNORE_INDEX = -100  # labels of tokens outside the loss
 
@@ -72,16 +74,17 @@ class ParquetShard(OneFileShard):
             for count in shard_cuts(np, np.diff(offsets).reshape(-1, 2).sum(axis=1), 0, COPY_ITEMS):
                 lo, hi = int(offsets[2 * first]), int(offsets[2 * (first + count)])
                 block = offsets[2 * first:2 * (first + count) + 1] - lo
-                prompts, chosen, rejected = split_pair_samples(np.asarray(ids[lo:hi]), np.asarray(mask[lo:hi]), block)
+                block_ids = np.asarray(ids[lo:hi])
+                prompt = prompt_lengths(np.asarray(mask[lo:hi]), block)[0::2]  # the chosen sample's
+                heads, head_offsets, tails, tail_offsets = cut_samples(block_ids, block, np.repeat(prompt, 2))
+                chosen, rejected = np.arange(0, 2 * count, 2), np.arange(1, 2 * count, 2)
                 if self.storage.pairs == "reward":  # whole sequences
-                    chosen = [np.concatenate([p, c]) for p, c in zip(prompts, chosen)]
-                    rejected = [np.concatenate([p, r]) for p, r in zip(prompts, rejected)]
-                    columns = [chosen, rejected]
+                    columns = [_lists(block_ids, block, chosen, token), _lists(block_ids, block, rejected, token)]
                 else:
-                    columns = [prompts, chosen, rejected]
-                arrays = [pa.array(c, type=token) for c in columns]
-                arrays.append(pa.array(np.fromiter(map(len, prompts), np.int32, len(prompts))))
-                out.write_table(pa.Table.from_arrays(arrays, schema=schema))
+                    columns = [_lists(heads, head_offsets, chosen, token), _lists(tails, tail_offsets, chosen, token),
+                               _lists(tails, tail_offsets, rejected, token)]
+                columns.append(pa.array(prompt.astype(np.int32)))
+                out.write_table(pa.Table.from_arrays(columns, schema=schema))
                 first += count
 
     def _build_unpaired(self, tmp: Path, layout: Layout) -> None:
@@ -98,17 +101,25 @@ class ParquetShard(OneFileShard):
         first = 0
         with pq.ParquetWriter(tmp, schema, compression="zstd") as out:
             for count in shard_cuts(np, np.diff(offsets), 0, COPY_ITEMS):
-                prompts, completions = [], []
-                for k in range(first, first + count):
-                    sample = np.asarray(ids[offsets[k]:offsets[k + 1]])
-                    n = prompt_end(np.asarray(mask[offsets[k]:offsets[k + 1]]))
-                    prompts.append(sample[:n])
-                    completions.append(sample[n:])
+                lo, hi = int(offsets[first]), int(offsets[first + count])
+                block = offsets[first:first + count + 1] - lo
+                prompt = prompt_lengths(np.asarray(mask[lo:hi]), block)
+                heads, head_offsets, tails, tail_offsets = cut_samples(np.asarray(ids[lo:hi]), block, prompt)
+                every = np.arange(count)
                 out.write_table(pa.Table.from_arrays(
-                    [pa.array(prompts, type=token), pa.array(completions, type=token),
+                    [_lists(heads, head_offsets, every, token), _lists(tails, tail_offsets, every, token),
                      pa.array(np.asarray(labels[first:first + count]).astype(bool)),
-                     pa.array(np.fromiter(map(len, prompts), np.int32, count))], schema=schema))
+                     pa.array(prompt.astype(np.int32))], schema=schema))
                 first += count
+
+
+def _lists(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray, token: Any) -> Any:
+    """Rows of a ragged array (flat values, offsets) as an Arrow list column of type token."""
+    import pyarrow as pa
+
+    gather, row_offsets = reorder(np, offsets, rows)
+    return pa.ListArray.from_arrays(pa.array(row_offsets.astype(np.int32)),
+                                    pa.array(values[gather], type=token.value_type)).cast(token)
 
 
 # The Parquet columns of preference pairs, by output.preference_columns (TRL's names; dpo_legacy: before 1.0).
