@@ -58,6 +58,13 @@ def run_rows(tmp_path: Path, config: dict[str, Any], rows: list[Any], name: str 
     return out
 
 
+def sample_bytes(out: Path) -> dict[str, list[bytes]]:
+    """By domain directory: each sample as its ids' and mask's bytes, in stored order."""
+    ds = gpu_prep.open_dataset(out)
+    return {name: [ids.astype(np.int64).tobytes() + b"|" + mask.astype(np.int8).tobytes() for ids, mask in ds[name]]
+            for name in ds}
+
+
 def samples(out_dir: Path, domain: str | None = None) -> list[Sample]:
     """All samples of one domain (the only one when domain is None), in stored order."""
     ds = gpu_prep.open_dataset(out_dir)

@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import output_tree, run_rows
+from helpers import output_tree, run_rows, sample_bytes
 
-import gpu_prep
 from corpora import sharegpt_chats
 from gpu_prep.output.shuffle import BUCKETS, Scatter, sample_keys
 
@@ -33,11 +32,6 @@ def rows() -> list[dict[str, Any]]:
     return [{**chat, "source": ("code", "chat")[k % 2]} for k, chat in enumerate(sharegpt_chats(400))]
 
 
-def _samples(out: Path) -> dict[str, list[bytes]]:
-    ds = gpu_prep.open_dataset(out)
-    return {name: [ids.astype(np.int64).tobytes() + b"|" + mask.astype(np.int8).tobytes() for ids, mask in ds[name]]
-            for name in ds}
-
 
 def _shards(out: Path) -> tuple[dict[str, bytes], dict[str, Any]]:
     """Every file but the manifest, and the manifest's domains (its inputs name the files, which differ)."""
@@ -46,9 +40,9 @@ def _shards(out: Path) -> tuple[dict[str, bytes], dict[str, Any]]:
 
 
 def test_the_output_is_a_seeded_permutation_across_the_whole_run(tmp_path: Path, rows: list[dict[str, Any]]) -> None:
-    plain = _samples(run_rows(tmp_path, BASE, rows, name="plain", chunk_rows=CHUNK))
+    plain = sample_bytes(run_rows(tmp_path, BASE, rows, name="plain", chunk_rows=CHUNK))
     first = run_rows(tmp_path, _config(), rows, name="first", chunk_rows=CHUNK)
-    shuffled = _samples(first)
+    shuffled = sample_bytes(first)
     assert set(shuffled) == set(plain)
     for domain, samples in plain.items():
         order = [samples.index(s) for s in shuffled[domain]]
@@ -60,7 +54,7 @@ def test_the_output_is_a_seeded_permutation_across_the_whole_run(tmp_path: Path,
     assert not [p for p in first.rglob("*") if "shuffle" in p.name]  # the buckets are gone once it is done
     again = run_rows(tmp_path, _config(), rows, name="again", chunk_rows=2 * CHUNK)  # chunking does not matter
     assert _shards(again) == _shards(first)
-    other = _samples(run_rows(tmp_path, _config(shuffle_seed=5), rows, name="other", chunk_rows=CHUNK))
+    other = sample_bytes(run_rows(tmp_path, _config(shuffle_seed=5), rows, name="other", chunk_rows=CHUNK))
     assert all(other[d] != shuffled[d] and sorted(other[d]) == sorted(shuffled[d]) for d in plain)
     # Each domain has its own order: the same seed does not move equal-sized domains alike.
     chat, code = ([samples.index(s) for s in shuffled[d]] for d, samples in plain.items())

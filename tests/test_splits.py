@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import output_tree, run_rows
+from helpers import output_tree, run_rows, sample_bytes
 
 import gpu_prep
 from corpora import sharegpt_chats
@@ -35,16 +35,10 @@ def rows() -> list[dict[str, Any]]:
     return [{**chat, "source": ("code", "chat")[k % 2]} for k, chat in enumerate(sharegpt_chats(600))]
 
 
-def _samples(out: Path) -> dict[str, list[bytes]]:
-    """By domain directory: each sample as its ids' and mask's bytes, in stored order."""
-    ds = gpu_prep.open_dataset(out)
-    return {name: [ids.astype(np.int64).tobytes() + b"|" + mask.astype(np.int8).tobytes() for ids, mask in ds[name]]
-            for name in ds}
-
 
 def _by_split(out: Path) -> dict[str, set[bytes]]:
     found: dict[str, set[bytes]] = {}
-    for name, items in _samples(out).items():
+    for name, items in sample_bytes(out).items():
         found.setdefault(name.split("/")[0], set()).update(items)
     return found
 
@@ -58,9 +52,9 @@ def test_shares_land_within_tolerance_and_are_counted(tmp_path: Path) -> None:
 
 
 def test_the_splits_together_are_the_unsplit_output_in_input_order(tmp_path: Path, rows: list[dict[str, Any]]) -> None:
-    whole = _samples(run_rows(tmp_path, BASE, rows, name="whole", chunk_rows=64))
+    whole = sample_bytes(run_rows(tmp_path, BASE, rows, name="whole", chunk_rows=64))
     out = run_rows(tmp_path, _config(), rows, name="split", chunk_rows=64)
-    parts = _samples(out)
+    parts = sample_bytes(out)
     assert set(parts) == {f"{s}/{d}" for s in SPLITS for d in ("code", "chat")}
     manifest = json.loads((out / "manifest.json").read_text())
     totals = manifest["totals"]
@@ -95,7 +89,7 @@ def test_equal_rows_share_a_split(tmp_path: Path, rows: list[dict[str, Any]]) ->
     found = _by_split(out)
     assert not found["train"] & found["validation"]
     manifest = json.loads((out / "manifest.json").read_text())
-    assert sum(len(v) for v in _samples(out).values()) == manifest["totals"]["rows_written"] > 100
+    assert sum(len(v) for v in sample_bytes(out).values()) == manifest["totals"]["rows_written"] > 100
 
 
 def test_a_cluster_writes_the_same_split_output(tmp_path: Path, rows: list[dict[str, Any]]) -> None:
