@@ -104,9 +104,9 @@ class Checkpointer:
         # The rows the last checkpoint holds (None: none was written yet, nothing to resume from).
         self.rows_saved: int | None = None if state is None else self.rows_done
         self.digests = 0 if state is None else state["dedup_digests"]
-        self.near_bytes = 0 if state is None else state.get("near_records", 0) * DIGEST_BYTES
+        self.near_records = 0 if state is None else state.get("near_records", 0)
         self.log = _log(out_dir / DEDUP_LOG, None if state is None else self.digests * DIGEST_BYTES)
-        self.near_log = _log(out_dir / NEAR_LOG, None if state is None else self.near_bytes)
+        self.near_log = _log(out_dir / NEAR_LOG, None if state is None else self.near_records * DIGEST_BYTES)
         self.last = time.monotonic()
 
     def seen(self) -> np.ndarray:
@@ -115,7 +115,7 @@ class Checkpointer:
 
     def near_seen(self) -> np.ndarray:
         """The fuzzy_dedup records in force at the checkpoint (fuzzy.NearIndex takes them)."""
-        return self._mapped(self.near_log, NEAR_LOG, self.near_bytes // DIGEST_BYTES)
+        return self._mapped(self.near_log, NEAR_LOG, self.near_records)
 
     def _mapped(self, log: Any, name: str, items: int) -> np.ndarray:
         log.flush()
@@ -132,7 +132,7 @@ class Checkpointer:
         if near:
             with writing(self.out_dir / NEAR_LOG):
                 self.near_log.write(b"".join(near))
-            self.near_bytes += sum(len(n) for n in near)
+            self.near_records += sum(len(n) for n in near) // DIGEST_BYTES
         self.digests += len(digests)
         self.rows_done += rows
         if time.monotonic() - self.last < self.every:
@@ -148,7 +148,7 @@ class Checkpointer:
         failpoint("checkpoint")
         write_json_atomic(self.out_dir / CHECKPOINT, {"identity": self.identity, "rows_done": self.rows_done,
                                                       "dedup_digests": self.digests,
-                                                      "near_records": self.near_bytes // DIGEST_BYTES, **state})
+                                                      "near_records": self.near_records, **state})
         self.rows_saved = self.rows_done
         failpoint("checkpoint_written")
         self.last = time.monotonic()
