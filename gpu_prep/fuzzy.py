@@ -103,7 +103,7 @@ class MinHasher:
         a, b, _ = self.parameters()
         hashes, shingle_offsets = shingle_hashes(xp, data, offsets, self.ngram)
         n, width = len(offsets) - 1, self.bands * self.rows
-        rows = row_of(xp, shingle_offsets, len(hashes)) if xp.__name__ != "numpy" else None
+        rows = row_of(xp, shingle_offsets, len(hashes))  # what segment_mins scatters by where it scatters
         signature = xp.empty((width, n), dtype=xp.uint32)
         for p in range(width):  # a permutation at a time: its values stay in cache
             values = ((hashes * _u64(xp, int(a[p])) + _u64(xp, int(b[p]))) >> _u64(xp, 32)).astype(xp.uint32)
