@@ -12,6 +12,7 @@ even though CI has no GPU.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ Tokenizer = Any
 ReadRange = Callable[[str, int, int, tuple[str, ...]], "list[dict[str, Any]] | None"]
 
 GPU_EXTRA = 'pip install "gpu-prep[gpu]"'
+log = logging.getLogger("gpu_prep")
 
 # (module, attribute path, keyword arguments passed): what the GPU code below calls.
 GPU_API: list[tuple[str, str, tuple[str, ...]]] = [
@@ -93,14 +95,23 @@ class Backend:
         return None
 
 
+@dataclass(frozen=True)
 class GpuBackend(Backend):
-    """Arrays in CuPy; string hashing in cuDF. Results are the CPU backend's, byte for byte."""
+    """Arrays in CuPy; string hashing, the byte-range reader and WordPiece in cuDF. Results are the CPU
+    backend's, byte for byte.
+
+    strings=False: cuDF is not installed (`--device gpu` on a machine with CuPy alone). The array stages
+    still run on the device; the string steps are the CPU backend's, which give the same bytes."""
+
+    strings: bool = True
 
     def to_host(self, array: Any) -> np.ndarray:
         return self.xp.asnumpy(array)
 
     def text_stats(self, texts: list[str], keys: list[str], chars: int | None,
                    digests: bool = True) -> tuple[np.ndarray, list[bytes]]:
+        if not self.strings:
+            return super().text_stats(texts, keys, chars, digests)
         import cudf
 
         if not texts:
@@ -117,12 +128,12 @@ class GpuBackend(Backend):
         return lengths, [bytes.fromhex(h) for h in hex_digests.to_arrow().to_pylist()]
 
     def json_range_reader(self) -> ReadRange | None:
-        return read_json_range
+        return read_json_range if self.strings else None
 
     def encoder(self, tok: Tokenizer) -> Callable[[list[str]], tuple[np.ndarray, np.ndarray]]:
         # WordPiece runs on the GPU; byte-level BPE cannot run exactly in cuDF, so it stays on the CPU
         # engine and its ids move to the device for the mask stage.
-        if tok.model == "WordPiece":
+        if tok.model == "WordPiece" and self.strings:
             return GpuWordPiece(tok).encode
         return tok.encode
 
@@ -206,29 +217,49 @@ def gpu_missing_reason() -> str | None:
     return f"CuPy reports no usable GPU ({count} device(s) seen)"
 
 
-def configure_gpu_memory(pool_size: int | str | None, spill: bool) -> None:
+def cudf_missing_reason() -> str | None:
+    """None when cuDF imports; otherwise why not (the GPU backend then keeps its string steps on the host)."""
+    try:
+        import cudf  # noqa: F401
+    except Exception as exc:  # ImportError, or a CUDA library mismatch raised while loading libcudf
+        return f"cuDF cannot be imported ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    return None
+
+
+def configure_gpu_memory(pool_size: int | str | None, spill: bool, strings: bool = True) -> None:
     """An RMM pool of pool_size (None: RMM's default allocator), then cuDF spilling to host if asked.
 
-    Order matters: RMM first, then spilling, then any data."""
-    import cudf
-    import rmm
-
+    Order matters: RMM first, then spilling, then any data. Without cuDF (strings=False) there is no cuDF
+    memory to spill, and a pool asked for needs RMM all the same."""
     if pool_size:
+        try:
+            import rmm
+        except ImportError:
+            raise ConfigError(f"gpu.rmm_pool_size: RMM is not installed ({GPU_EXTRA})") from None
         rmm.reinitialize(pool_allocator=True, initial_pool_size=pool_size, maximum_pool_size=None)
-    if spill:
+    if spill and strings:
+        import cudf
+
         cudf.set_option("spill", True)
 
 
 def select_backend(device: str, gpu_pool_size: int | str | None = None, gpu_spill: bool = False) -> Backend:
-    """auto -> the GPU when CuPy can use one, else the CPU; gpu -> the GPU or a clear error."""
+    """auto -> the GPU when CuPy can use one and cuDF is installed, else the CPU; gpu -> the GPU or a clear
+    error. `--device gpu` with CuPy but no cuDF runs the array stages on the device and says so."""
     if device == "cpu":
         return CPU
     missing = gpu_missing_reason()
     if missing is None:
         import cupy
 
-        configure_gpu_memory(gpu_pool_size, gpu_spill)
-        return GpuBackend("gpu", cupy)
+        no_cudf = cudf_missing_reason()
+        if no_cudf is not None and device != "gpu":
+            return CPU  # the GPU backend as designed needs both; half of it is chosen only by name
+        if no_cudf is not None:
+            log.warning("--device gpu: %s; the arrays run on the GPU, reading and hashing strings on the host "
+                        "(%s for all of it)", no_cudf, GPU_EXTRA)
+        configure_gpu_memory(gpu_pool_size, gpu_spill, strings=no_cudf is None)
+        return GpuBackend("gpu", cupy, strings=no_cudf is None)
     if device == "gpu":
         raise ConfigError(f"--device gpu: {missing}")
     return CPU

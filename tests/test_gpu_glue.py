@@ -97,3 +97,27 @@ def test_gpu_text_stats_are_the_cpu_lengths_and_digests(monkeypatch: pytest.Monk
     assert GpuBackend("gpu", np).text_stats(texts, keys, 200, digests=False)[1] == []
     whole = GpuBackend("gpu", np).text_stats(texts, keys, None)[1]  # dedup_prefix_chars null: the whole key
     assert whole == CPU.text_stats(texts, keys, None)[1] == [hashlib.md5(k.encode("utf-8")).digest() for k in keys]
+
+
+def test_cupy_without_cudf_is_chosen_by_name_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A machine with CuPy and a GPU but no cuDF: auto stays on the CPU (the GPU backend as designed needs
+    # both); --device gpu runs the arrays on the device and every string step as the CPU backend does.
+    import hashlib
+
+    from gpu_prep import backend
+
+    monkeypatch.setattr(backend, "gpu_missing_reason", lambda: None)
+    monkeypatch.setitem(sys.modules, "cupy", np)
+    monkeypatch.setitem(sys.modules, "cudf", None)  # `import cudf` raises ImportError
+    monkeypatch.setitem(sys.modules, "rmm", None)
+    assert backend.cudf_missing_reason().startswith("cuDF cannot be imported (")
+    assert backend.select_backend("auto") is backend.CPU
+    gpu = backend.select_backend("gpu", gpu_spill=True)  # nothing of cuDF's to spill: not an error
+    assert gpu.name == "gpu" and gpu.xp is np and gpu.strings is False
+    assert gpu.json_range_reader() is None
+    texts = ["é" * 250, "short"]
+    assert gpu.text_stats(texts, texts, 200)[1] == [hashlib.md5(t[:200].encode()).digest() for t in texts]
+    bert = load_tokenizer(str(bundled_tokenizer_dir("bert-uncased")))
+    assert gpu.encoder(bert) == bert.encode  # WordPiece on the host engine, not nvtext
+    with pytest.raises(ConfigError, match="gpu.rmm_pool_size: RMM is not installed"):
+        backend.select_backend("gpu", gpu_pool_size="1GiB")
