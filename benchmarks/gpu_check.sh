@@ -27,12 +27,12 @@ status=0
   echo "    bash benchmarks/gpu_check.sh"
   echo
   "$PY" - <<'PY'
-import importlib, platform
+import importlib, importlib.metadata, platform
 print(f"- Python {platform.python_version()}")
 for name in ("cupy", "cudf", "rmm", "dask_cuda", "fastokens", "tokenizers"):
     try:
         module = importlib.import_module(name)
-        print(f"- {name} {getattr(module, '__version__', '?')}")
+        print(f"- {name} {getattr(module, '__version__', None) or importlib.metadata.version(name)}")
     except Exception as exc:  # noqa: BLE001  a report, not a failure
         print(f"- {name}: not importable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
 from gpu_prep.backend import gpu_missing_reason
@@ -42,16 +42,16 @@ PY
 } | tee -a "$report"
 
 tests=$(mktemp)
-"$PY" -m pytest -q -p no:cacheprovider -rs tests/test_gpu_api_contract.py tests/test_gpu_parity.py tests/test_gpu_xp.py \
-  > "$tests" 2>&1 \
+"$PY" -m pytest -q -p no:cacheprovider -rfEs --tb=short tests/test_gpu_api_contract.py tests/test_gpu_parity.py \
+  tests/test_gpu_xp.py > "$tests" 2>&1 \
   || status=1
 {
   echo
-  echo "API contract and parity (pytest):"
+  echo "API contract and parity (pytest; the whole log: $tests):"
   echo
-  tail -25 "$tests" | sed 's/^/    /'
+  # Every failure and skip by name, then the count; the tracebacks stay in the log.
+  sed -n '/short test summary info/,$p' "$tests" | grep -v "short test summary info" | sed 's/^/    /'
 } | tee -a "$report"
-rm -f "$tests"
 
 {
   echo

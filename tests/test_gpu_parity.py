@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from corpora import sharegpt_chats
-from gpu_prep.config import parse_config
+from gpu_prep.config import load_config, parse_config
 from gpu_prep.pipeline import Options, run
-from helpers import REPO, load_json, write_jsonl
+from helpers import REPO, write_jsonl
 
 pytestmark = pytest.mark.gpu
 
@@ -46,7 +46,7 @@ def _assert_same(cpu: dict, gpu: dict) -> None:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_example_configs_match(case: str, tmp_path: Path) -> None:
     config_path, data = CASES[case]
-    config = parse_config(load_json(REPO / config_path))
+    config = load_config(REPO / config_path)  # JSON or YAML, as the CLI reads it
     _assert_same(*_both(config, [str(REPO / data)], tmp_path))
 
 
