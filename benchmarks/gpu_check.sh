@@ -8,8 +8,9 @@
 # 2. the API-contract tests (every cuDF / CuPy call gpu-prep makes, against the installed wheels), the
 #    parity suite (the GPU backend's shards byte-identical to the CPU backend's) and the xp suite (the array
 #    code on CuPy equal to numpy: it needs CuPy alone, so it runs where cuDF is missing too);
-# 3. the backend benchmark: bench_pipeline.py, the CPU and the GPU backend stage by stage on its corpora,
-#    and fuzzy_dedup's band keys (MinHash + LSH, gpu_prep/fuzzy.py) on numpy and on CuPy.
+# 3. the backend benchmark: bench_pipeline.py, the CPU and the GPU backend stage by stage on its corpora;
+#    bench_mask_stage.py, the mask stage inside a run and alone on each; and fuzzy_dedup's band keys
+#    (MinHash + LSH, gpu_prep/fuzzy.py) on numpy and on CuPy.
 #
 # The report goes to the terminal and, where CuPy sees a GPU, is appended to benchmarks/RESULTS.md under a
 # heading that names the machine and the day. The script exits non-zero when a test failed.
@@ -58,6 +59,13 @@ tests=$(mktemp)
   echo "Backend benchmark (python benchmarks/bench_pipeline.py --rows 2000):"
   echo
   "$PY" benchmarks/bench_pipeline.py --rows 2000 2>&1 | tail -40 | sed 's/^/    /'
+} | tee -a "$report"
+
+{
+  echo
+  echo "The mask stage inside a run and alone (python benchmarks/bench_mask_stage.py --chats 2000):"
+  echo
+  "$PY" benchmarks/bench_mask_stage.py --chats 2000 2>&1 | grep -v "^--device gpu" | sed 's/^/    /'
 } | tee -a "$report"
 
 {

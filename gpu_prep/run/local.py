@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 from gpu_prep.filter import Deduplicator
 from gpu_prep.mix import mixed_rows
-from gpu_prep.read import RawChunk, read_chunks
+from gpu_prep.read import CHUNK_BYTES, RawChunk, read_chunks
 from gpu_prep.run.context import Decisions, RunContext
 from gpu_prep.run.overlap import Sink, Stopwatch, quick_handoffs
 from gpu_prep.run.stages import Done, Tokenizing, mask_chunk, prepare_and_tokenize
@@ -22,8 +22,8 @@ def run_chunks(run: RunContext, chunk_rows: int, rows_done: int) -> Iterator[Raw
         process = config.dataprocessor
         mixed = mixed_rows(run.datasets, config.sampling_ratios(), process.seed, process.sampling_stopping_strategy,
                            run.columnar, config.input.max_row_bytes)
-    return read_chunks(run.files, chunk_rows, config.preprocessing.max_items, columnar=run.columnar, skip=rows_done,
-                       max_row_bytes=config.input.max_row_bytes, rows=mixed)
+    return read_chunks(run.files, chunk_rows, config.preprocessing.max_items, CHUNK_BYTES * run.backend.chunk_scale,
+                       columnar=run.columnar, skip=rows_done, max_row_bytes=config.input.max_row_bytes, rows=mixed)
 
 
 def run_here(run: RunContext, chunks: Iterator[RawChunk], dedup: Deduplicator | None, decisions: Decisions,
