@@ -25,10 +25,22 @@ def offsets_from_lengths(xp: Any, lengths: Any) -> Any:
     return out
 
 
-def segment_sums(xp: Any, values: Any, offsets: Any) -> Any:
-    """Sum of values within each row (rows may be empty)."""
-    running = offsets_from_lengths(xp, values)
-    return running[offsets[1:]] - running[offsets[:-1]]
+def segment_sums(xp: Any, values: Any, offsets: Any, running: bool | None = None) -> Any:
+    """Sum of integer (or bool) values within each row, as int64 (rows may be empty). numpy adds each row in
+    place (add.reduceat over the rows that have values, as segment_mins does), without the running total of
+    every element that CuPy, which has no reduceat, takes the differences of: over a chunk's tokens that total
+    is a fresh int64 array as long as the chunk, and numpy's cumsum holds the GIL while it fills it.
+    running: which, when not by the module (tests)."""
+    if running is None:
+        running = xp.__name__ != "numpy"
+    if running:
+        total = offsets_from_lengths(xp, values)
+        return total[offsets[1:]] - total[offsets[:-1]]
+    out = xp.zeros(len(offsets) - 1, dtype=xp.int64)
+    filled = offsets[1:] > offsets[:-1]
+    if len(values):
+        out[filled] = xp.add.reduceat(values, offsets[:-1][filled], dtype=xp.int64)
+    return out
 
 
 def reorder(xp: Any, offsets: Any, order: Any) -> tuple[Any, Any]:

@@ -208,6 +208,14 @@ def test_a_warm_tokenizer_load_takes_its_outline_from_the_cache(tmp_path: Path,
     assert np.array_equal(warm.token_bytes, cold.token_bytes)
     assert warm.summary() == cold.summary() and warm.end_of_turn_tokens() == cold.end_of_turn_tokens()
     assert warm.vocab_size == cold.engine.get_vocab_size(with_added_tokens=True) == 151665
+    # The vocabulary is kept in a file of its own and read only when something asks: a run that asks nothing
+    # never parses it. Without the file, the HF engine answers.
+    fresh = load_tokenizer("qwen2.5")
+    assert fresh.spec["model"]["vocab"]._vocab is None and fresh.token_id("<|im_end|>") == 151645
+    assert fresh.spec["model"]["vocab"]._vocab is None  # an added token needs no vocabulary
+    (vocab_file,) = (tmp_path / "cache" / "tokenizers").glob("outline*-vocab.json")
+    vocab_file.unlink()
+    assert load_tokenizer("qwen2.5").token_id("hello") == cold.engine.token_to_id("hello")
     assert warm.token_id("<|im_end|>") == cold.engine.token_to_id("<|im_end|>")
     assert warm.token_id("hello") == cold.engine.token_to_id("hello") and warm.token_id("no such token!") is None
     assert warm.engine.encode("hi there", add_special_tokens=False).ids == cold.engine.encode("hi there").ids

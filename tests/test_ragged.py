@@ -28,6 +28,13 @@ def test_offsets_rows_and_sums_match_plain_loops(lengths: list[int]) -> None:
     values = np.arange(n, dtype=np.int64) * 3 + 1
     want = [int(values[offsets[r]:offsets[r + 1]].sum()) for r in range(len(lengths))]
     assert segment_sums(np, values, offsets).tolist() == want
+    # The running-total form CuPy takes gives the same sums, also of int8 masks and bools past their range.
+    assert segment_sums(np, values, offsets, running=True).tolist() == want
+    for small in (np.full(n, 100, np.int8), np.ones(n, bool)):
+        got, running = segment_sums(np, small, offsets), segment_sums(np, small, offsets, running=True)
+        assert got.dtype == running.dtype == np.int64
+        assert got.tolist() == running.tolist() == [int(small[offsets[r]:offsets[r + 1]].sum(dtype=np.int64))
+                                                    for r in range(len(lengths))]
 
 
 def test_filter_drops_short_text_long_rows_and_later_duplicates() -> None:
