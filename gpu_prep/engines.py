@@ -119,7 +119,9 @@ def _normalized(pieces: list[str], form: str | None) -> list[str]:
     do not normalize)."""
     if not form:
         return pieces
-    return [p if unicodedata.is_normalized(form, p) else unicodedata.normalize(form, p) for p in pieces]
+    # ASCII is the same in every normal form, and isascii() reads a flag the string already has: no scan.
+    return [p if p.isascii() or unicodedata.is_normalized(form, p) else unicodedata.normalize(form, p)
+            for p in pieces]
 
 
 @dataclass
