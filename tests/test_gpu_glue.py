@@ -128,3 +128,34 @@ def test_cupy_without_cudf_is_chosen_by_name_only(monkeypatch: pytest.MonkeyPatc
     assert gpu.encoder(bert) == bert.encode  # WordPiece on the host engine, not nvtext
     with pytest.raises(ConfigError, match="gpu.rmm_pool_size: RMM is not installed"):
         backend.select_backend("gpu", gpu_pool_size="1GiB")
+
+
+def test_the_gpu_backends_larger_chunks_write_the_same_bytes(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The GPU backend reads chunks chunk_scale times as large as the CPU's: the chunks differ, the output
+    # may not. Chunks are made small here so that a few hundred conversations cut both ways.
+    import gpu_prep.run.local as local
+    import gpu_prep.run.stages as stages
+    from corpora import sharegpt_chats
+    from gpu_prep.backend import Backend, GpuBackend
+    from gpu_prep.config import parse_config
+    from gpu_prep.pipeline import Options, run
+    from helpers import write_jsonl
+
+    assert GpuBackend.chunk_scale > Backend.chunk_scale == 1
+    monkeypatch.setattr(local, "CHUNK_BYTES", 32 << 10)
+    masked = []
+    original = stages.mask_rows
+    monkeypatch.setattr(stages, "mask_rows", lambda *args: masked.append(len(args[1])) or original(*args))
+    data = write_jsonl(tmp_path / "chat.jsonl", sharegpt_chats(300))
+    config = parse_config({"input": {"type": "chat"}, "mask": {"assistant": "train"},
+                           "preprocessing": {"max_seq_len": 1024}, "output": {"max_tokens_per_shard": 40_000}})
+    outputs = []
+    for scale in (1, GpuBackend.chunk_scale):
+        monkeypatch.setattr(Backend, "chunk_scale", scale)
+        masked.clear()
+        manifest = run(config, [str(data)], tmp_path / f"scale{scale}", Options(device="cpu"))
+        outputs.append(({name: [s["sha256"] for s in meta["shards"]] for name, meta in manifest["domains"].items()},
+                        manifest["totals"], len(masked)))
+    (small, small_totals, small_chunks), (large, large_totals, large_chunks) = outputs
+    assert small_chunks > large_chunks > 1  # the runs were cut differently
+    assert large == small and large_totals == small_totals and sum(len(v) for v in small.values()) > 1
