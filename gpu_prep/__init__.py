@@ -6,16 +6,17 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-from gpu_prep.output.dataset import Dataset, Domain, open_dataset  # noqa: E402
-
-open = open_dataset  # gpu_prep.open("out/"): a run's output, whatever its storage format  # noqa: A001
-
 __all__ = ["Dataset", "Domain", "open", "open_dataset", "register", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    # `from gpu_prep import register` (a plugin's builder, see gpu_prep/builders.py) imports the format
-    # registry only when asked, so `import gpu_prep` stays as quick as reading a dataset needs.
+    # Imported when first asked for, so that `import gpu_prep.<module>` costs only that module: the reader
+    # (gpu_prep.open("out/"), a run's output whatever its storage format, with Dataset and Domain) and the
+    # format registry (`from gpu_prep import register`, a plugin's builder, see gpu_prep/builders.py).
+    if name in ("Dataset", "Domain", "open", "open_dataset"):
+        from gpu_prep.output import dataset
+
+        return dataset.open_dataset if name == "open" else getattr(dataset, name)
     if name == "register":
         from gpu_prep.format import register
 

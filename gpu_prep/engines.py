@@ -307,7 +307,31 @@ def start_builds(requested: str, spec: dict[str, Any], path: Path, cache_key: An
     for name in candidates(requested)[:1]:
         with _BUILDS_LOCK:
             if (name, cache_key) not in _BUILDS:
-                _BUILDS[(name, cache_key)] = in_thread(lambda name=name: _build(name, spec, path))
+                _BUILDS[(name, cache_key)] = _started_early(name, spec, path, cache_key) \
+                    or in_thread(lambda name=name: _build(name, spec, path))
+
+
+def _started_early(name: str, spec: dict[str, Any], path: Path, cache_key: Any) -> Future | None:
+    """The build the console script started before its imports (gpu_prep.early), where it is this engine of
+    this file; if that build failed, the usual one, started then."""
+    from gpu_prep import early
+
+    raw = early.claim(name, cache_key)
+    if raw is None:
+        return None
+    future: Future = Future()
+
+    def done(started: Future) -> None:
+        try:
+            tokenizer, form = started.result()
+            future.set_result(FastokensEngine(tokenizer, form))
+        except BaseException:  # noqa: BLE001  the guess went wrong: build as a run without one does
+            again = in_thread(lambda: _build(name, spec, path))
+            again.add_done_callback(lambda f: future.set_exception(f.exception()) if f.exception()
+                                    else future.set_result(f.result()))
+
+    raw.add_done_callback(done)
+    return future
 
 
 def fast_engine(name: str, spec: dict[str, Any], path: Path, cache_key: Any) -> tuple[Any, str | None]:

@@ -1,0 +1,134 @@
+"""The fast engine's build, started before the console script's imports.
+
+A run spends its first 0.2 s importing (one core busy) and then waits about 0.8 s for fastokens to build
+from its cached rank file (gpu_prep.engines); on two cores that build is on the run's critical path. The
+console script therefore starts it first thing, on a guess: the tokenizer the last run of the same command
+used. A command is the working directory with `-c/--config` and `--tokenizer` as given (the data files may
+differ); its hint, in GPU_PREP_CACHE/early/, names the tokenizer.json (with its size and modification time),
+the rank file and what fastokens needs beside it. A guess is only used where the run, once it has parsed
+its config, asks for that very engine of that very file (engines.start_builds looks it up by the same key
+it builds under); a wrong guess costs a core a second, never a wrong id. Nothing here may stop a run: any
+error leaves the guess unmade.
+
+Only the standard library is imported at module level, so that `import gpu_prep.early` is quick.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+HINT_FORMAT = 1
+_STATE: dict[str, Any] = {"command": None, "key": None, "future": None}
+_LOCK = threading.Lock()
+
+
+def command_of(argv: list[str]) -> list[str] | None:
+    """What names a `gpu-prep run` command's tokenizer: [working directory, config, --tokenizer]; None for
+    any other command."""
+    args = argv[1:]
+    if not args or args[0] != "run":
+        return None
+    found: dict[str, str] = {}
+    for i, arg in enumerate(args):
+        for flag, names in (("config", ("-c", "--config")), ("tokenizer", ("--tokenizer",))):
+            if arg in names and i + 1 < len(args):
+                found[flag] = args[i + 1]
+            elif any(arg.startswith(f"{n}=") for n in names if n.startswith("--")):
+                found[flag] = arg.split("=", 1)[1]
+    if "config" not in found:
+        return None
+    return [os.getcwd(), found["config"], found.get("tokenizer", "")]
+
+
+def hint_path(command: list[str]) -> Path:
+    from gpu_prep.bundled import cache_root
+
+    digest = hashlib.sha256(json.dumps(command).encode()).hexdigest()[:24]
+    return cache_root() / "early" / f"hint{HINT_FORMAT}-{digest}.json"
+
+
+def start(argv: list[str]) -> None:
+    """Remember the command, and start building the engine its last run used, in a thread of its own."""
+    try:
+        command = command_of(argv)
+        if command is None:
+            return
+        _STATE["command"] = command
+        hint = json.loads(hint_path(command).read_text(encoding="utf-8"))
+        tokenizer_json = Path(hint["tokenizer_json"])
+        stat = tokenizer_json.stat()
+        key = [str(tokenizer_json.parent.resolve()), stat.st_size, stat.st_mtime_ns]
+        if key != hint["key"] or not Path(hint["ranks"]).is_file():
+            return  # the file changed since: no guess
+    except Exception:  # noqa: BLE001  a missing or unreadable hint: no guess
+        return
+    future: Future = Future()
+
+    def build() -> None:
+        try:
+            from importlib.metadata import version
+
+            import fastokens
+
+            if version("fastokens") != hint["fastokens"]:
+                raise RuntimeError("another fastokens made the rank file")
+            built = fastokens.Tokenizer.from_tiktoken(hint["ranks"], pattern=hint["pattern"],
+                                                      special_tokens=hint["added"])
+            future.set_result((built, hint["form"]))
+        except BaseException as exc:  # noqa: BLE001  whoever claims it builds again instead
+            future.set_exception(exc)
+
+    _STATE.update(key=(hint["engine"], tuple(key)), future=future)
+    # Not a daemon, as engines.in_thread explains; the console script leaves with os._exit in any case.
+    threading.Thread(target=build, name="gpu-prep-early-build").start()
+
+
+def claim(name: str, cache_key: Any) -> Future | None:
+    """The early build's future (of (fastokens tokenizer, normal form)) if it is this engine of this file;
+    taken once."""
+    with _LOCK:
+        if _STATE["future"] is None or _STATE["key"] != (name, tuple(cache_key)):
+            return None
+        future, _STATE["future"] = _STATE["future"], None
+        return future
+
+
+def remember(engine: str, cache_key: Any, tokenizer_json: Path, ranks: Path, spec: dict[str, Any]) -> None:
+    """After a run of this command chose `engine` built from `ranks`: the hint its next run starts from.
+    Written only where it changes; a hint that cannot be written costs the next run its head start."""
+    command = _STATE["command"]
+    if command is None:
+        return
+    from importlib.metadata import version
+
+    from gpu_prep.engines import _added, _split_pattern
+
+    hint = {"engine": engine, "key": list(cache_key), "tokenizer_json": str(tokenizer_json), "ranks": str(ranks),
+            "pattern": _split_pattern(spec), "added": _added(spec), "fastokens": version("fastokens"),
+            # What gpu-prep applies before an engine built from ranks, as FastokensEngine.build sets it.
+            "form": (spec.get("normalizer") or {}).get("type")}
+    path = hint_path(command)
+    try:
+        if path.is_file() and json.loads(path.read_text(encoding="utf-8")) == hint:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(hint), encoding="utf-8")
+        os.replace(tmp, path)
+    except (OSError, ValueError):
+        pass
+
+
+def main() -> None:
+    """The console script: the guess first, then the CLI (whose imports take the first 0.2 s)."""
+    start(sys.argv)
+    from gpu_prep.cli import main as cli_main
+
+    cli_main()

@@ -1,0 +1,98 @@
+"""The console script's head start (gpu_prep/early.py): the engine the last run of a command used is built
+while the CLI imports, and a run takes it only where it is that engine of that very tokenizer file."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gpu_prep import early, engines
+from gpu_prep.bundled import bundled_tokenizer_dir
+from gpu_prep.tokenizer import load_tokenizer
+from helpers import REPO, gpu_prep_cli, output_tree
+
+
+@pytest.fixture
+def fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache and a tokenizer folder of this test's own (so no other test's build answers for it), and the
+    module's state as a new process has it."""
+    monkeypatch.setenv("GPU_PREP_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(early, "_STATE", {"command": None, "key": None, "future": None})
+    tokenizer = tmp_path / "tok"
+    shutil.copytree(bundled_tokenizer_dir("qwen2.5"), tokenizer)
+    return tokenizer
+
+
+def _use(tokenizer: Path, argv: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[object, object]:
+    """What early.start does for argv, then what a run does: load the tokenizer, start its builds, choose;
+    each time as a new process would, with no engine built yet."""
+    monkeypatch.setattr(engines, "_BUILDS", {})
+    early.start(argv)
+    pending = early._STATE["future"]
+    tok = load_tokenizer(str(tokenizer))
+    tok.prepare_engines("auto")
+    built = engines._BUILDS[("fastokens", tok._engine_key())]
+    tok.use_engine("auto", ["hello world", "<|im_start|>user\ncafe\u0301<|im_end|>"], 2)
+    assert tok.active.name == "fastokens"
+    return pending, built
+
+
+def test_the_second_run_of_a_command_starts_from_the_first_ones_engine(fresh: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = ["gpu-prep", "run", "-c", "config.json", "data.jsonl", "-o", "out", "--tokenizer", str(fresh)]
+    assert early.command_of(argv)[1:] == ["config.json", str(fresh)]
+    assert early.command_of(["gpu-prep", "check", "-c", "config.json"]) is None
+    pending, _ = _use(fresh, argv, monkeypatch)
+    assert pending is None  # nothing known yet; the run leaves its hint
+    hint = early.hint_path(early.command_of(argv))
+    assert hint.is_file()
+    pending, built = _use(fresh, [*argv[:-2], "other.jsonl", *argv[-2:]], monkeypatch)  # other data: the same command
+    assert pending is not None and pending.result()[1] == "NFC"  # built from ranks: gpu-prep normalizes
+    assert early._STATE["future"] is None  # claimed by the run
+    assert built.result().tokenizer is pending.result()[0]
+
+
+def test_a_changed_tokenizer_file_or_another_command_gets_no_guess(fresh: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = ["gpu-prep", "run", "--config=config.json", "data.jsonl", "--tokenizer", str(fresh)]
+    _use(fresh, argv, monkeypatch)
+    early.start(["gpu-prep", "run", "-c", "another.json", "data.jsonl", "--tokenizer", str(fresh)])
+    assert early._STATE["future"] is None
+    (fresh / "tokenizer.json").write_bytes((fresh / "tokenizer.json").read_bytes())  # a new mtime
+    early.start(argv)
+    assert early._STATE["future"] is None
+
+
+def test_a_guess_that_is_not_this_runs_engine_is_left_alone(fresh: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = ["gpu-prep", "run", "-c", "config.json", "--tokenizer", str(fresh)]
+    _use(fresh, argv, monkeypatch)
+    early.start(argv)
+    assert early.claim("tiktoken", early._STATE["key"][1]) is None  # another engine of the file
+    assert early.claim("fastokens", ("/elsewhere", 1, 2)) is None  # another file
+    assert early._STATE["future"] is not None
+
+
+def test_a_failed_guess_falls_back_to_the_usual_build(fresh: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = ["gpu-prep", "run", "-c", "config.json", "--tokenizer", str(fresh)]
+    _use(fresh, argv, monkeypatch)
+    hint = early.hint_path(early.command_of(argv))
+    hint.write_text(hint.read_text().replace('"fastokens": "', '"fastokens": "0.0.0-'))  # another version's ranks
+    pending, built = _use(fresh, argv, monkeypatch)
+    with pytest.raises(RuntimeError, match="another fastokens"):
+        pending.result()
+    assert built.result().form == "NFC"  # built again, from the rank file, by the usual path
+
+
+def test_the_console_script_writes_the_same_output_with_a_head_start(tmp_path: Path) -> None:
+    env = {"GPU_PREP_CACHE": str(tmp_path / "cache")}
+    args = ["run", "-c", REPO / "configs" / "sft.json", REPO / "examples" / "chat.jsonl", "-q"]
+    outputs = []
+    for k in range(3):  # the first leaves the rank file, the second the hint, the third starts from it
+        result = gpu_prep_cli(*args, "-o", tmp_path / f"out{k}", env=env)
+        assert result.returncode == 0, result.stderr
+        outputs.append(output_tree(tmp_path / f"out{k}", "seconds", "tokenizer.engine_check"))
+    assert list((tmp_path / "cache" / "early").glob("hint*.json"))
+    assert outputs[0] == outputs[1] == outputs[2]
