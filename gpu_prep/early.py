@@ -33,8 +33,8 @@ def command_of(argv: list[str]) -> list[str] | None:
     """What names a `gpu-prep run` command's tokenizer: [working directory, config, --tokenizer]; None for
     any other command."""
     args = argv[1:]
-    if not args or args[0] != "run":
-        return None
+    if not args or args[0] != "run" or any(a == "--cluster" or a.startswith("--cluster=") for a in args):
+        return None  # a cluster's workers load their own engines
     found: dict[str, str] = {}
     for i, arg in enumerate(args):
         for flag, names in (("config", ("-c", "--config")), ("tokenizer", ("--tokenizer",))):
@@ -124,6 +124,17 @@ def remember(engine: str, cache_key: Any, tokenizer_json: Path, ranks: Path, spe
         os.replace(tmp, path)
     except (OSError, ValueError):
         pass
+
+
+def forget() -> None:
+    """This command's run chose another engine, or one not built from a rank file: its next run guesses
+    nothing rather than build an engine it will not take."""
+    command = _STATE["command"]
+    if command is not None:
+        try:
+            hint_path(command).unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def main() -> None:

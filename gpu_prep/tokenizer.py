@@ -171,6 +171,8 @@ class Tokenizer:
             and tiktoken_problem(self.spec) is None else None
         if ranks is not None and ranks.is_file():  # the next run of this command may start from it (early.py)
             early.remember("fastokens", self._engine_key(), self.directory / "tokenizer.json", ranks, self.spec)
+        else:
+            early.forget()
         return encoded
 
     def restore_engine(self, name: str, choice: str, threads: int | None = None) -> None:

@@ -66,6 +66,17 @@ def test_a_changed_tokenizer_file_or_another_command_gets_no_guess(fresh: Path,
     assert early._STATE["future"] is None
 
 
+def test_a_run_that_takes_another_engine_leaves_no_guess(fresh: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = ["gpu-prep", "run", "-c", "config.json", "--tokenizer", str(fresh)]
+    _use(fresh, argv, monkeypatch)
+    hint = early.hint_path(early.command_of(argv))
+    assert hint.is_file()
+    tok = load_tokenizer(str(fresh))
+    tok.use_engine("hf", ["hello"], 1)  # the config now asks for HF tokenizers
+    assert not hint.exists()
+    assert early.command_of([*argv, "--cluster", "local:2"]) is None
+
+
 def test_a_guess_that_is_not_this_runs_engine_is_left_alone(fresh: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     argv = ["gpu-prep", "run", "-c", "config.json", "--tokenizer", str(fresh)]
     _use(fresh, argv, monkeypatch)
