@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import threading
 from concurrent.futures import Future
 from pathlib import Path
@@ -100,20 +99,18 @@ def claim(name: str, cache_key: Any) -> Future | None:
         return future
 
 
-def remember(engine: str, cache_key: Any, tokenizer_json: Path, ranks: Path, spec: dict[str, Any]) -> None:
-    """After a run of this command chose `engine` built from `ranks`: the hint its next run starts from.
+def remember(engine: str, cache_key: Any, tokenizer_json: Path, ranks: Path, pattern: str, added: dict[str, int],
+             form: str | None) -> None:
+    """After a run of this command chose `engine` built from `ranks` (with this split pattern, these added
+    tokens, and `form` the normal form gpu-prep applies before it): the hint its next run starts from.
     Written only where it changes; a hint that cannot be written costs the next run its head start."""
     command = _STATE["command"]
     if command is None:
         return
     from importlib.metadata import version
 
-    from gpu_prep.engines import _added, _split_pattern
-
     hint = {"engine": engine, "key": list(cache_key), "tokenizer_json": str(tokenizer_json), "ranks": str(ranks),
-            "pattern": _split_pattern(spec), "added": _added(spec), "fastokens": version("fastokens"),
-            # What gpu-prep applies before an engine built from ranks, as FastokensEngine.build sets it.
-            "form": (spec.get("normalizer") or {}).get("type")}
+            "pattern": pattern, "added": added, "form": form, "fastokens": version("fastokens")}
     path = hint_path(command)
     try:
         if path.is_file() and json.loads(path.read_text(encoding="utf-8")) == hint:
@@ -135,11 +132,3 @@ def forget() -> None:
             hint_path(command).unlink(missing_ok=True)
         except OSError:
             pass
-
-
-def main() -> None:
-    """The console script: the guess first, then the CLI (whose imports take the first 0.2 s)."""
-    start(sys.argv)
-    from gpu_prep.cli import main as cli_main
-
-    cli_main()

@@ -106,11 +106,11 @@ def _ranks(spec: dict[str, Any]) -> dict[bytes, int]:
     return {token.translate(decode).encode("latin-1"): i for token, i in spec["model"]["vocab"].items()}
 
 
-def _split_pattern(spec: dict[str, Any]) -> str:
+def split_pattern(spec: dict[str, Any]) -> str:
     return spec["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]
 
 
-def _added(spec: dict[str, Any]) -> dict[str, int]:
+def added_tokens(spec: dict[str, Any]) -> dict[str, int]:
     return {t["content"]: t["id"] for t in spec.get("added_tokens", [])}
 
 
@@ -136,8 +136,8 @@ class TiktokenEngine:
     def from_spec(cls, spec: dict[str, Any]) -> TiktokenEngine:
         import tiktoken
 
-        encoding = tiktoken.Encoding("gpu-prep", pat_str=_split_pattern(spec), mergeable_ranks=_ranks(spec),
-                                     special_tokens=_added(spec))
+        encoding = tiktoken.Encoding("gpu-prep", pat_str=split_pattern(spec), mergeable_ranks=_ranks(spec),
+                                     special_tokens=added_tokens(spec))
         form = (spec.get("normalizer") or {}).get("type")
         return cls(encoding, form, os.cpu_count() or 1)
 
@@ -180,8 +180,8 @@ class FastokensEngine:
 
         ranks = ranks_cache_path(path) if tiktoken_problem(spec) is None else None
         if ranks is not None and ranks.is_file():
-            tokenizer = fastokens.Tokenizer.from_tiktoken(str(ranks), pattern=_split_pattern(spec),
-                                                          special_tokens=_added(spec))
+            tokenizer = fastokens.Tokenizer.from_tiktoken(str(ranks), pattern=split_pattern(spec),
+                                                          special_tokens=added_tokens(spec))
             return cls(tokenizer, (spec.get("normalizer") or {}).get("type"))
         tokenizer = fastokens.Tokenizer.from_file(str(path))
         tokenizer.no_truncation()  # lengths are the pipeline's job, as for HF (tokenizer.load_tokenizer)

@@ -24,8 +24,8 @@ import numpy as np
 import orjson
 
 from gpu_prep import early
-from gpu_prep.engines import (NORMAL_FORMS, Audit, HfEngine, choose_engine, file_sha256, ranks_cache_path,
-                              start_builds, tiktoken_problem)
+from gpu_prep.engines import (NORMAL_FORMS, Audit, HfEngine, added_tokens, choose_engine, file_sha256,
+                              ranks_cache_path, split_pattern, start_builds, tiktoken_problem)
 from gpu_prep.errors import ConfigError
 from gpu_prep.hub import looks_like_model_id, resolve_model_id
 from gpu_prep.output.files import copy_atomic, write_atomic
@@ -170,7 +170,8 @@ class Tokenizer:
         ranks = ranks_cache_path(self.directory / "tokenizer.json") if self.active.name == "fastokens" \
             and tiktoken_problem(self.spec) is None else None
         if ranks is not None and ranks.is_file():  # the next run of this command may start from it (early.py)
-            early.remember("fastokens", self._engine_key(), self.directory / "tokenizer.json", ranks, self.spec)
+            early.remember("fastokens", self._engine_key(), self.directory / "tokenizer.json", ranks,
+                           split_pattern(self.spec), added_tokens(self.spec), (self.spec.get("normalizer") or {}).get("type"))
         else:
             early.forget()
         return encoded

@@ -107,3 +107,16 @@ def test_the_console_script_writes_the_same_output_with_a_head_start(tmp_path: P
         outputs.append(output_tree(tmp_path / f"out{k}", "seconds", "tokenizer.engine_check"))
     assert list((tmp_path / "cache" / "early").glob("hint*.json"))
     assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_the_console_script_guesses_before_it_imports_the_cli(fresh: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    import gpu_prep.cli
+    from gpu_prep import launch
+
+    seen = []
+    monkeypatch.setattr(gpu_prep.cli, "main", lambda: seen.append(early._STATE["command"]))
+    monkeypatch.setattr(sys, "argv", ["gpu-prep", "run", "-c", "config.json", "data.jsonl"])
+    launch.main()
+    assert seen == [[str(fresh.parent), "config.json", ""]]  # the command was known before the CLI ran
