@@ -2,7 +2,7 @@
 
 A run spends its first 0.2 s importing (one core busy) and then waits about 0.8 s for fastokens to build
 from its cached rank file (gpu_prep.engines); on two cores that build is on the run's critical path. The
-console script therefore starts it first thing, on a guess: the tokenizer the last run of the same command
+console script (gpu_prep/launch.py) therefore starts it first thing, on a guess: the tokenizer the last run of the same command
 used. A command is the working directory with `-c/--config` and `--tokenizer` as given (the data files may
 differ); its hint, in GPU_PREP_CACHE/early/, names the tokenizer.json (with its size and modification time),
 the rank file and what fastokens needs beside it. A guess is only used where the run, once it has parsed
