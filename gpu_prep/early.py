@@ -2,8 +2,8 @@
 
 A run spends its first 0.2 s importing (one core busy) and then waits about 0.8 s for fastokens to build
 from its cached rank file (gpu_prep.engines); on two cores that build is on the run's critical path. The
-console script (gpu_prep/launch.py) therefore starts it first thing, on a guess: the tokenizer the last run of the same command
-used. A command is the working directory with `-c/--config` and `--tokenizer` as given (the data files may
+console script (gpu_prep/launch.py) therefore starts it first thing, on a guess: the tokenizer the last
+run of the same command used. A command is the working directory with `-c/--config` and `--tokenizer` as given (the data files may
 differ); its hint, in GPU_PREP_CACHE/early/, names the tokenizer.json (with its size and modification time),
 the rank file and what fastokens needs beside it. A guess is only used where the run, once it has parsed
 its config, asks for that very engine of that very file (engines.start_builds looks it up by the same key
@@ -23,7 +23,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-HINT_FORMAT = 1
+HINT_FORMAT = 2
 _STATE: dict[str, Any] = {"command": None, "key": None, "future": None}
 _LOCK = threading.Lock()
 
@@ -64,7 +64,7 @@ def start(argv: list[str]) -> None:
         tokenizer_json = Path(hint["tokenizer_json"])
         stat = tokenizer_json.stat()
         key = [str(tokenizer_json.parent.resolve()), stat.st_size, stat.st_mtime_ns]
-        if key != hint["key"] or not Path(hint["ranks"]).is_file():
+        if key != hint["key"] or not Path(hint["recipe"]["ranks"]).is_file():
             return  # the file changed since: no guess
     except Exception:  # noqa: BLE001  a missing or unreadable hint: no guess
         return
@@ -78,9 +78,10 @@ def start(argv: list[str]) -> None:
 
             if version("fastokens") != hint["fastokens"]:
                 raise RuntimeError("another fastokens made the rank file")
-            built = fastokens.Tokenizer.from_tiktoken(hint["ranks"], pattern=hint["pattern"],
-                                                      special_tokens=hint["added"])
-            future.set_result((built, hint["form"]))
+            recipe = hint["recipe"]  # engines.rank_recipe's, built as FastokensEngine.build builds it
+            built = fastokens.Tokenizer.from_tiktoken(recipe["ranks"], pattern=recipe["pattern"],
+                                                      special_tokens=recipe["added"])
+            future.set_result((built, recipe["form"]))
         except BaseException as exc:  # noqa: BLE001  whoever claims it builds again instead
             future.set_exception(exc)
 
@@ -99,18 +100,17 @@ def claim(name: str, cache_key: Any) -> Future | None:
         return future
 
 
-def remember(engine: str, cache_key: Any, tokenizer_json: Path, ranks: Path, pattern: str, added: dict[str, int],
-             form: str | None) -> None:
-    """After a run of this command chose `engine` built from `ranks` (with this split pattern, these added
-    tokens, and `form` the normal form gpu-prep applies before it): the hint its next run starts from.
-    Written only where it changes; a hint that cannot be written costs the next run its head start."""
+def remember(engine: str, cache_key: Any, tokenizer_json: Path, recipe: dict[str, Any]) -> None:
+    """After a run of this command chose `engine`, which builds from a rank file as `recipe` says
+    (engines.rank_recipe): the hint its next run starts from. Written only where it changes; a hint that
+    cannot be written costs the next run its head start."""
     command = _STATE["command"]
     if command is None:
         return
     from importlib.metadata import version
 
-    hint = {"engine": engine, "key": list(cache_key), "tokenizer_json": str(tokenizer_json), "ranks": str(ranks),
-            "pattern": pattern, "added": added, "form": form, "fastokens": version("fastokens")}
+    hint = {"engine": engine, "key": list(cache_key), "tokenizer_json": str(tokenizer_json), "recipe": recipe,
+            "fastokens": version("fastokens")}
     path = hint_path(command)
     try:
         if path.is_file() and json.loads(path.read_text(encoding="utf-8")) == hint:

@@ -106,12 +106,28 @@ def _ranks(spec: dict[str, Any]) -> dict[bytes, int]:
     return {token.translate(decode).encode("latin-1"): i for token, i in spec["model"]["vocab"].items()}
 
 
-def split_pattern(spec: dict[str, Any]) -> str:
+def _split_pattern(spec: dict[str, Any]) -> str:
     return spec["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]
 
 
-def added_tokens(spec: dict[str, Any]) -> dict[str, int]:
+def _added(spec: dict[str, Any]) -> dict[str, int]:
     return {t["content"]: t["id"] for t in spec.get("added_tokens", [])}
+
+
+def _form(spec: dict[str, Any]) -> str | None:
+    """The normal form gpu-prep applies before an engine built from ranks (they do not normalize)."""
+    return (spec.get("normalizer") or {}).get("type")
+
+
+def rank_recipe(spec: dict[str, Any], path: Path) -> dict[str, Any] | None:
+    """How fastokens builds this tokenizer.json's vocabulary from a rank file instead: the file (kept by an
+    earlier run, see ranks_cache_path), the arguments from_tiktoken takes and the normal form applied first
+    (FastokensEngine.build, and early.py from the hint it keeps). None where the tokenizer allows no rank
+    file (tiktoken_problem)."""
+    if tiktoken_problem(spec) is not None:
+        return None
+    return {"ranks": str(ranks_cache_path(path)), "pattern": _split_pattern(spec), "added": _added(spec),
+            "form": _form(spec)}
 
 
 def _normalized(pieces: list[str], form: str | None) -> list[str]:
@@ -136,10 +152,9 @@ class TiktokenEngine:
     def from_spec(cls, spec: dict[str, Any]) -> TiktokenEngine:
         import tiktoken
 
-        encoding = tiktoken.Encoding("gpu-prep", pat_str=split_pattern(spec), mergeable_ranks=_ranks(spec),
-                                     special_tokens=added_tokens(spec))
-        form = (spec.get("normalizer") or {}).get("type")
-        return cls(encoding, form, os.cpu_count() or 1)
+        encoding = tiktoken.Encoding("gpu-prep", pat_str=_split_pattern(spec), mergeable_ranks=_ranks(spec),
+                                     special_tokens=_added(spec))
+        return cls(encoding, _form(spec), os.cpu_count() or 1)
 
     def with_threads(self, threads: int | None) -> TiktokenEngine:
         return TiktokenEngine(self.encoding, self.form, threads or os.cpu_count() or 1)
@@ -178,16 +193,16 @@ class FastokensEngine:
         tokenizer.json, writing the ranks file for the next run."""
         import fastokens
 
-        ranks = ranks_cache_path(path) if tiktoken_problem(spec) is None else None
-        if ranks is not None and ranks.is_file():
-            tokenizer = fastokens.Tokenizer.from_tiktoken(str(ranks), pattern=split_pattern(spec),
-                                                          special_tokens=added_tokens(spec))
-            return cls(tokenizer, (spec.get("normalizer") or {}).get("type"))
+        recipe = rank_recipe(spec, path)
+        if recipe is not None and os.path.isfile(recipe["ranks"]):
+            tokenizer = fastokens.Tokenizer.from_tiktoken(recipe["ranks"], pattern=recipe["pattern"],
+                                                          special_tokens=recipe["added"])
+            return cls(tokenizer, recipe["form"])  # as early.py builds it from its hint
         tokenizer = fastokens.Tokenizer.from_file(str(path))
         tokenizer.no_truncation()  # lengths are the pipeline's job, as for HF (tokenizer.load_tokenizer)
         tokenizer.no_padding()
-        if ranks is not None:
-            _write_ranks(spec, ranks)
+        if recipe is not None:
+            _write_ranks(spec, Path(recipe["ranks"]))
         return cls(tokenizer)
 
     def with_threads(self, threads: int | None) -> FastokensEngine:
@@ -316,22 +331,18 @@ def _started_early(name: str, spec: dict[str, Any], path: Path, cache_key: Any) 
     this file; if that build failed, the usual one, started then."""
     from gpu_prep import early
 
-    raw = early.claim(name, cache_key)
-    if raw is None:
+    started = early.claim(name, cache_key)
+    if started is None:
         return None
-    future: Future = Future()
 
-    def done(started: Future) -> None:
+    def take() -> FastokensEngine:
         try:
             tokenizer, form = started.result()
-            future.set_result(FastokensEngine(tokenizer, form))
-        except BaseException:  # noqa: BLE001  the guess went wrong: build as a run without one does
-            again = in_thread(lambda: _build(name, spec, path))
-            again.add_done_callback(lambda f: future.set_exception(f.exception()) if f.exception()
-                                    else future.set_result(f.result()))
+        except Exception:  # noqa: BLE001  the guess went wrong: build as a run without one does
+            return _build(name, spec, path)
+        return FastokensEngine(tokenizer, form)
 
-    raw.add_done_callback(done)
-    return future
+    return in_thread(take)
 
 
 def fast_engine(name: str, spec: dict[str, Any], path: Path, cache_key: Any) -> tuple[Any, str | None]:

@@ -24,8 +24,7 @@ import numpy as np
 import orjson
 
 from gpu_prep import early
-from gpu_prep.engines import (NORMAL_FORMS, Audit, HfEngine, added_tokens, choose_engine, file_sha256,
-                              ranks_cache_path, split_pattern, start_builds, tiktoken_problem)
+from gpu_prep.engines import NORMAL_FORMS, Audit, HfEngine, choose_engine, file_sha256, rank_recipe, start_builds
 from gpu_prep.errors import ConfigError
 from gpu_prep.hub import looks_like_model_id, resolve_model_id
 from gpu_prep.output.files import copy_atomic, write_atomic
@@ -167,11 +166,10 @@ class Tokenizer:
             requested, self.spec, self.directory / "tokenizer.json", hf, pieces, sample_size, threads,
             cache_key=self._engine_key())
         self.audit = Audit(hf, self.active.name) if self.active.name != hf.name else None
-        ranks = ranks_cache_path(self.directory / "tokenizer.json") if self.active.name == "fastokens" \
-            and tiktoken_problem(self.spec) is None else None
-        if ranks is not None and ranks.is_file():  # the next run of this command may start from it (early.py)
-            early.remember("fastokens", self._engine_key(), self.directory / "tokenizer.json", ranks,
-                           split_pattern(self.spec), added_tokens(self.spec), (self.spec.get("normalizer") or {}).get("type"))
+        path = self.directory / "tokenizer.json"
+        recipe = rank_recipe(self.spec, path) if self.active.name == "fastokens" else None
+        if recipe is not None and os.path.isfile(recipe["ranks"]):  # the next run may start from it (early.py)
+            early.remember("fastokens", self._engine_key(), path, recipe)
         else:
             early.forget()
         return encoded
