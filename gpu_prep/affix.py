@@ -15,6 +15,7 @@ text then carries where blocks begin and end in it, and the rendering gives the 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from dataclasses import dataclass
@@ -50,46 +51,62 @@ class AffixTemplate:
     def covers(self, messages: list[dict[str, Any]], tools: Any) -> bool:
         if tools or not messages:
             return False
-        roles = [m.get("role") for m in messages]
-        return (all(len(m) == 2 and m["content"] for m in messages)
-                and roles[0] in self.prefix and roles[-1] in self.suffix
-                and all(pair in self.glue for pair in zip(roles, roles[1:])))
+        glue, role = self.glue, None
+        for m in messages:  # one pass, no generator: this runs for every chat row
+            if len(m) != 2 or not m["content"]:
+                return False
+            if role is not None and (role, m.get("role")) not in glue:
+                return False
+            role = m.get("role")
+        return messages[0].get("role") in self.prefix and role in self.suffix
 
     def render(self, messages: list[dict[str, Any]]
                ) -> tuple[str, list[tuple[int, int, int]], list[tuple[int, int, int | None]]]:
         """The rendering, [(message index, content start, content end)] in characters, and (for a marked
         template) the spans its generation blocks cover, as ChatTemplate.render_marked gives them."""
         roles = [m["role"] for m in messages]
+        glue, last = self.glue, len(messages) - 1
         parts = [self.prefix[roles[0]]]
-        keys: list[Key] = [("prefix", roles[0])]
-        starts = [0]  # where each fixed text begins
-        regions, pos = [], len(parts[0])
+        regions = []
+        ends = []  # where each content ends: the fixed text after it begins there
+        pos = len(parts[0])
         for i, message in enumerate(messages):
             content = message["content"]
+            end = pos + len(content)
+            after = glue[roles[i], roles[i + 1]] if i < last else self.suffix[roles[i]]
             parts.append(content)
-            regions.append((i, pos, pos + len(content)))
-            if i + 1 < len(messages):
-                keys.append(("glue", (roles[i], roles[i + 1])))
-                after = self.glue[keys[-1][1]]
-            else:
-                keys.append(("suffix", roles[i]))
-                after = self.suffix[roles[i]]
             parts.append(after)
-            starts.append(pos + len(content))
-            pos += len(content) + len(after)
-        return "".join(parts), regions, self._spans(keys, starts)
+            regions.append((i, pos, end))
+            ends.append(end)
+            pos = end + len(after)
+        text = "".join(parts)
+        if not self.marks:
+            return text, regions, []
+        return text, regions, self._spans(roles, [0, *ends])
 
     def rendered(self, messages: list[dict[str, Any]]) -> str | tuple[str, list[tuple[int, int, int | None]]]:
         """What the template's render gives (with its generation spans, for a marked one)."""
         text, _, spans = self.render(messages)
         return text if self.marks is None else (text, spans)
 
-    def _spans(self, keys: list[Key], starts: list[int]) -> list[tuple[int, int, int | None]]:
-        if not self.marks:
-            return []
-        spans, begun = [], 0
-        for m, (key, start) in enumerate(zip(keys, starts)):
-            for offset, beginning, reading in self.marks.get(key, ()):
+    @functools.cached_property
+    def _mark_tables(self) -> tuple[dict[str, tuple[Mark, ...]], dict[tuple[str, str], tuple[Mark, ...]],
+                                    dict[str, tuple[Mark, ...]]]:
+        """marks as three tables, like prefix, glue and suffix (no key tuple to build per message)."""
+        tables: dict[str, dict[Any, tuple[Mark, ...]]] = {"prefix": {}, "glue": {}, "suffix": {}}
+        for (table, key), mark in (self.marks or {}).items():
+            tables[table][key] = mark
+        return tables["prefix"], tables["glue"], tables["suffix"]
+
+    def _spans(self, roles: list[str], starts: list[int]) -> list[tuple[int, int, int | None]]:
+        """The generation spans of a rendering: starts[m] is where the m-th fixed text begins (the prefix,
+        then the text after each message)."""
+        prefix, glue, suffix = self._mark_tables
+        spans, begun, last = [], 0, len(roles) - 1
+        for m, start in enumerate(starts):
+            marks = prefix.get(roles[0], ()) if m == 0 else \
+                glue.get((roles[m - 1], roles[m]), ()) if m <= last else suffix.get(roles[last], ())
+            for offset, beginning, reading in marks:
                 if beginning:
                     begun = start + offset
                 else:

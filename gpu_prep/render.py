@@ -155,8 +155,11 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
         real, generated = render_marked(template, conv.messages, conv, marked=marked)
         regions = locate_contents(real, conv, template)
     roles = [m["role"] for m in conv.messages]
-    located = {i for i, _, _ in regions}
-    left_out = tuple(roles[i] for i, m in enumerate(conv.messages) if m["content"] and i not in located)
+    if len(regions) == len(roles):  # every message located (regions name each message once)
+        left_out: tuple[str, ...] = ()
+    else:
+        located = {i for i, _, _ in regions}
+        left_out = tuple(roles[i] for i, m in enumerate(conv.messages) if m["content"] and i not in located)
     if not regions:
         return real, [], left_out, ()
     labels = _labels(conv, ctx)
@@ -204,18 +207,20 @@ def _generation_spans(real: str, generated: list[tuple[int, int, int | None]], r
     wrote the span, else the first whose content ends at or after the span's start (the span holds that
     message's header, reasoning, content or end-of-turn text)."""
     ends = [end for _, _, end in regions]
-    where = {i: (start, end) for i, start, end in regions}
     key = ctx.config.input.message_training_detail_key
+    where = {i: (start, end) for i, start, end in regions} if key else {}
+    messages, last = conv.messages, len(regions) - 1
     spans: list[Span] = []
     for start, end, reading in generated:
-        i = reading if reading is not None else regions[min(bisect.bisect_left(ends, start), len(regions) - 1)][0]
-        message = conv.messages[i]
-        detail: list[tuple[int, int, bool]] = []
-        if key and message.get(key) is not None and i in where:
-            content_start, content_end = where[i]
-            shift = content_start - start  # detail ranges count from the content's start
-            detail = [(max(a + shift, 0), min(b + shift, end - start), train)
-                      for a, b, train in _detail(message, i, real[content_start:content_end], key)]
+        i = reading if reading is not None else regions[min(bisect.bisect_left(ends, start), last)][0]
+        message = messages[i]
+        if not key or message.get(key) is None or i not in where:
+            spans.append((start, end, labels[i], message["role"]))
+            continue
+        content_start, content_end = where[i]
+        shift = content_start - start  # detail ranges count from the content's start
+        detail = [(max(a + shift, 0), min(b + shift, end - start), train)
+                  for a, b, train in _detail(message, i, real[content_start:content_end], key)]
         spans.extend(_split(start, end, labels[i], message["role"], [d for d in detail if d[1] > d[0]]))
     return spans
 
@@ -225,8 +230,8 @@ def _unmarked(spans: list[Span], regions: list[tuple[int, int, int]], labels: li
     """The roles of trained messages no {% generation %} span belongs to (reported: a mask rule trains a
     role the template never marks, so nothing of it is trained)."""
     marked = {role for _, _, _, role in spans}
-    return tuple(conv.messages[i]["role"] for i, _, _ in regions
-                 if ctx.trains(labels[i]) and conv.messages[i]["role"] not in marked)
+    return tuple(role for i, _, _ in regions
+                 if (role := conv.messages[i]["role"]) not in marked and ctx.trains(labels[i]))
 
 
 def _split(start: int, end: int, label: str | bool, role: str, detail: list[tuple[int, int, bool]]) -> list[Span]:
@@ -283,10 +288,10 @@ def _labels(conv: Conversation, ctx: RenderContext) -> list[str | bool]:
     """Each message's label: its role, or its own training flag (input.message_training_key, a bool);
     with input.train_last_turn_only, only the last trained message stays trained."""
     key = ctx.config.input.message_training_key
-    labels: list[str | bool] = []
-    for m in conv.messages:
-        flag = m.get(key) if key else None
-        labels.append(flag if isinstance(flag, bool) else m["role"])
+    if key:
+        labels: list[str | bool] = [flag if isinstance(flag := m.get(key), bool) else m["role"] for m in conv.messages]
+    else:
+        labels = [m["role"] for m in conv.messages]
     if ctx.config.input.train_last_turn_only:
         trained = [i for i, label in enumerate(labels) if ctx.trains(label)]
         for i in trained[:-1]:

@@ -88,12 +88,17 @@ def filesystem(url: str) -> tuple[Any, str]:
                           "(s3fs, gcsfs, huggingface_hub, aiohttp)") from None
 
 
+READ_BUFFER = 1 << 20
+
+
 def open_raw(path: str) -> Any:
     """The file's bytes as stored: a local file, or a URL through fsspec (streamed, seekable)."""
     if is_url(path):
         fs, inner = filesystem(path)
         return fs.open(inner, "rb")
-    return open(path, "rb")  # noqa: SIM115  the caller closes it
+    # A 1 MiB buffer: reading a line at a time through the default 8 KiB one makes a read call, and so a wait
+    # for the GIL held by the other stages' threads, every line or two (0.2 s of a 72 MB chat file, 2 cores).
+    return open(path, "rb", buffering=READ_BUFFER)  # noqa: SIM115  the caller closes it
 
 
 def open_bytes(path: str, compression: str | None, encoding: str | None = None) -> Any:
