@@ -256,20 +256,25 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
         raise RowError(Drop.EMPTY, f"field {key!r} has no messages")
     inp = config.input
     renames = inp.message_property_mappings  # {template key: row key}
-    plain = role_key == "role" and content_key == "content" and not renames and not inp.renames_roles \
-        and not inp.extract_think_tags
-    sources = {role_key, content_key, *renames.values(), *inp.reasoning_keys}  # row keys not copied as they are
+    role_names = inp.role_names
+    plain = role_key == "role" and content_key == "content" and not renames and not inp.extract_think_tags
+    sources = None  # row keys not copied as they are (the plain messages need none)
     messages = []
     for i, message in enumerate(raw):
-        # The common case, a {"role": str, "content": str} message, is taken as it is (never modified).
+        # The common case, a {"role": str, "content": str} message whose role input.roles leaves as it is,
+        # is taken as it is (never modified).
         if plain and type(message) is dict and tuple(message) == ("role", "content") \
-                and type(message["role"]) is str and type(message["content"]) is str:
+                and type(role := message["role"]) is str and type(message["content"]) is str \
+                and role_names.get(role, role) == role:
             messages.append(message)
             continue
         where = f"{key}[{i}]."
         if not isinstance(message, dict):
             raise RowError(Drop.WRONG_TYPE, f"{key}[{i}] must be an object, got {_type_name(message)}")
-        role = inp.role_of(_string_field(message, role_key, where))
+        if sources is None:
+            sources = {role_key, content_key, *renames.values(), *inp.reasoning_keys}
+        role = _string_field(message, role_key, where)
+        role = role_names.get(role, role)
         content = _content(message, content_key, where)
         # Row keys are renamed to the template's, not copied: templates read role and content.
         extra = {k: v for k, v in message.items() if k not in sources}
