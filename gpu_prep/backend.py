@@ -52,7 +52,6 @@ GPU_API: list[tuple[str, str, tuple[str, ...]]] = [
     ("cudf", "Series.fillna", ()),
     ("cudf", "set_option", ()),
     ("cudf.core.accessors.string", "StringMethods.slice", ("start", "stop")),
-    ("cudf.core.accessors.string", "StringMethods.len", ()),
     ("rmm", "reinitialize", ("pool_allocator", "initial_pool_size", "maximum_pool_size")),
     ("cudf.core.wordpiece_tokenize", "WordPieceVocabulary", ("vocabulary",)),
     ("cudf.core.wordpiece_tokenize", "WordPieceVocabulary.tokenize", ("text", "max_words_per_row")),
@@ -85,14 +84,10 @@ class Backend:
     def to_host(self, array: Any) -> np.ndarray:
         return np.asarray(array)
 
-    def text_stats(self, texts: list[str], keys: list[str], chars: int | None,
-                   digests: bool = True) -> tuple[np.ndarray, list[bytes]]:
-        """Each text's length in characters (code points), and (with digests) the MD5 digest of each key's
-        first `chars` characters (None: of the whole key), as hashlib computes it."""
-        lengths = np.fromiter((len(t) for t in texts), np.int64, len(texts))
-        if not digests:
-            return lengths, []
-        return lengths, [hashlib.md5(k[:chars].encode("utf-8")).digest() for k in keys]
+    def digests(self, keys: list[str], chars: int | None) -> list[bytes]:
+        """The MD5 digest of each key's first `chars` characters (None: of the whole key), as hashlib
+        computes it."""
+        return [hashlib.md5(k[:chars].encode("utf-8")).digest() for k in keys]
 
     def encoder(self, tok: Tokenizer) -> Callable[[list[str]], tuple[np.ndarray, np.ndarray]]:
         """What turns text pieces into (flat ids, tokens per piece): the tokenizer's own engine here."""
@@ -117,24 +112,16 @@ class GpuBackend(Backend):
     def to_host(self, array: Any) -> np.ndarray:
         return self.xp.asnumpy(array)
 
-    def text_stats(self, texts: list[str], keys: list[str], chars: int | None,
-                   digests: bool = True) -> tuple[np.ndarray, list[bytes]]:
-        if not self.strings:
-            return super().text_stats(texts, keys, chars, digests)
+    def digests(self, keys: list[str], chars: int | None) -> list[bytes]:
+        if not self.strings or not keys:
+            return super().digests(keys, chars)
         import cudf
 
-        if not texts:
-            return np.zeros(0, dtype=np.int64), []
-        # str.len and str.slice count code points like Python; hash_values(md5) hashes the UTF-8 bytes and
-        # returns lowercase hex. No text is null here, so no null-hashes-like-"" surprise.
-        column = cudf.Series(texts, dtype="str")
-        lengths = column.str.len().to_numpy().astype(np.int64)
-        if not digests:
-            return lengths, []
-        if any(k is not t for k, t in zip(keys, texts)):  # else each key is its text: one upload serves both
-            column = cudf.Series(keys, dtype="str")
+        # str.slice counts code points like Python; hash_values(md5) hashes the UTF-8 bytes and returns
+        # lowercase hex. No key is null here, so no null-hashes-like-"" surprise.
+        column = cudf.Series(keys, dtype="str")
         hex_digests = (column if chars is None else column.str.slice(0, chars)).hash_values(method="md5")
-        return lengths, [bytes.fromhex(h) for h in hex_digests.to_arrow().to_pylist()]
+        return [bytes.fromhex(h) for h in hex_digests.to_arrow().to_pylist()]
 
     def json_range_reader(self) -> ReadRange | None:
         return read_json_range if self.strings else None

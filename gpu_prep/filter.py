@@ -147,14 +147,15 @@ class Deduplicator:
         return added
 
 
-def filter_rows(backend: Backend, texts: list[str], keys: list[str], is_pretraining: np.ndarray, config: Any,
+def filter_rows(backend: Backend, chars: np.ndarray, keys: list[str], is_pretraining: np.ndarray, config: Any,
                 dedup: Deduplicator | None) -> list[str | None]:
     """A drop reason, or None, for each row; rows are checked in order so dedup keeps first occurrences.
 
-    texts: what the length rules measure; keys: what dedup hashes a prefix of."""
+    chars: each row's length in characters, what the length rules measure; keys: what dedup hashes a
+    prefix of (only read with dedup)."""
     rules = config.preprocessing
-    chars, digests = backend.text_stats(texts, keys, rules.dedup_prefix_chars, digests=dedup is not None)
-    reasons: list[str | None] = [None] * len(texts)
+    digests = backend.digests(keys, rules.dedup_prefix_chars) if dedup is not None else []
+    reasons: list[str | None] = [None] * len(chars)
     too_short = is_pretraining & (chars < rules.min_chars)
     too_long = chars > rules.max_chars
     for i in np.nonzero(too_short)[0]:

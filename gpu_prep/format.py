@@ -582,6 +582,13 @@ def source_text(shape: Shape) -> str:
     return "\n".join(m["content"] for m in shape.messages)
 
 
+def source_chars(shape: Shape) -> int:
+    """len(source_text(shape)), without joining a conversation's messages into one string."""
+    if type(shape) is Conversation:
+        return sum([len(m["content"]) for m in shape.messages]) + len(shape.messages) - 1
+    return len(source_text(shape))
+
+
 def split_text(shape: Shape) -> str:
     """What output.splits hashes: the row's own text, and for a preference pair its prompt alone (so the
     pairs of one prompt share a split: a prompt never leaks from train into validation)."""

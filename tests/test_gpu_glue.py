@@ -72,7 +72,7 @@ def test_gpu_wordpiece_assembles_pieces_like_the_cpu_engine(bert, pieces: list[s
 
 
 @pytest.mark.parametrize("same_keys", [True, False])
-def test_gpu_text_stats_are_the_cpu_lengths_and_digests(monkeypatch: pytest.MonkeyPatch, same_keys: bool) -> None:
+def test_gpu_digests_are_the_cpu_digests(monkeypatch: pytest.MonkeyPatch, same_keys: bool) -> None:
     import hashlib
 
     from gpu_prep.backend import CPU, GpuBackend
@@ -80,8 +80,7 @@ def test_gpu_text_stats_are_the_cpu_lengths_and_digests(monkeypatch: pytest.Monk
     class Strings(_Column):
         @property
         def str(self) -> Any:
-            return types.SimpleNamespace(slice=lambda start, stop: Strings(t[start:stop] for t in self),
-                                         len=lambda: _Column(len(t) for t in self))
+            return types.SimpleNamespace(slice=lambda start, stop: Strings(t[start:stop] for t in self))
 
         def hash_values(self, method: str) -> Any:
             assert method == "md5"
@@ -91,12 +90,12 @@ def test_gpu_text_stats_are_the_cpu_lengths_and_digests(monkeypatch: pytest.Monk
     monkeypatch.setitem(sys.modules, "cudf", types.SimpleNamespace(Series=Strings))
     texts = ["é" * 250, "short", "", "🙂" * 300]
     keys = texts if same_keys else [t[::-1] + "k" for t in texts]
-    gpu, cpu = GpuBackend("gpu", np).text_stats(texts, keys, 200), CPU.text_stats(texts, keys, 200)
-    assert gpu[0].tolist() == cpu[0].tolist() == [250, 5, 0, 300]
-    assert gpu[1] == cpu[1] and len(set(cpu[1])) == 4
-    assert GpuBackend("gpu", np).text_stats(texts, keys, 200, digests=False)[1] == []
-    whole = GpuBackend("gpu", np).text_stats(texts, keys, None)[1]  # dedup_prefix_chars null: the whole key
-    assert whole == CPU.text_stats(texts, keys, None)[1] == [hashlib.md5(k.encode("utf-8")).digest() for k in keys]
+    gpu, cpu = GpuBackend("gpu", np).digests(keys, 200), CPU.digests(keys, 200)
+    assert gpu == cpu and len(set(cpu)) == 4
+    assert cpu == [hashlib.md5(k[:200].encode("utf-8")).digest() for k in keys]
+    assert GpuBackend("gpu", np).digests([], 200) == []
+    whole = GpuBackend("gpu", np).digests(keys, None)  # dedup_prefix_chars null: the whole key
+    assert whole == CPU.digests(keys, None) == [hashlib.md5(k.encode("utf-8")).digest() for k in keys]
 
 
 def test_cupy_without_cudf_is_chosen_by_name_only(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,7 +122,7 @@ def test_cupy_without_cudf_is_chosen_by_name_only(monkeypatch: pytest.MonkeyPatc
     assert gpu.name == "gpu" and gpu.xp is np and gpu.strings is False
     assert gpu.json_range_reader() is None
     texts = ["é" * 250, "short"]
-    assert gpu.text_stats(texts, texts, 200)[1] == [hashlib.md5(t[:200].encode()).digest() for t in texts]
+    assert gpu.digests(texts, 200) == [hashlib.md5(t[:200].encode()).digest() for t in texts]
     bert = load_tokenizer(str(bundled_tokenizer_dir("bert-uncased")))
     assert gpu.encoder(bert) == bert.encode  # WordPiece on the host engine, not nvtext
     with pytest.raises(ConfigError, match="gpu.rmm_pool_size: RMM is not installed"):

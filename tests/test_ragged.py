@@ -42,12 +42,13 @@ def test_filter_drops_short_text_long_rows_and_later_duplicates() -> None:
     texts = ["ab", "abcd", "abcdefghij", "abcd", "xyz"]
     pretraining = np.array([True, True, True, True, False])
     dedup = Deduplicator()
-    reasons = filter_rows(CPU, texts, texts, pretraining, config, dedup)
+    chars = np.array([len(t) for t in texts])
+    reasons = filter_rows(CPU, chars, texts, pretraining, config, dedup)
     assert reasons == [Drop.TOO_SHORT, None, Drop.TOO_LONG, Drop.DUPLICATE, None]
     # only rows that passed the length rules are remembered, and the next chunk sees them
     assert len(dedup.take_added()) == 2 and dedup.take_added() == []
-    assert filter_rows(CPU, ["xyz"], ["xyz"], np.array([True]), config, dedup) == [Drop.DUPLICATE]
-    assert filter_rows(CPU, ["xyz"], ["xyz"], np.array([True]), config, None) == [None]  # deduplicate off
+    assert filter_rows(CPU, np.array([3]), ["xyz"], np.array([True]), config, dedup) == [Drop.DUPLICATE]
+    assert filter_rows(CPU, np.array([3]), [], np.array([True]), config, None) == [None]  # deduplicate off
 
 
 def test_a_failpoint_kills_the_process_the_nth_time_only() -> None:

@@ -28,7 +28,7 @@ from gpu_prep.errors import Drop, EngineMismatch
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter import Deduplicator, filter_rows
 from gpu_prep.format import (Conversation, RowError, Segments, Tokens, auto_schema, dedup_text, domain_of,
-                             fuzzy_text, source_text, split_text)
+                             fuzzy_text, source_chars, split_text)
 from gpu_prep.fuzzy import MinHasher, text_band_keys
 from gpu_prep.mask import (Masked, contiguous_places, kept_span_tokens, mask_from_ranges, offset_places, row_of,
                            span_tokens, truncate_and_filter)
@@ -197,16 +197,16 @@ def format_rows(chunk: RawChunk, base: PipelineConfig, sources: Sources | None =
 
 def filter_reasons(run: RunContext, rows: Rows, dedup: Deduplicator | None) -> list[tuple[str, str] | None]:
     """Per row: None (kept) or why the length rules or dedup drop it."""
-    texts = [source_text(shape) for shape in rows.payload]
-    keys = texts if dedup is None else [dedup_text(shape, text) for shape, text in zip(rows.payload, texts)]
-    pretraining = np.fromiter((isinstance(s, Segments) and s.train_all for s in rows.payload), bool, len(texts))
-    reasons = filter_rows(run.backend, texts, keys, pretraining, run.config, dedup)
+    chars = np.fromiter((source_chars(shape) for shape in rows.payload), np.int64, len(rows.payload))
+    keys = [dedup_text(shape) for shape in rows.payload] if dedup is not None else []
+    pretraining = np.fromiter((isinstance(s, Segments) and s.train_all for s in rows.payload), bool, len(chars))
+    reasons = filter_rows(run.backend, chars, keys, pretraining, run.config, dedup)
     rules = run.config.preprocessing
     details = {Drop.TOO_SHORT: f"shorter than min_chars {rules.min_chars}",
                Drop.TOO_LONG: f"longer than max_chars {rules.max_chars}",
                Drop.DUPLICATE: "its text has the MD5 of an earlier row's" if rules.dedup_prefix_chars is None
                else f"its first {rules.dedup_prefix_chars} characters have the MD5 of an earlier row's"}
-    return [None if r is None else (r, f"{len(t)} characters; {details[r]}") for r, t in zip(reasons, texts)]
+    return [None if r is None else (r, f"{n} characters; {details[r]}") for r, n in zip(reasons, chars.tolist())]
 
 
 def band_keys(run: RunContext, rows: Rows, chunk_rows: int) -> tuple[np.ndarray, np.ndarray]:
