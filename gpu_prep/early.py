@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 HINT_FORMAT = 2
-_STATE: dict[str, Any] = {"command": None, "key": None, "future": None}
+_STATE: dict[str, Any] = {"command": None, "key": None, "recipe": None, "future": None}
 _LOCK = threading.Lock()
 
 
@@ -70,31 +70,31 @@ def start(argv: list[str]) -> None:
         return
     future: Future = Future()
 
-    def build() -> None:
-        try:
-            from importlib.metadata import version
+    recipe = hint["recipe"]  # engines.rank_recipe's, built as FastokensEngine.build builds it
 
+    def build() -> None:
+        # No version lookup first (importlib.metadata takes 20 ms to import, and the GIL from the CLI's
+        # imports): the rank file's name carries the fastokens version that wrote it, and claim() compares it.
+        try:
             import fastokens
 
-            if version("fastokens") != hint["fastokens"]:
-                raise RuntimeError("another fastokens made the rank file")
-            recipe = hint["recipe"]  # engines.rank_recipe's, built as FastokensEngine.build builds it
             built = fastokens.Tokenizer.from_tiktoken(recipe["ranks"], pattern=recipe["pattern"],
                                                       special_tokens=recipe["added"])
             future.set_result((built, recipe["form"]))
         except BaseException as exc:  # noqa: BLE001  whoever claims it builds again instead
             future.set_exception(exc)
 
-    _STATE.update(key=(hint["engine"], tuple(key)), future=future)
+    _STATE.update(key=(hint["engine"], tuple(key)), recipe=recipe, future=future)
     # Not a daemon, as engines.in_thread explains; the console script leaves with os._exit in any case.
     threading.Thread(target=build, name="gpu-prep-early-build").start()
 
 
-def claim(name: str, cache_key: Any) -> Future | None:
-    """The early build's future (of (fastokens tokenizer, normal form)) if it is this engine of this file;
-    taken once."""
+def claim(name: str, cache_key: Any, recipe: dict[str, Any] | None) -> Future | None:
+    """The early build's future (of (fastokens tokenizer, normal form)) if it is this engine of this file,
+    built from this recipe (engines.rank_recipe: the rank file, whose name holds the installed fastokens'
+    version, the pattern, added tokens and normal form); taken once."""
     with _LOCK:
-        if _STATE["future"] is None or _STATE["key"] != (name, tuple(cache_key)):
+        if _STATE["future"] is None or _STATE["key"] != (name, tuple(cache_key)) or _STATE.get("recipe") != recipe:
             return None
         future, _STATE["future"] = _STATE["future"], None
         return future
@@ -107,10 +107,7 @@ def remember(engine: str, cache_key: Any, tokenizer_json: Path, recipe: dict[str
     command = _STATE["command"]
     if command is None:
         return
-    from importlib.metadata import version
-
-    hint = {"engine": engine, "key": list(cache_key), "tokenizer_json": str(tokenizer_json), "recipe": recipe,
-            "fastokens": version("fastokens")}
+    hint = {"engine": engine, "key": list(cache_key), "tokenizer_json": str(tokenizer_json), "recipe": recipe}
     path = hint_path(command)
     try:
         if path.is_file() and json.loads(path.read_text(encoding="utf-8")) == hint:

@@ -3,6 +3,7 @@ while the CLI imports, and a run takes it only where it is that engine of that v
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -20,7 +21,7 @@ def fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     module's state as a new process has it."""
     monkeypatch.setenv("GPU_PREP_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(early, "_STATE", {"command": None, "key": None, "future": None})
+    monkeypatch.setattr(early, "_STATE", {"command": None, "key": None, "recipe": None, "future": None})
     tokenizer = tmp_path / "tok"
     shutil.copytree(bundled_tokenizer_dir("qwen2.5"), tokenizer)
     return tokenizer
@@ -81,20 +82,48 @@ def test_a_guess_that_is_not_this_runs_engine_is_left_alone(fresh: Path, monkeyp
     argv = ["gpu-prep", "run", "-c", "config.json", "--tokenizer", str(fresh)]
     _use(fresh, argv, monkeypatch)
     early.start(argv)
-    assert early.claim("tiktoken", early._STATE["key"][1]) is None  # another engine of the file
-    assert early.claim("fastokens", ("/elsewhere", 1, 2)) is None  # another file
+    key, recipe = early._STATE["key"][1], early._STATE["recipe"]
+    assert early.claim("tiktoken", key, recipe) is None  # another engine of the file
+    assert early.claim("fastokens", ("/elsewhere", 1, 2), recipe) is None  # another file
+    assert early.claim("fastokens", key, {**recipe, "form": None}) is None  # another way of building it
     assert early._STATE["future"] is not None
 
 
-def test_a_failed_guess_falls_back_to_the_usual_build(fresh: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_rank_file_of_another_fastokens_version_is_not_taken(fresh: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The rank file's name holds the fastokens version that wrote it: a hint naming another one (fastokens
+    # was upgraded since) is built from, but the run, whose own recipe names today's file, does not take it.
     argv = ["gpu-prep", "run", "-c", "config.json", "--tokenizer", str(fresh)]
     _use(fresh, argv, monkeypatch)
     hint = early.hint_path(early.command_of(argv))
-    hint.write_text(hint.read_text().replace('"fastokens": "', '"fastokens": "0.0.0-'))  # another version's ranks
+    ranks = Path(json.loads(hint.read_text())["recipe"]["ranks"])
+    older = ranks.with_name(ranks.name.replace("fastokens-", "fastokens-0.0.0-", 1))
+    shutil.copy(ranks, older)
+    hint.write_text(hint.read_text().replace(json.dumps(str(ranks))[1:-1], json.dumps(str(older))[1:-1]))
     pending, built = _use(fresh, argv, monkeypatch)
-    with pytest.raises(RuntimeError, match="another fastokens"):
+    assert pending is not None and early._STATE["future"] is pending  # started, and left unclaimed
+    assert built.result().form == "NFC"  # the run built its own, from today's rank file
+    assert built.result().tokenizer is not pending.result()[0]
+
+
+def test_a_failed_guess_falls_back_to_the_usual_build(fresh: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fastokens
+
+    argv = ["gpu-prep", "run", "-c", "config.json", "--tokenizer", str(fresh)]
+    _use(fresh, argv, monkeypatch)
+    calls = []
+    real = fastokens.Tokenizer.from_tiktoken
+
+    def failing_once(*args: object, **kwargs: object) -> object:
+        calls.append(args)
+        if len(calls) == 1:
+            raise RuntimeError("the early build failed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fastokens.Tokenizer, "from_tiktoken", staticmethod(failing_once))
+    pending, built = _use(fresh, argv, monkeypatch)
+    with pytest.raises(RuntimeError, match="the early build failed"):
         pending.result()
-    assert built.result().form == "NFC"  # built again, from the rank file, by the usual path
+    assert built.result().form == "NFC" and len(calls) == 2  # built again, from the rank file, by the usual path
 
 
 def test_the_console_script_writes_the_same_output_with_a_head_start(tmp_path: Path) -> None:
