@@ -7,7 +7,9 @@ run of the same command used. A command is the working directory with `-c/--conf
 differ); its hint, in GPU_PREP_CACHE/early/, names the tokenizer.json (with its size and modification time),
 the rank file and what fastokens needs beside it. A guess is only used where the run, once it has parsed
 its config, asks for that very engine of that very file (engines.start_builds looks it up by the same key
-it builds under); a wrong guess costs a core a second, never a wrong id. Nothing here may stop a run: any
+it builds under) built from the same recipe (engines.rank_recipe: the rank file, whose name holds the
+fastokens version that wrote it, pattern, added tokens, normal form); a wrong guess costs a core a second,
+never a wrong id. Nothing here may stop a run: any
 error leaves the guess unmade.
 
 Only the standard library is imported at module level, so that `import gpu_prep.early` is quick.
