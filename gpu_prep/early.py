@@ -9,8 +9,7 @@ the rank file and what fastokens needs beside it. A guess is only used where the
 its config, asks for that very engine of that very file (engines.start_builds looks it up by the same key
 it builds under) built from the same recipe (engines.rank_recipe: the rank file, whose name holds the
 fastokens version that wrote it, pattern, added tokens, normal form); a wrong guess costs a core a second,
-never a wrong id. Nothing here may stop a run: any
-error leaves the guess unmade.
+never a wrong id. Nothing here may stop a run: any error leaves the guess unmade.
 
 Only the standard library is imported at module level, so that `import gpu_prep.early` is quick.
 """
@@ -96,7 +95,7 @@ def claim(name: str, cache_key: Any, recipe: dict[str, Any] | None) -> Future | 
     built from this recipe (engines.rank_recipe: the rank file, whose name holds the installed fastokens'
     version, the pattern, added tokens and normal form); taken once."""
     with _LOCK:
-        if _STATE["future"] is None or _STATE["key"] != (name, tuple(cache_key)) or _STATE.get("recipe") != recipe:
+        if _STATE["future"] is None or _STATE["key"] != (name, tuple(cache_key)) or _STATE["recipe"] != recipe:
             return None
         future, _STATE["future"] = _STATE["future"], None
         return future
