@@ -165,7 +165,7 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
     labels = _labels(conv, ctx)
     if marked:
         spans = _generation_spans(real, generated, regions, labels, conv, ctx)
-        return real, spans, left_out, _unmarked(spans, regions, labels, conv, ctx)
+        return real, spans, left_out, _unmarked(spans, regions, labels, roles, conv, ctx)
     if ctx.config.input.mask_scope == "turn":  # one span per region, in order
         turns = _turn_spans(real, regions, labels, ctx)
         return real, [(a, b, label, roles[i]) for (a, b, label), (i, _, _) in zip(turns, regions)], left_out, ()
@@ -225,11 +225,13 @@ def _generation_spans(real: str, generated: list[tuple[int, int, int | None]], r
     return spans
 
 
-def _unmarked(spans: list[Span], regions: list[tuple[int, int, int]], labels: list[str | bool],
+def _unmarked(spans: list[Span], regions: list[tuple[int, int, int]], labels: list[str | bool], roles: list[str],
               conv: Conversation, ctx: RenderContext) -> tuple[str, ...]:
     """The roles of trained messages no {% generation %} span belongs to (reported: a mask rule trains a
     role the template never marks, so nothing of it is trained)."""
     marked = {role for _, _, _, role in spans}
+    if labels == roles and not any(ctx.trains(role) for role in set(roles) - marked):
+        return ()  # each message labelled by its role, and no role without a span is trained
     return tuple(role for i, _, _ in regions
                  if (role := conv.messages[i]["role"]) not in marked and ctx.trains(labels[i]))
 
