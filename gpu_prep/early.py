@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -90,12 +91,18 @@ def start(argv: list[str]) -> None:
     threading.Thread(target=build, name="gpu-prep-early-build").start()
 
 
-def claim(name: str, cache_key: Any, recipe: dict[str, Any] | None) -> Future | None:
+def claim(name: str, cache_key: Any, recipe: Callable[[], dict[str, Any] | None]) -> Future | None:
     """The early build's future (of (fastokens tokenizer, normal form)) if it is this engine of this file,
-    built from this recipe (engines.rank_recipe: the rank file, whose name holds the installed fastokens'
-    version, the pattern, added tokens and normal form); taken once."""
+    built from the recipe the run would build from (recipe(): engines.rank_recipe, the rank file, whose name
+    holds the installed fastokens' version, the pattern, added tokens and normal form; asked only where an
+    early build of this file is pending, and a recipe that cannot be made is no match); taken once."""
     with _LOCK:
-        if _STATE["future"] is None or _STATE["key"] != (name, tuple(cache_key)) or _STATE["recipe"] != recipe:
+        if _STATE["future"] is None or _STATE["key"] != (name, tuple(cache_key)):
+            return None
+        try:
+            if _STATE["recipe"] != recipe():
+                return None
+        except Exception:  # noqa: BLE001  the run's own build reports what is wrong
             return None
         future, _STATE["future"] = _STATE["future"], None
         return future

@@ -331,7 +331,7 @@ def _started_early(name: str, spec: dict[str, Any], path: Path, cache_key: Any) 
     this file; if that build failed, the usual one, started then."""
     from gpu_prep import early
 
-    started = early.claim(name, cache_key, rank_recipe(spec, path) if name == "fastokens" else None)
+    started = early.claim(name, cache_key, lambda: rank_recipe(spec, path) if name == "fastokens" else None)
     if started is None:
         return None
 

@@ -257,7 +257,8 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
     inp = config.input
     renames = inp.message_property_mappings  # {template key: row key}
     role_names = inp.role_names
-    plain = role_key == "role" and content_key == "content" and not renames and not inp.extract_think_tags
+    plain = role_key == "role" and content_key == "content" and not renames and not inp.extract_think_tags \
+        and not {"role", "content"} & set(inp.reasoning_keys)
     sources = None  # row keys not copied as they are (the plain messages need none)
     messages = []
     for i, message in enumerate(raw):
@@ -584,7 +585,7 @@ def source_text(shape: Shape) -> str:
 
 def source_chars(shape: Shape) -> int:
     """len(source_text(shape)), without joining a conversation's messages into one string."""
-    if type(shape) is Conversation:
+    if type(shape) is Conversation and shape.messages:
         return sum([len(m["content"]) for m in shape.messages]) + len(shape.messages) - 1
     return len(source_text(shape))
 

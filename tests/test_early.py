@@ -83,9 +83,14 @@ def test_a_guess_that_is_not_this_runs_engine_is_left_alone(fresh: Path, monkeyp
     _use(fresh, argv, monkeypatch)
     early.start(argv)
     key, recipe = early._STATE["key"][1], early._STATE["recipe"]
-    assert early.claim("tiktoken", key, recipe) is None  # another engine of the file
-    assert early.claim("fastokens", ("/elsewhere", 1, 2), recipe) is None  # another file
-    assert early.claim("fastokens", key, {**recipe, "form": None}) is None  # another way of building it
+    assert early.claim("tiktoken", key, lambda: recipe) is None  # another engine of the file
+    assert early.claim("fastokens", ("/elsewhere", 1, 2), lambda: recipe) is None  # another file
+    assert early.claim("fastokens", key, lambda: {**recipe, "form": None}) is None  # another way of building it
+
+    def unknown() -> None:  # the installed fastokens has no metadata: the run's own build says so
+        raise ModuleNotFoundError("fastokens")
+
+    assert early.claim("fastokens", key, unknown) is None
     assert early._STATE["future"] is not None
 
 

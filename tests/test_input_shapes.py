@@ -62,6 +62,20 @@ def test_other_mapped_message_keys_are_renamed() -> None:
     assert message == {"role": "assistant", "content": "4", "reasoning_content": "2 and 2", "name": "calc"}
 
 
+@pytest.mark.parametrize("input_type", ["chat", "auto"])
+def test_plain_messages_are_read_as_the_long_way_reads_them(input_type: str) -> None:
+    # A {role, content} message is taken as it is only where the long way would give the same message: its
+    # role is not renamed (input.roles, or the sharegpt names auto knows), and no reasoning key reads its
+    # role or content.
+    row = {"messages": [{"role": "human", "content": "hi"}, {"role": "assistant", "content": "4"}]}
+    plain = get_builder("chat")(row, parse_config({"input": {"type": input_type}}))
+    want_first = {"role": "user" if input_type == "auto" else "human", "content": "hi"}
+    assert plain.messages == [want_first, {"role": "assistant", "content": "4"}]
+    assert plain.messages[1] is row["messages"][1]  # taken as it is, not copied
+    odd = get_builder("chat")(row, parse_config({"input": {"type": input_type, "reasoning_keys": ["content"]}}))
+    assert odd.messages[1]["reasoning_content"] == "4" and "moved_reasoning_keys" in odd.notes
+
+
 def test_roles_to_train_combines_with_the_mask_rules(tmp_path: Path) -> None:
     by_mask = samples(run_rows(tmp_path, CHAT, OPENAI, name="mask"))
     by_roles = samples(run_rows(tmp_path, {"input": {"type": "chat", "roles_to_train": ["assistant"]}}, OPENAI,
