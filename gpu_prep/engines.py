@@ -243,17 +243,11 @@ def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
 
 
 def _write_ranks(spec: dict[str, Any], path: Path) -> None:
-    """The vocabulary as a tiktoken ranks file (a line per token: base64 of its bytes, its id), written
-    whole or not at all (under a temporary name of this process's, so runs side by side do not mix their
-    writes); a cache that cannot be written costs the next run its second, nothing more."""
-    lines = b"".join(base64.b64encode(token) + b" %d\n" % i for token, i in _ranks(spec).items())
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(lines)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
+    """The vocabulary as a tiktoken ranks file (a line per token: base64 of its bytes, its id), kept in the
+    cache for the next run."""
+    from gpu_prep.bundled import keep_cache_file
+
+    keep_cache_file(path, b"".join(base64.b64encode(token) + b" %d\n" % i for token, i in _ranks(spec).items()))
 
 
 def first_difference(a: Any, b: Any, pieces: list[str]) -> str | None:

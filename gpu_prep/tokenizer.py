@@ -148,8 +148,7 @@ class Tokenizer:
         return self.active.encode(pieces)
 
     def _engine_key(self) -> tuple:
-        stat = (self.directory / "tokenizer.json").stat()
-        return str(self.directory.resolve()), stat.st_size, stat.st_mtime_ns
+        return early.file_key(self.directory / "tokenizer.json")
 
     def prepare_engines(self, requested: str) -> None:
         """Start building the fast engines a run may use (auto | hf | fastokens | tiktoken), in threads of their
@@ -350,20 +349,15 @@ def _read_outline(path: Path) -> dict[str, Any] | None:
 
 
 def _keep_outline(path: Path, outline: dict[str, Any]) -> None:
-    """Written whole or not at all (under this process's own temporary name); a cache that cannot be
-    written costs the next run half a second, nothing more."""
+    """The outline in the cache for the next run (half a second saved)."""
+    from gpu_prep.bundled import keep_cache_file
+
     model = outline["spec"]["model"]
     light = {**outline, "spec": {**outline["spec"], "model": {k: v for k, v in model.items() if k != "vocab"}}}
     # The vocabulary goes in a file of its own, read only when asked for (_Vocab); the outline carries the
     # byte length of every id instead, which every chat run needs and which takes 4 ms to read as a list.
-    for target, data in ((_vocab_path(path), model["vocab"]), (path, light)):
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_bytes(orjson.dumps(data))
-            os.replace(tmp, target)
-        except OSError:
-            tmp.unlink(missing_ok=True)
+    keep_cache_file(_vocab_path(path), orjson.dumps(model["vocab"]))
+    keep_cache_file(path, orjson.dumps(light))
 
 
 def _load_engine(spec: str, directory: Path, path: Path) -> Any:

@@ -21,7 +21,7 @@ def fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     module's state as a new process has it."""
     monkeypatch.setenv("GPU_PREP_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(early, "_STATE", {"command": None, "key": None, "recipe": None, "future": None})
+    monkeypatch.setattr(early, "_STATE", {"command": None, "hint": None, "key": None, "recipe": None, "future": None})
     tokenizer = tmp_path / "tok"
     shutil.copytree(bundled_tokenizer_dir("qwen2.5"), tokenizer)
     return tokenizer
