@@ -26,8 +26,9 @@ from gpu_prep.ragged import offsets_from_lengths, row_of
 # What encoder() is handed: a loaded tokenizer (gpu_prep.tokenizer.Tokenizer; not imported here, so that the
 # seam depends on nothing above it): .encode, .model, .engine, .lowercases().
 Tokenizer = Any
-# A reader of JSON Lines byte ranges: (path, offset, size, fields) -> rows as dicts, or None where it cannot.
-ReadRange = Callable[[str, int, int, tuple[str, ...]], "list[dict[str, Any]] | None"]
+# A reader of JSON Lines byte ranges: (path, offset, size, columns) -> rows as dicts, or None where it cannot
+# (read.ReadRange says what columns holds).
+ReadRange = Callable[[str, int, int, dict[str, Any]], "list[dict[str, Any]] | None"]
 
 GPU_EXTRA = 'pip install "gpu-prep[gpu]"'
 log = logging.getLogger("gpu_prep")
@@ -61,6 +62,8 @@ GPU_API: list[tuple[str, str, tuple[str, ...]]] = [
     ("cudf.core.accessors.lists", "ListMethods.len", ()),
     ("cudf.core.accessors.lists", "ListMethods.leaves", ()),
     ("cudf", "read_json", ("lines", "byte_range", "dtype", "prune_columns", "on_bad_lines")),
+    ("cudf", "ListDtype", ("element_type",)),
+    ("cudf", "StructDtype", ("fields",)),
     ("cudf", "DataFrame.to_arrow", ()),
     # cluster/driver.py's local cluster of GPU workers (one per GPU) with the config's memory pool and spilling.
     ("dask_cuda", "LocalCUDACluster", ("n_workers", "threads_per_worker", "rmm_pool_size", "enable_cudf_spill")),
@@ -134,16 +137,19 @@ class GpuBackend(Backend):
         return tok.encode
 
 
-def read_json_range(path: str, offset: int, size: int, fields: tuple[str, ...]) -> list[dict[str, Any]] | None:
-    """The rows that start in bytes [offset, offset + size) of a JSON Lines file, as dicts of these string
-    fields; None when cuDF cannot read the range (read.py then parses it line by line)."""
+def read_json_range(path: str, offset: int, size: int, columns: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The rows that start in bytes [offset, offset + size) of a JSON Lines file, as dicts of these columns
+    ("str": a string field; {key: "str", ...}: a list of objects with those string fields, chat messages);
+    None when cuDF cannot read the range (read.py then parses it line by line)."""
     import cudf
 
+    dtype = {name: "str" if kind == "str" else cudf.ListDtype(cudf.StructDtype(kind)) for name, kind in columns.items()}
     try:
-        # A fixed schema (dtype + prune_columns) so every range agrees; a malformed line becomes an all-null
-        # row, which read.py sees and answers by parsing the range line by line.
-        frame = cudf.read_json(path, lines=True, byte_range=[offset, size], dtype={f: "str" for f in fields},
-                               prune_columns=True, on_bad_lines="recover")
+        # A fixed schema (dtype + prune_columns, which reaches into the messages' objects) so every range
+        # agrees; a malformed line becomes an all-null row, which read.py sees and answers by parsing the
+        # range line by line.
+        frame = cudf.read_json(path, lines=True, byte_range=[offset, size], dtype=dtype, prune_columns=True,
+                               on_bad_lines="recover")
     except Exception:  # noqa: BLE001  anything cuDF refuses is read by the strict parser instead
         return None
     return frame.to_arrow().to_pylist()

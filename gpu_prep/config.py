@@ -335,9 +335,10 @@ class GpuConfig(_Frozen):
     rmm_pool_size: int | str | None = None
     # Let cuDF spill device memory to host when the device is full.
     spill: bool = False
-    # How JSON Lines are parsed on the GPU backend: "exact" line by line with the strict parser (as on the
-    # CPU), or "cudf": byte ranges with cudf.read_json, for text and instruction rows, wherever a scan of
-    # the bytes shows cuDF must read them exactly as the strict parser would (other ranges: line by line).
+    # How JSON Lines are parsed on the GPU backend: "exact", line by line with the strict parser as on the
+    # CPU, or "cudf": byte ranges with cudf.read_json for text, instruction and chat rows, wherever a scan
+    # of the bytes shows cuDF must read them exactly as the strict parser would (other ranges: line by
+    # line). The scan costs the host more than parsing does (README), hence not the default.
     reader: Literal["exact", "cudf"] = "exact"
 
 

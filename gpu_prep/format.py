@@ -562,14 +562,21 @@ def build_text(record: dict[str, Any], config: PipelineConfig) -> Segments:
     return Segments([(text, "text")], train_all=True, add_eod=config.input.append_eod)
 
 
-def string_fields(config: PipelineConfig) -> tuple[str, ...] | None:
-    """Every field a row's shape and domain are built from, when they are all top-level strings (such rows
-    can be read as columns of those fields alone); None for other input types."""
-    keys = {"text": (config.input.text_key,),
-            "instruction": (config.input.prompt_key, config.input.response_key)}.get(config.input.type)
-    if keys is None:
+def columnar_schema(config: PipelineConfig) -> tuple[tuple[str, ...], tuple[str, str, str] | None] | None:
+    """What rows of this config can be read as columns from: (top-level string fields, messages) where
+    messages is (field, role key, content key) for chat rows and None for text and instruction rows; None
+    for other input types. Text and instruction rows are built from those fields alone; a chat row is read
+    as columns only where it has no key beyond them (read.Columnar.complete)."""
+    inp = config.input
+    domain = (config.output.domain_key,) if config.output.domain_key else ()
+    if inp.type == "text":
+        return (inp.text_key, *domain), None
+    if inp.type == "instruction":
+        return (inp.prompt_key, inp.response_key, *domain), None
+    if inp.type not in ("chat", "sharegpt"):
         return None
-    return keys + ((config.output.domain_key,) if config.output.domain_key else ())
+    messages = (inp.messages_key, inp.role_key, inp.content_key) if inp.type == "chat" else sharegpt_keys(config)
+    return (None if len(set(messages + domain)) < len(messages) + len(domain) else (domain, messages))
 
 
 def source_text(shape: Shape) -> str:

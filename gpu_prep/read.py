@@ -233,15 +233,44 @@ def _guarded(file: InputFile, rows: Iterator[Row]) -> Iterator[Row]:
 # result is taken only when it has one complete row per line; any other range is parsed line by line as
 # above. Either way every row is the one the strict parser would give, so output and accounting stay exact.
 RANGE_BYTES = 16 << 20
-# (path, offset, size, fields) -> one dict of those string fields per row, or None when it cannot.
-ReadRange = Callable[[str, int, int, tuple[str, ...]], "list[dict[str, Any]] | None"]
-_UNSAFE_BYTES = re.compile(
-    rb"[\x00-\x09\x0b-\x1f]"  # control characters (tab and CR included), raw in a string or as whitespace
-    rb"|\\u[dD][89a-fA-F]"  # escaped surrogates, paired or lone
-    rb"|NaN|Infinity"  # literals a strict parser rejects
-    rb"|}[ ]*{"  # two values on one line
-    rb"|(?m:^[ ]*[^{\n ]|[^}\n ][ ]*$)"  # a line that is not one object
-)
+# (path, offset, size, columns) -> one dict of those columns per row, or None when it cannot. columns maps a
+# name to "str" (a string field) or to {key: "str", ...} (a list of objects with those string fields).
+ReadRange = Callable[[str, int, int, "dict[str, Any]"], "list[dict[str, Any]] | None"]
+# Bytes a strict parser reads differently from cuDF's recovery mode. Each is searched for on its own (an
+# alternation would cost Python's regex engine its fast scan for the first byte), the rare words first.
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # escaped surrogates, paired or lone
+_TWO_VALUES = re.compile(rb"}[ ]*{")  # two values on one line
+_CONTROL = bytes(range(0x20)).replace(b"\n", b"")  # raw in a string or as whitespace (tab and CR included)
+
+
+def _literal(data: bytes) -> bool:
+    """NaN or Infinity (signed or not) where a value starts: after ":", "[" or ",", spaces between."""
+    for word in (b"NaN", b"Infinity"):
+        at = data.find(word)
+        while at >= 0:
+            before = data[max(0, at - 64):at].rstrip(b" ").rstrip(b"+-").rstrip(b" ")
+            if before[-1:] in (b":", b"[", b",") or (not before and at > 64):  # (a long run of spaces: say so)
+                return True
+            at = data.find(word, at + 1)
+    return False
+
+
+def _lenient_bytes(data: bytes) -> bool:
+    """Whether data holds anything a strict parser reads differently from a lenient one: a control
+    character, an escaped surrogate, two values on a line, NaN or Infinity where a value starts, or a line
+    that is not one object."""
+    if len(data.translate(None, _CONTROL)) != len(data) or _TWO_VALUES.search(data) or _literal(data):
+        return True
+    if b"\\u" in data and _SURROGATE.search(data):
+        return True
+    lines = (raw.strip(b" ") for raw in data.split(b"\n"))
+    return not all(line[:1] == b"{" and line[-1:] == b"}" for line in lines if line)
+
+
+# Where an object key starts: a quote after "{" or ",". A quote inside a string is escaped, so this never
+# matches within one, except at the closing quote of a string that ends in "{" or "," (then it counts too
+# many keys, never too few): counting these gives at least the number of keys in the bytes.
+_KEY_START = re.compile(rb'[{,][ ]*"')
 
 
 class ColumnarRecord(dict):
@@ -255,28 +284,77 @@ def as_read(record: Any) -> Any:
     return orjson.loads(record.raw) if isinstance(record, ColumnarRecord) else record
 
 
-def columnar_safe(data: bytes, fields: tuple[str, ...], rows: int) -> bool:
-    """Whether a columnar parser must read `data` (whole lines, `rows` of them not blank) exactly as the
-    strict parser does: UTF-8 throughout, none of the constructs it treats leniently, and each field a
-    string, named at most `rows` times (with no row missing it, once per row). A field name written with
-    escapes is not recognised here; that is the one case left to the columnar parser's judgement."""
-    if data.startswith(b"\xef\xbb\xbf") or _UNSAFE_BYTES.search(data):
-        return False
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    for name in fields:
-        key = re.escape(orjson.dumps(name))
-        if re.search(key + rb"[ ]*:[ ]*[^\" ]", data) or len(re.findall(key + rb"[ ]*:", data)) > rows:
+@dataclass(frozen=True)
+class Columnar:
+    """Read JSON Lines as columns: these top-level string fields, each range by read_range; and for chat
+    rows a list of messages, (field, role key, content key), each message an object of those two strings.
+    Chat rows are taken only when the bytes hold no key beyond those: such a row is then wholly what the
+    strict parser reads, whatever the row builders look for."""
+
+    fields: tuple[str, ...]
+    read_range: ReadRange
+    messages: tuple[str, str, str] | None = None
+
+    def columns(self) -> dict[str, Any]:
+        """What read_range is asked for."""
+        columns: dict[str, Any] = dict.fromkeys(self.fields, "str")
+        if self.messages is not None:
+            key, role, content = self.messages
+            columns[key] = {role: "str", content: "str"}
+        return columns
+
+    def safe(self, data: bytes, rows: int) -> bool:
+        """Whether a columnar parser must read `data` (whole lines, `rows` of them not blank) exactly as the
+        strict parser does: UTF-8 throughout, none of the constructs it treats leniently, each top-level
+        field a string (the messages field a list) named at most `rows` times, each message's role and
+        content strings. A field name written with escapes is not recognised here; that is the one case
+        left to the columnar parser's judgement (and for chat rows, to the count of keys in complete)."""
+        if data.startswith(b"\xef\xbb\xbf") or _lenient_bytes(data):
             return False
-    return True
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        top = [(name, rb'[^" ]') for name in self.fields]
+        inner: list[str] = []
+        if self.messages is not None:
+            top.append((self.messages[0], rb"[^\[ ]"))
+            inner = list(self.messages[1:])
+        for name, wrong in top:
+            key = re.escape(orjson.dumps(name))
+            if re.search(key + rb"[ ]*:[ ]*" + wrong, data) or len(re.findall(key + rb"[ ]*:", data)) > rows:
+                return False
+        return not any(re.search(re.escape(orjson.dumps(name)) + rb'[ ]*:[ ]*[^" ]', data) for name in inner)
+
+    def complete(self, data: bytes, rows: int, records: list[dict[str, Any]]) -> bool:
+        """Whether records holds one whole row for each of the `rows` lines of data: no field missing (an
+        all-null row is a line the parser could not read), and for chat rows no message missing its role or
+        content and no key in the bytes beyond the fields and the messages' two."""
+        if len(records) != rows or any(value is None for record in records for value in record.values()):
+            return False
+        if self.messages is None:
+            return True
+        listed = [record[self.messages[0]] for record in records]
+        if any(message is None or None in message.values() for messages in listed for message in messages):
+            return False
+        # Every key the records hold is in the bytes, so a count no larger than theirs means no key beyond.
+        return len(_KEY_START.findall(data)) == rows * (len(self.fields) + 1) + 2 * sum(map(len, listed))
 
 
-def _columnar_rows(file: InputFile, fields: tuple[str, ...], read_range: ReadRange, cap: int,
-                   part: Part | None = None, first_line: int = 1) -> Iterator[Row]:
+def columnar_safe(data: bytes, fields: tuple[str, ...], rows: int) -> bool:
+    """Columnar.safe for rows of top-level string fields."""
+    return Columnar(fields, _no_reader).safe(data, rows)
+
+
+def _no_reader(path: str, offset: int, size: int, columns: dict[str, Any]) -> None:
+    return None
+
+
+def _columnar_rows(file: InputFile, columnar: Columnar, cap: int, part: Part | None = None,
+                   first_line: int = 1) -> Iterator[Row]:
     if file.size_bytes == 0:
         return
+    columns = columnar.columns()
     with open(file.path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
         offset, stop = (0, len(data)) if part is None or part.end is None else (part.start, part.end)
         while offset < stop:
@@ -287,10 +365,9 @@ def _columnar_rows(file: InputFile, fields: tuple[str, ...], read_range: ReadRan
             ends = [p + b"\n" for p in parts[:-1]] + [parts[-1]] * bool(parts[-1])
             lines = list(enumerate(ends, start=first_line))
             numbered = [(n, raw) for n, raw in lines if raw.strip()]
-            safe = columnar_safe(block, fields, len(numbered)) and all(len(raw) <= cap for _, raw in numbered)
-            records = read_range(file.path, offset, end - offset, fields) if safe else None
-            if records is None or len(records) != len(numbered) or any(
-                    value is None for record in records for value in record.values()):
+            safe = columnar.safe(block, len(numbered)) and all(len(raw) <= cap for _, raw in numbered)
+            records = columnar.read_range(file.path, offset, end - offset, columns) if safe else None
+            if records is None or not columnar.complete(block, len(numbered), records):
                 yield from _exact_rows(iter(lines), cap)
             else:
                 for (line_no, raw), record in zip(numbered, records):
@@ -298,14 +375,6 @@ def _columnar_rows(file: InputFile, fields: tuple[str, ...], read_range: ReadRan
                     row.raw = raw
                     yield line_no, row, None, len(raw)
             offset, first_line = end, first_line + len(lines)
-
-
-@dataclass(frozen=True)
-class Columnar:
-    """Read JSON Lines as columns: only these string fields, each range by read_range."""
-
-    fields: tuple[str, ...]
-    read_range: ReadRange
 
 
 def file_rows(file: InputFile, columnar: Columnar | None = None, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[Row]:
@@ -328,7 +397,7 @@ def _rows_of(file: InputFile, columnar: Columnar | None, max_row_bytes: int) -> 
     if layout == "json":
         return json_array_rows(file.path, file.compression, _parse_line, encoding=encoding, cap=max_row_bytes)
     if columnar is not None and file.compression is None and encoding is None and not is_url(file.path):
-        return _columnar_rows(file, columnar.fields, columnar.read_range, max_row_bytes)  # byte ranges of a local file
+        return _columnar_rows(file, columnar, max_row_bytes)  # byte ranges of a local file
     return _jsonl_rows(file, max_row_bytes)
 
 
@@ -394,7 +463,7 @@ def part_rows(part: Part, columnar: Columnar | None = None, max_row_bytes: int =
     elif part.batches:
         yield from _guarded(part.file, batch_rows(part.file.path, part.file.layout, part.start, part.end, first_line))
     elif columnar is not None:
-        yield from _columnar_rows(part.file, columnar.fields, columnar.read_range, max_row_bytes, part, first_line)
+        yield from _columnar_rows(part.file, columnar, max_row_bytes, part, first_line)
     else:
         lines = _bounded_lines(io.BytesIO(read_part(part) if data is None else data), max_row_bytes, first_line)
         yield from _exact_rows(lines, max_row_bytes)

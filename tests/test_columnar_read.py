@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from gpu_prep import read
@@ -31,7 +32,15 @@ def _as_text(value: Any) -> str | None:
     return json.dumps(value)
 
 
-def lenient_read_range(path: str, offset: int, size: int, fields: tuple[str, ...]) -> list[dict[str, Any]]:
+def _as_column(value: Any, kind: Any) -> Any:
+    if kind == "str":
+        return _as_text(value)
+    if not isinstance(value, list):  # a list of objects: each object's fields as strings, other keys pruned
+        return None
+    return [{k: _as_text(m.get(k)) for k in kind} if isinstance(m, dict) else None for m in value]
+
+
+def lenient_read_range(path: str, offset: int, size: int, columns: dict[str, Any]) -> list[dict[str, Any]]:
     with open(path, "rb") as handle:
         handle.seek(offset)
         data = handle.read(size)
@@ -43,13 +52,14 @@ def lenient_read_range(path: str, offset: int, size: int, fields: tuple[str, ...
             value, _ = json.JSONDecoder(strict=False).raw_decode(raw.decode("utf-8", errors="replace").strip())
         except ValueError:
             value = None
-        rows.append({f: _as_text(value.get(f)) if isinstance(value, dict) else None for f in fields})
+        rows.append({f: _as_column(value.get(f), kind) if isinstance(value, dict) else None
+                     for f, kind in columns.items()})
     return rows
 
 
 def _clean(n: int) -> list[bytes]:
-    return [json.dumps({"text": f"row {i}: plain text, é and 日本 included", "source": f"s{i % 3}",
-                        "extra": [i]}, ensure_ascii=False).encode() for i in range(n)]
+    return [json.dumps({"text": f"row {i}: plain text, é and 日本 included, the words NaN and Infinity",
+                        "source": f"s{i % 3}", "extra": [i]}, ensure_ascii=False).encode() for i in range(n)]
 
 
 # Lines a strict parser rejects or reads differently from a lenient one, each among clean rows.
@@ -59,6 +69,7 @@ TRAPS = [
     b'{"text":\t"tab as whitespace", "source": "a"}',
     b'{"text": "carriage return line", "source": "a"}\r',
     b'{"text": "a number follows", "source": "a", "n": NaN}',
+    b'{"text": "minus infinity in a list", "source": "a", "n": [1,-Infinity]}',
     b'{"text": "trailing content", "source": "a"} x',
     b'{"text": "two objects", "source": "a"} {"other": "on one line"}',
     b'{"text": "invalid \xff utf-8", "source": "a"}',
@@ -124,7 +135,7 @@ def test_a_clean_file_is_read_wholly_as_columns(tmp_path: Path) -> None:
     assert rows == [(*r[:4], True) for r in _rows(path, None)]
 
 
-@pytest.mark.parametrize("trap", TRAPS[:22])
+@pytest.mark.parametrize("trap", TRAPS[:23])
 def test_the_byte_scan_refuses_each_trap(trap: bytes) -> None:
     clean = b"\n".join(_clean(3)) + b"\n"
     assert columnar_safe(clean, FIELDS, 3)
@@ -142,7 +153,7 @@ def lenient_read_range_bytes(data: bytes) -> list[dict[str, Any]]:
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as handle:
         handle.write(data)
         handle.flush()
-        return lenient_read_range(handle.name, 0, len(data), FIELDS)
+        return lenient_read_range(handle.name, 0, len(data), dict.fromkeys(FIELDS, "str"))
 
 
 def test_a_run_reading_columns_writes_what_the_exact_reader_writes(tmp_path: Path, monkeypatch: Any,
@@ -161,3 +172,186 @@ def test_a_run_reading_columns_writes_what_the_exact_reader_writes(tmp_path: Pat
         results[reader] = (shards, manifest["totals"], (tmp_path / f"{reader}.rejects.jsonl").read_bytes())
     assert results["cudf"] == results["exact"]
     assert results["exact"][1]["rows_dropped"]["malformed_json"] >= 5
+
+
+# Chat rows read as columns: the messages as a list of {role, content} objects. Such a row is taken only
+# where the bytes hold no key beyond the ones read, so that the record is the whole row; each line below is
+# one the count of keys or the byte scan must send to the strict parser (or read exactly as it does).
+CHAT = {"messages": {"role": "str", "content": "str"}}
+CHAT_TRAPS = [
+    b'{"id": 7, "messages": [{"role": "user", "content": "an extra top-level key"}]}',
+    b'{"messages": [{"role": "user", "content": "an extra message key", "name": "ann"}]}',
+    b'{"messages": [{"role": "user", "content": "tools beside"}], "tools": [{"name": "f"}]}',
+    b'{"messages": [{"content": "keys in the other order", "role": "user"}]}',
+    b'{"messages": [{"role": "user", "content": ["a", "list"]}]}',
+    b'{"messages": [{"role": "user", "content": {"type": "text"}}]}',
+    b'{"messages": [{"role": "user", "content": 5}]}',
+    b'{"messages": [{"role": null, "content": "role is null"}]}',
+    b'{"messages": [{"role": "user"}]}',
+    b'{"messages": ["a string message"]}',
+    b'{"messages": [null]}',
+    b'{"messages": "[{\\"role\\": \\"user\\", \\"content\\": \\"JSON text\\"}]"}',
+    b'{"messages": null}',
+    b'{"messages": []}',
+    b'{"messages": {"role": "user", "content": "an object, not a list"}}',
+    b'{"messages": [{"role": "user", "content": "json inside: {\\"key\\": \\"value\\", \\"n\\": 1}"}]}',
+    b'{"messages": [{"role": "user", "content": "ends in a backslash \\\\"}]}',
+    b'{"messages": [{"role": "user", "content": "x"}], "odd\\\\": 1}',
+    b'{"messages": [{"role": "user", "content": "a \\\\\\": b"}]}',
+    b'{"messages": [{"role": "user", "role": "assistant", "content": "duplicate role"}]}',
+    b'{"messages": [{"role": "user", "content": "a"}], "messages": [{"role": "user", "content": "b"}]}',
+    b'{"messages" : [{"role" : "user" , "content" : "spaces around colons"}]}',
+    b'{"m\\u0065ssages": [{"role": "user", "content": "an escaped key"}]}',
+    b'{"messages": [{"role": "user", "content": "first"}, {"role": "assistant", "content": "second"}]} x',
+    b'{"messages": [{"role": "user", "content": "raw \x01 control"}]}',
+    b'{"messages": [{"role": "user", "content": "lone \\ud800 surrogate"}]}',
+    b'{"messages": [{"role": "user", "content": "unterminated"}',
+]
+
+
+def _clean_chats(n: int, start: int = 0) -> list[bytes]:
+    return [json.dumps({"messages": [{"role": "user", "content": f"question {i}: é, 日本 and a \"quote\""},
+                                     {"role": "assistant", "content": f"answer {i}\nwith a newline"}]},
+                       ensure_ascii=False).encode() for i in range(start, start + n)]
+
+
+def _chat_corpus(tmp_path: Path) -> Path:
+    lines = _clean_chats(30)
+    for k, trap in enumerate(CHAT_TRAPS):
+        lines += [trap] + _clean_chats(2 + k % 3, 100 * (k + 1))
+    path = tmp_path / "chat.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def _chat_rows(path: Path, columnar: Columnar | None) -> list[tuple]:
+    files = expand_inputs([str(path)])
+    return [(chunk.line[i], chunk.errors.get(i), as_read(record), None if record is None else record.get("messages"),
+             isinstance(record, ColumnarRecord))
+            for chunk in read_chunks(files, 5, columnar=columnar) for i, record in enumerate(chunk.records)]
+
+
+@pytest.mark.parametrize("range_bytes", [1, 150, 700, 1 << 20])
+def test_chat_rows_read_as_columns_are_the_strict_parsers_rows(tmp_path: Path, monkeypatch: Any,
+                                                               range_bytes: int) -> None:
+    path = _chat_corpus(tmp_path)
+    monkeypatch.setattr(read, "RANGE_BYTES", range_bytes)
+    exact = _chat_rows(path, None)
+    columnar = _chat_rows(path, Columnar((), lenient_read_range, ("messages", "role", "content")))
+    assert [r[:4] for r in columnar] == [r[:4] for r in exact]
+    taken = [r[2] for r in columnar if r[4]]
+    if range_bytes < 1 << 20:
+        assert 0 < len(taken) < len(exact)
+    if range_bytes == 1:  # a range a line: the rows whose bytes prove them whole, JSON inside a string or not
+        assert {"messages": [{"role": "user", "content": 'json inside: {"key": "value", "n": 1}'}]} in taken
+    if range_bytes == 1 << 20:  # one range holding every trap: all of it line by line
+        assert not taken
+
+
+def test_a_clean_chat_file_is_read_wholly_as_columns_with_its_domain(tmp_path: Path) -> None:
+    lines = [json.dumps({"messages": json.loads(raw)["messages"], "source": f"s{i % 2}"}).encode()
+             for i, raw in enumerate(_clean_chats(200))]
+    path = tmp_path / "clean.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    columnar = Columnar(("source",), lenient_read_range, ("messages", "role", "content"))
+    rows = _chat_rows(path, columnar)
+    assert all(r[4] for r in rows) and rows == [(*r[:4], True) for r in _chat_rows(path, None)]
+    # The same rows with one more key each: never read as columns, since the record would lack that key.
+    path.write_bytes(b"\n".join(raw[:-1] + b', "id": 1}' for raw in lines) + b"\n")
+    assert not any(r[4] for r in _chat_rows(path, columnar))
+
+
+@pytest.mark.parametrize("trap", CHAT_TRAPS)
+def test_the_chat_checks_refuse_what_the_columns_would_not_hold(trap: bytes) -> None:
+    # Each trap that the strict parser reads differently from the columns (or cannot read) is refused by
+    # the byte scan or by the check of what the columnar parser returned.
+    columnar = Columnar((), lenient_read_range, ("messages", "role", "content"))
+    data = b"\n".join(_clean_chats(2)) + b"\n"
+    assert columnar.safe(data, 2) and columnar.complete(data, 2, _lenient(data))
+    data += trap + b"\n"
+    taken = columnar.safe(data, 3) and columnar.complete(data, 3, _lenient(data))
+    try:
+        strict = orjson_row(trap)
+    except ValueError:
+        strict = None
+    assert not taken or strict == {"messages": _lenient(data)[-1]["messages"]}, trap
+
+
+def orjson_row(raw: bytes) -> Any:
+    import orjson
+
+    return orjson.loads(raw)
+
+
+def _lenient(data: bytes) -> list[dict[str, Any]]:
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".jsonl") as handle:
+        handle.write(data)
+        handle.flush()
+        return lenient_read_range(handle.name, 0, len(data), CHAT)
+
+
+@pytest.mark.parametrize("kind", ["chat", "sharegpt"])
+def test_a_chat_run_reading_columns_writes_what_the_exact_reader_writes(tmp_path: Path, monkeypatch: Any,
+                                                                        fast_tokenizer: Any, kind: str) -> None:
+    path = _chat_corpus(tmp_path)
+    if kind == "sharegpt":  # the same rows under ShareGPT's keys and role names
+        data = path.read_bytes().replace(b'"messages"', b'"conversations"').replace(b'"role"', b'"from"')
+        data = data.replace(b'"content"', b'"value"').replace(b'"user"', b'"human"').replace(b'"assistant"', b'"gpt"')
+        path.write_bytes(data)
+    monkeypatch.setattr(read, "RANGE_BYTES", 400)
+    results, taken = {}, {}
+    original = Backend.json_range_reader
+    for reader in ("exact", "cudf"):
+        calls: list[int] = []
+
+        def counting(path: str, offset: int, size: int, columns: dict[str, Any]) -> list[dict[str, Any]]:
+            calls.append(size)
+            return lenient_read_range(path, offset, size, columns)
+
+        monkeypatch.setattr(Backend, "json_range_reader", lambda self: counting)
+        config = parse_config({"input": {"type": kind}, "gpu": {"reader": reader}, "mask": {"assistant": "train"},
+                               "preprocessing": {"min_chars": 1}})
+        rejects = tmp_path / f"{reader}.rejects.jsonl"
+        manifest = run(config, [str(path)], tmp_path / reader, Options(rejects=rejects))
+        shards = {d: [s["sha256"] for s in m["shards"]] for d, m in manifest["domains"].items()}
+        results[reader] = (shards, manifest["totals"], rejects.read_bytes())
+        taken[reader] = len(calls)
+    monkeypatch.setattr(Backend, "json_range_reader", original)
+    assert results["cudf"] == results["exact"]
+    assert taken["exact"] == 0 and taken["cudf"] > 0
+    assert results["exact"][1]["rows_dropped"]["malformed_json"] >= 3
+
+
+def test_which_runs_read_columns(monkeypatch: Any) -> None:
+    # Columns where gpu.reader is cudf on a backend that reads them (the GPU backend with cuDF), the CPU
+    # backend never; only where every dataset's rows are built from the same fields, and no data handler
+    # reads rows whole.
+    from gpu_prep.run.context import columnar_reader
+
+    cpu = Backend("cpu", np)
+    asked = parse_config({"gpu": {"reader": "cudf"}})
+    assert parse_config({}).gpu.reader == "exact" and columnar_reader(asked, cpu) is None
+    monkeypatch.setattr(Backend, "json_range_reader", lambda self: lenient_read_range)
+
+    def reader(config: dict[str, Any]) -> tuple | None:
+        found = columnar_reader(parse_config({"gpu": {"reader": "cudf"}, **config}), cpu)
+        return None if found is None else (found.fields, found.messages)
+
+    assert reader({"input": {"type": "text"}, "output": {"domain_key": "source"}}) == (("text", "source"), None)
+    assert reader({"input": {"type": "instruction"}}) == (("prompt", "response"), None)
+    assert reader({"input": {"type": "chat"}}) == ((), ("messages", "role", "content"))
+    assert reader({"input": {"type": "sharegpt"}}) == ((), ("conversations", "from", "value"))
+    assert reader({"input": {"type": "chat", "messages_key": "turns"}}) == ((), ("turns", "role", "content"))
+    assert reader({"input": {"type": "chat"}, "gpu": {"reader": "exact"}}) is None
+    assert columnar_reader(parse_config({"input": {"type": "chat"}}), cpu) is None  # exact by default
+    for other in ("auto", "preference", "tokens"):
+        assert reader({"input": {"type": other}}) is None
+    chat = {"name": "a", "data_paths": ["a.jsonl"]}
+    assert reader({"input": {"type": "chat"}, "datasets": [chat, {**chat, "name": "b"}]}) is not None
+    text = {**chat, "name": "b", "input": {"type": "text"}}
+    assert reader({"input": {"type": "chat"}, "datasets": [chat, text]}) is None
+    handled = {**chat, "name": "b", "data_handlers": [{"name": "rename_columns", "arguments": {
+        "fn_kwargs": {"column_mapping": {"turns": "messages"}}}}]}
+    assert reader({"input": {"type": "chat"}, "datasets": [chat, handled]}) is None

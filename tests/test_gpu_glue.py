@@ -158,3 +158,29 @@ def test_the_gpu_backends_larger_chunks_write_the_same_bytes(tmp_path: Any, monk
     (small, small_totals, small_chunks), (large, large_totals, large_chunks) = outputs
     assert small_chunks > large_chunks > 1  # the runs were cut differently
     assert large == small and large_totals == small_totals and sum(len(v) for v in small.values()) > 1
+
+
+def test_the_cudf_range_reader_asks_for_chat_messages_as_a_list_of_structs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # read_json_range's own code: the columns read.py asks for become cuDF dtypes (a string; a list of
+    # structs of strings for messages), the range and recovery mode are passed on, and a range cuDF
+    # refuses is None (read.py then parses it line by line).
+    from gpu_prep.backend import read_json_range
+
+    seen: dict[str, Any] = {}
+    rows = [{"messages": [{"role": "user", "content": "hi"}], "source": "a"}]
+
+    def read_json(path: str, **options: Any) -> Any:
+        seen.update(options, path=path)
+        if options["byte_range"][0] > 0:
+            raise RuntimeError("cuDF could not read this range")
+        return types.SimpleNamespace(to_arrow=lambda: types.SimpleNamespace(to_pylist=lambda: rows))
+
+    stand_in = types.SimpleNamespace(read_json=read_json, ListDtype=lambda element: ("list", element),
+                                     StructDtype=lambda fields: ("struct", dict(fields)))
+    monkeypatch.setitem(sys.modules, "cudf", stand_in)
+    columns = {"source": "str", "messages": {"role": "str", "content": "str"}}
+    assert read_json_range("/data/chat.jsonl", 0, 100, columns) == rows
+    assert seen == {"path": "/data/chat.jsonl", "lines": True, "byte_range": [0, 100], "prune_columns": True,
+                    "on_bad_lines": "recover",
+                    "dtype": {"source": "str", "messages": ("list", ("struct", {"role": "str", "content": "str"}))}}
+    assert read_json_range("/data/chat.jsonl", 100, 100, columns) is None

@@ -89,6 +89,31 @@ def test_cudf_reader_matches_the_exact_reader(tmp_path: Path) -> None:
     _assert_same(cpu, gpu)
 
 
+def test_cudf_reader_reads_chat_rows_as_columns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # gpu.reader cudf on chat rows: messages as list<struct<role, content>>, clean rows among traps the
+    # checks must send to the strict parser. Ranges cuDF read are counted, so a reader that always failed
+    # (and fell back) cannot pass for one that works.
+    pytest.importorskip("cudf")
+    import gpu_prep.backend as backend
+    from test_columnar_read import _chat_corpus
+
+    read_by_cudf: list[int] = []
+
+    def counting(*args: Any) -> Any:
+        rows = reading(*args)
+        read_by_cudf.append(0 if rows is None else len(rows))
+        return rows
+
+    reading = backend.read_json_range
+    monkeypatch.setattr(backend, "read_json_range", counting)
+    config = parse_config({"input": {"type": "chat"}, "mask": {"assistant": "train"}, "gpu": {"reader": "cudf"},
+                           "preprocessing": {"min_chars": 1}})
+    chats = write_jsonl(tmp_path / "chats.jsonl", sharegpt_chats(300))
+    cpu, gpu = _both(config, [str(_chat_corpus(tmp_path)), str(chats)], tmp_path, rejects=None)
+    _assert_same(cpu, gpu)
+    assert sum(read_by_cudf) >= 300, read_by_cudf
+
+
 def test_dask_cuda_cluster_matches_the_cpu(tmp_path: Path) -> None:
     # --cluster local with the GPU backend: dask-cuda workers, one per GPU, each reading byte ranges with
     # cuDF and hashing on its GPU; the output is the single CPU process's.

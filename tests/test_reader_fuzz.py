@@ -31,7 +31,9 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1)
                     max_leaves=12)
 
 
-def _read(data: bytes, columnar: Columnar | None = None, chunk_rows: int = 3) -> list[tuple]:
+def _read(data: bytes, columnar: Columnar | None = None, chunk_rows: int = 3, whole: bool = False) -> list[tuple]:
+    """(line, error, the row as the strict parser reads it); whole: the record itself in its place (a chat
+    row read as columns must be the whole row)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "fuzz.jsonl"
         path.write_bytes(data)
@@ -40,7 +42,8 @@ def _read(data: bytes, columnar: Columnar | None = None, chunk_rows: int = 3) ->
         for chunk in read_chunks(files, chunk_rows, columnar=columnar, max_row_bytes=300):
             for i, record in enumerate(chunk.records):
                 assert (record is None) == (i in chunk.errors)
-                rows.append((chunk.line[i], chunk.errors.get(i), as_read(record)))
+                rows.append((chunk.line[i], chunk.errors.get(i), dict(record) if whole and record is not None
+                             else as_read(record)))
         return rows
 
 
@@ -119,3 +122,27 @@ def test_columns_equal_the_strict_parser_on_any_mix(lines: list[bytes], range_by
     finally:
         read.RANGE_BYTES = saved
     assert columnar == _read(data)
+
+
+# Chat-shaped rows: messages with the keys read and others, values of every JSON type, escapes that end in
+# a backslash or a quote before a colon; written with and without ASCII escapes and spaces.
+_MESSAGE = st.dictionaries(st.sampled_from(["role", "content", "name", "messages"]),
+                           st.text(alphabet='ab\\":{} é', max_size=6) | JSON, max_size=3)
+_CHAT_ROW = st.dictionaries(st.sampled_from(["messages", "id", "content"]),
+                            st.lists(_MESSAGE | JSON, max_size=3) | JSON, min_size=1, max_size=2)
+
+
+@FUZZ
+@given(st.lists(st.tuples(_CHAT_ROW, st.booleans(), st.sampled_from([(", ", ": "), (",", ":"), (" , ", " : ")])),
+                max_size=12), st.integers(1, 400))
+def test_chat_columns_equal_the_strict_parser_on_any_mix(rows: list[tuple[Any, bool, tuple[str, str]]],
+                                                         range_bytes: int) -> None:
+    import gpu_prep.read as read
+
+    data = b"\n".join(json.dumps(row, ensure_ascii=ascii, separators=seps).encode() for row, ascii, seps in rows)
+    saved, read.RANGE_BYTES = read.RANGE_BYTES, range_bytes
+    try:
+        columnar = _read(data, Columnar((), lenient_read_range, ("messages", "role", "content")), whole=True)
+    finally:
+        read.RANGE_BYTES = saved
+    assert columnar == _read(data, whole=True)

@@ -19,7 +19,7 @@ from gpu_prep.builders import BuilderTokenizer
 from gpu_prep.chat_template import ChatTemplate
 from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError, InputError
-from gpu_prep.format import string_fields
+from gpu_prep.format import columnar_schema
 from gpu_prep.mix import HANDLERS, Dataset, with_tokenizer
 from gpu_prep.read import Columnar, InputFile, ReadAs, check_columns, expand_inputs
 from gpu_prep.sources import hub_dataset
@@ -119,7 +119,7 @@ class RunContext:
     files: list[InputFile]
     datasets: list[Dataset] | None  # the config's datasets (their files and handlers); None: the inputs given
     sources: Sources = field(default_factory=dict)  # a dataset's own config and domain, by file index
-    columnar: Columnar | None = None  # reads JSON Lines as columns (gpu.reader cudf); None: line by line
+    columnar: Columnar | None = None  # reads JSON Lines as columns (columnar_reader); None: line by line
     threads: int | None = None  # tokenizer threads
     strict: bool = False  # --strict: a fast engine seen to differ from HF stops the run
 
@@ -293,11 +293,18 @@ def datasets_of(config: PipelineConfig, files: list[InputFile], dataset_files: l
 
 
 def columnar_reader(config: PipelineConfig, backend: Backend) -> Columnar | None:
-    """What reads JSON Lines as columns on this backend when the config asks for it (gpu.reader cudf) and
-    its rows are read by string fields; None: line by line."""
-    fields = string_fields(config)
-    read_range = backend.json_range_reader() if config.gpu.reader == "cudf" and fields else None
-    return Columnar(fields, read_range) if read_range is not None else None
+    """What reads JSON Lines as columns on this backend where the config asks for it (gpu.reader cudf, on
+    the GPU backend with cuDF), every dataset's rows are built from the same columns and no data handler
+    reads rows whole; None: line by line."""
+    read_range = backend.json_range_reader() if config.gpu.reader == "cudf" else None
+    if read_range is None:
+        return None
+    specs = config.datasets or []
+    schemas = {columnar_schema(config)} | {columnar_schema(config.dataset_config(k)) for k in range(len(specs))}
+    if len(schemas) != 1 or None in schemas or any(spec.data_handlers for spec in specs):
+        return None
+    (fields, messages), = schemas
+    return Columnar(fields, read_range, messages)
 
 
 def dataset_handlers(spec: Any) -> list[tuple[Any, dict[str, Any], str, Any]]:
