@@ -341,15 +341,6 @@ class Columnar:
         return len(_KEY_START.findall(data)) == rows * (len(self.fields) + 1) + 2 * sum(map(len, listed))
 
 
-def columnar_safe(data: bytes, fields: tuple[str, ...], rows: int) -> bool:
-    """Columnar.safe for rows of top-level string fields."""
-    return Columnar(fields, _no_reader).safe(data, rows)
-
-
-def _no_reader(path: str, offset: int, size: int, columns: dict[str, Any]) -> None:
-    return None
-
-
 def _columnar_rows(file: InputFile, columnar: Columnar, cap: int, part: Part | None = None,
                    first_line: int = 1) -> Iterator[Row]:
     if file.size_bytes == 0:

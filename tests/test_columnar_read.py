@@ -20,7 +20,7 @@ from gpu_prep import read
 from gpu_prep.backend import Backend
 from gpu_prep.config import parse_config
 from gpu_prep.pipeline import Options, run
-from gpu_prep.read import Columnar, ColumnarRecord, as_read, columnar_safe, expand_inputs, read_chunks
+from gpu_prep.read import Columnar, ColumnarRecord, as_read, expand_inputs, read_chunks
 from helpers import write_jsonl
 
 FIELDS = ("text", "source")
@@ -138,11 +138,12 @@ def test_a_clean_file_is_read_wholly_as_columns(tmp_path: Path) -> None:
 @pytest.mark.parametrize("trap", TRAPS[:23])
 def test_the_byte_scan_refuses_each_trap(trap: bytes) -> None:
     clean = b"\n".join(_clean(3)) + b"\n"
-    assert columnar_safe(clean, FIELDS, 3)
+    columnar = Columnar(FIELDS, lenient_read_range)
+    assert columnar.safe(clean, 3)
     data = clean + trap + b"\n"
     rows = 3 + bool(trap.strip())
     # Refused by the scan, or (a missing field, an all-null row) by the check of what the parser returned.
-    refused = not columnar_safe(data, FIELDS, rows)
+    refused = not columnar.safe(data, rows)
     missing = any(v is None for r in lenient_read_range_bytes(data) for v in r.values())
     assert refused or missing, trap
 
