@@ -444,6 +444,10 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
         while True:
             skip(" \t\r\n")
             if buffer.startswith("]", pos):
+                pos += 1
+                skip(" \t\r\n")
+                if pos < len(buffer):  # more after the array ([...][...] from `cat a.json b.json`)
+                    raise _goes_on(path, f"after the array's closing ']' (element {index} the last)", buffer[pos:pos + 40])
                 return
             while True:  # the element's end; a block boundary may cut it (or a number) short
                 try:
@@ -476,9 +480,15 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
             if buffer.startswith(",", pos):
                 pos += 1
             elif not buffer.startswith("]", pos):
-                yield index + 1, None, (Drop.MALFORMED_JSON, f"after element {index} the array goes on with "
-                                        f"{buffer[pos:pos + 40]!r} (the rest of the file is not read)", None), 0
-                return
+                raise _goes_on(path, f"after element {index} of the array, with no ',' between", buffer[pos:pos + 40])
+
+
+def _goes_on(path: str, where: str, rest: str) -> Exception:
+    """The rows after this point could only be lost (not read, not counted): the run stops, saying so."""
+    from gpu_prep.errors import InputError
+
+    return InputError(f"{path}: not one JSON array: {where} the file goes on with {rest!r}; the rows after it "
+                      "would be lost, so the run stops (join the arrays into one, or write JSON Lines)")
 
 
 def hub_dataset(arguments: dict[str, Any]) -> Any:

@@ -93,6 +93,29 @@ def test_bytes_that_are_not_utf8_inside_a_json_array_stop_the_run(tmp_path: Path
         _run(tmp_path, path)
 
 
+@pytest.mark.parametrize("tail", [
+    '[{"text": "second array"}]',  # two arrays end to end (cat a.json b.json)
+    '\n[{"text": "second array"}]\n',
+    '\n{"text": "a row after the array"}',
+])
+def test_anything_after_a_json_array_stops_the_run_instead_of_being_lost(tmp_path: Path, fast_tokenizer: None,
+                                                                         tail: str) -> None:
+    path = tmp_path / "joined.json"
+    path.write_text(json.dumps([{"text": f"row {i}"} for i in range(5)]) + tail)
+    with pytest.raises(InputError, match=r"joined\.json: not one JSON array: after the array's closing .*"
+                                         r"element 5 the last.*rows after it would be lost"):
+        _run(tmp_path, path)
+
+
+def test_two_elements_without_a_comma_stop_the_run(tmp_path: Path, fast_tokenizer: None) -> None:
+    path = tmp_path / "comma.json"
+    path.write_text('[{"text": "one"}, {"text": "two"} {"text": "three"}]')
+    with pytest.raises(InputError, match=r"comma\.json: not one JSON array: after element 2 of the array, with no ','"):
+        _run(tmp_path, path)
+    path.write_text('[{"text": "one"}, {"text": "two"}]  \n\n')  # blank lines after the array are fine
+    assert _run(tmp_path, path, name="ok")["totals"]["rows_written"] == 2
+
+
 def test_an_unending_json_array_element_is_read_no_further_than_max_row_bytes(tmp_path: Path, fast_tokenizer: None) -> None:
     config = {**TEXT, "input": {"type": "text", "max_row_bytes": 1000}}
     big = json.dumps({"text": "x" * 3000})
