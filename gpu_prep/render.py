@@ -22,7 +22,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from collections.abc import Callable
 from itertools import pairwise
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import numpy as np
@@ -287,11 +287,12 @@ def _reasoning_start(real: str, message: dict, previous_end: int, start: int) ->
 
 
 def _labels(conv: Conversation, ctx: RenderContext) -> list[str | bool]:
-    """Each message's label: its role, or its own training flag (input.message_training_key, a bool);
-    with input.train_last_turn_only, only the last trained message stays trained."""
+    """Each message's label: its role, or its own training flag (input.message_training_key: true / false,
+    or 1 / 0 as OpenAI's `weight` is written; any other value drops the row); with
+    input.train_last_turn_only, only the last trained message stays trained."""
     key = ctx.config.input.message_training_key
     if key:
-        labels: list[str | bool] = [flag if isinstance(flag := m.get(key), bool) else m["role"] for m in conv.messages]
+        labels: list[str | bool] = [_flag(m, key, i) for i, m in enumerate(conv.messages)]
     else:
         labels = [m["role"] for m in conv.messages]
     if ctx.config.input.train_last_turn_only:
@@ -299,6 +300,17 @@ def _labels(conv: Conversation, ctx: RenderContext) -> list[str | bool]:
         for i in trained[:-1]:
             labels[i] = False
     return labels
+
+
+def _flag(message: dict[str, Any], key: str, index: int) -> str | bool:
+    """A message's training flag, or its role where it has none (absent or null)."""
+    flag = message.get(key)
+    if flag is None:
+        return message["role"]
+    if type(flag) is bool or (type(flag) is int and flag in (0, 1)):
+        return bool(flag)
+    raise RowError(Drop.WRONG_TYPE, f"message {index}'s {key!r} must be true or false (or 1 / 0), got {flag!r}; "
+                   "a value the rule cannot read would leave the message to its role's rule unnoticed")
 
 
 def _to_bytes(text: str, spans: list[Span], form: str | None) -> tuple[str, list[Span], int]:

@@ -49,6 +49,24 @@ def test_per_message_flags_override_the_role_rule(tmp_path: Path, qwen: Any) -> 
     assert _trained(tmp_path, qwen, messages, message_training_key=None) == f"Hello.{EOT}Goodbye.{EOT}"
 
 
+def test_per_message_flags_as_openai_weights_and_values_that_are_no_flag(tmp_path: Path, qwen: Any) -> None:
+    # OpenAI's fine-tuning format marks turns with "weight": 0 / 1; null is no flag; any other value would
+    # silently leave the turn to its role's rule, so the row is dropped naming the message and the value.
+    messages = [dict(m) for m in TURNS]
+    messages[1]["weight"], messages[2]["weight"], messages[4]["weight"] = 1, 0, None
+    assert _trained(tmp_path, qwen, messages, message_training_key="weight") == f"Hi there{EOT}Goodbye.{EOT}"
+    for value in ("false", 2, 0.0, [False]):
+        bad = [dict(m) for m in TURNS]
+        bad[2]["training"] = value
+        config = {"chat_template": "chatml", "input": {"type": "chat"}, "mask": {"assistant": "train"},
+                  "preprocessing": {"deduplicate": False}}
+        manifest = json.loads((run_rows(tmp_path, config, [{"messages": bad}, {"messages": TURNS}],
+                                        name=f"bad{len(list(tmp_path.glob('bad*')))}") / "manifest.json").read_text())
+        assert manifest["totals"]["rows_dropped"] == {"wrong_type": 1}, value
+        [example] = manifest["dropped_examples"]["wrong_type"]
+        assert f"message 2's 'training' must be true or false (or 1 / 0), got {value!r}" in example["detail"]
+
+
 def test_last_turn_only(tmp_path: Path, qwen: Any) -> None:
     assert _trained(tmp_path, qwen, TURNS, train_last_turn_only=True) == f"Goodbye.{EOT}"
 
