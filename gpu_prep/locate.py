@@ -86,9 +86,38 @@ def locate_contents(real: str, conv: Conversation, template: ChatTemplate) -> li
         return _content_regions(real, skeleton(every), every)
     with_every = skeleton(every)
     regions = _content_regions(real, with_every, every, exact_only=True)
-    if regions is not None:
-        return regions
-    return _place_empty(real, with_every, _content_regions(real, skeleton(non_empty), non_empty))
+    if regions is None:
+        regions = _place_empty(real, with_every, _content_regions(real, skeleton(non_empty), non_empty))
+    return _place_tool_turns(real, conv, template, regions)
+
+
+def _place_tool_turns(real: str, conv: Conversation, template: ChatTemplate,
+                      regions: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Empty regions for assistant turns that only call tools, where the template writes their calls in a
+    branch that never writes the content (Llama 3.1, Mistral): such a turn starts where the rendering of
+    the messages before it, with the generation prompt (the assistant's header), ends, when the real
+    rendering starts with that text. From there the turn's text runs on to its end-of-turn token, as any
+    trained content does. A turn that cannot be placed so stays without a region (reported as left out)."""
+    located = {i for i, _, _ in regions}
+    placed = list(regions)
+    for i, message in enumerate(conv.messages):
+        if i in located or message["content"] or not message.get("tool_calls") or message["role"] != "assistant":
+            continue
+        header = render_text_with_prompt(template, conv.messages[:i], conv)
+        before = max((end for j, _, end in placed if j < i), default=0)
+        after = min((start for j, start, _ in placed if j > i), default=len(real))
+        if header is not None and real.startswith(header) and before <= len(header) <= after:
+            placed.append((i, len(header), len(header)))
+    return sorted(placed, key=lambda region: (region[1], region[0]))
+
+
+def render_text_with_prompt(template: ChatTemplate, messages: list[dict], conv: Conversation) -> str | None:
+    """The rendering of these messages followed by the generation prompt; None where the template refuses
+    them (a prefix of a conversation may break a template's rules)."""
+    try:
+        return template.render(messages, conv.tools, conv.documents, add_generation_prompt=True)
+    except jinja2.exceptions.TemplateError:
+        return None
 
 
 def _place_empty(real: str, with_every: str, regions: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:

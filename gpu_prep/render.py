@@ -159,7 +159,8 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
         left_out: tuple[str, ...] = ()
     else:
         located = {i for i, _, _ in regions}
-        left_out = tuple(roles[i] for i, m in enumerate(conv.messages) if m["content"] and i not in located)
+        left_out = tuple(roles[i] for i, m in enumerate(conv.messages)
+                         if (m["content"] or m.get("tool_calls")) and i not in located)
     if not regions:
         return real, [], left_out, ()
     labels = _labels(conv, ctx)
