@@ -195,7 +195,7 @@ def _string_field(record: dict[str, Any], key: str, where: str = "") -> str:
 def _content(message: dict[str, Any], key: str, where: str) -> str:
     """A message's text. Besides a string, what chat APIs send is read as chat templates' users expect: a
     list of text parts ({"type": "text", "text": ...}, as in OpenAI's format) is its texts joined by
-    newlines; null content beside tool_calls (an assistant turn that only calls tools) is empty."""
+    newlines; null or absent content beside tool_calls (an assistant turn that only calls tools) is empty."""
     value = message.get(key)
     if isinstance(value, list):
         texts = []
@@ -206,7 +206,7 @@ def _content(message: dict[str, Any], key: str, where: str) -> str:
                                                 '({"type": "text", "text": ...}) are read')
             texts.append(part["text"])
         return "\n".join(texts)
-    if value is None and key in message and message.get("tool_calls"):
+    if value is None and message.get("tool_calls"):
         return ""
     return _string_field(message, key, where)
 

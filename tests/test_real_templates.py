@@ -192,14 +192,16 @@ def reasoning_rows() -> list[dict]:
 
 
 def tool_call_rows(name: str) -> list[dict]:
-    """Assistant turns that only call a tool (null content, as OpenAI writes them, and empty content),
-    then answer from the result: the templates that write such a call without the turn's content."""
+    """Assistant turns that only call a tool (null content, as OpenAI writes them, no content key, and
+    empty content), then answer from the result: the templates that write such a call without the turn's content."""
     call_id = "call00001"
     calls = [{"id": call_id, "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
     rows = []
-    for content in (None, ""):
-        messages = [{"role": "user", "content": "Weather in Paris?"},
-                    {"role": "assistant", "content": content, "tool_calls": calls},
+    for content in (None, "", "absent"):
+        call = {"role": "assistant", "content": content, "tool_calls": calls}
+        if content == "absent":  # as transformers hands templates a null content: no key at all
+            del call["content"]
+        messages = [{"role": "user", "content": "Weather in Paris?"}, call,
                     {"role": "tool", "tool_call_id": call_id, "content": "18 degrees"},
                     {"role": "assistant", "content": "It is 18 degrees in Paris."}]
         rows.append({"messages": messages, "tools": TOOLS})
