@@ -285,7 +285,7 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
         if source is not None and source != "reasoning_content":
             notes.append("moved_reasoning_keys")
         if inp.extract_think_tags and role == "assistant" and reasoning is None:
-            found = _THINK.match(content)
+            found = THINK_BLOCK.match(content)
             if found:
                 reasoning, content = found.group(1).strip("\n"), content[found.end():]
                 notes.append("extracted_think_from_content")
@@ -303,7 +303,7 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
                         notes=(*notes, *["tools_parsed_from_string"] * parsed))
 
 
-_THINK = re.compile(r"\s*<think>(.*?)</think>\s*", re.DOTALL)
+THINK_BLOCK = re.compile(r"\s*<think>(.*?)</think>\s*", re.DOTALL)  # an inline reasoning block
 
 
 TOOL_KEYS = ("tools", "tool_schemas", "functions", "function_schemas")

@@ -222,3 +222,31 @@ def test_trained_tokens_are_counted_by_role_after_truncation(tmp_path: Path, qwe
     assert by_role["(whole pieces)"] == int(text_mask.sum())
     # Right truncation keeps the first turns (a user's only); left the last (the assistant's goodbye).
     assert set(by_role) - {"(whole pieces)"} == ({"user"} if truncation == "right" else {"user", "assistant"})
+
+
+INLINE_THINK = [{"messages": [{"role": "user", "content": "2+2?"},
+                              {"role": "assistant", "content": "<think>\nSimple addition.\n</think>\n\n4"}]}]
+
+
+def test_qwen3_takes_an_inline_think_block_in_the_last_turn_as_written(tmp_path: Path) -> None:
+    # Qwen3's template moves a <think> block out of the last turn's content into its own; read as it is
+    # (extract_think_tags off, the default) the content is trained whole, block included; read as the turn's
+    # reasoning, the block is shown and not trained.
+    qwen3, [(ids, mask)], manifest = _qwen3_run(tmp_path, INLINE_THINK)
+    assert manifest["totals"]["rows_written"] == 1
+    assert qwen3.decode(ids[mask == 1]) == "<think>\nSimple addition.\n</think>\n\n4<|im_end|>"
+    _, [(ids, mask)], _ = _qwen3_run(tmp_path, INLINE_THINK, extract_think_tags=True)
+    assert "Simple addition." in qwen3.decode(ids) and qwen3.decode(ids[mask == 1]) == "4<|im_end|>"
+
+
+def test_a_think_block_no_reading_can_place_says_what_to_set(tmp_path: Path) -> None:
+    # A template that closes no turn whose content holds <think>: neither reading of the block aligns, and
+    # the row's drop says which setting reads the block as reasoning.
+    template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% if '<think>' not in m.content %}</{{ m.role }}>"
+                "{% endif %}{% endfor %}")
+    config = {"chat_template": template, "input": {"type": "chat"}, "mask": {"assistant": "train"}}
+    plain = {"messages": [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}]}
+    out = run_rows(tmp_path, config, INLINE_THINK + [plain], name="hint")
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    [example] = manifest["dropped_examples"]["template_error"]
+    assert example["detail"].endswith("input.extract_think_tags: true reads it as the turn's reasoning"), example
