@@ -469,6 +469,16 @@ class PipelineConfig(_Frozen):
         return self
 
     @model_validator(mode="after")
+    def _split_text_only(self) -> PipelineConfig:
+        others = self.input_types() - {"text", "pretokenized"}
+        if self.preprocessing.truncation == "split" and others:
+            raise ValueError(f"preprocessing.truncation split cuts rows into windows of max_seq_len tokens wherever "
+                             f"they fall, for pretraining text (input.type text or pretokenized); {', '.join(sorted(others))} "
+                             "rows would be cut inside turns, and windows with no trained token written: use right, "
+                             "left, drop or structured")
+        return self
+
+    @model_validator(mode="after")
     def _packing_format(self) -> PipelineConfig:
         if self.preprocessing.packing != "none" and self.output.storage_format == "megatron":
             raise ValueError("preprocessing.packing: Megatron builds its own sequences from the documents of an "

@@ -86,6 +86,16 @@ def test_split_never_leaves_the_eos_alone_in_a_window(tmp_path: Path, qwen: Any)
     assert sum(got, []) == whole.tolist()
 
 
+@pytest.mark.parametrize("kind", ["chat", "instruction", "segments", "auto"])
+def test_split_is_refused_for_rows_with_turns(kind: str) -> None:
+    # Windows cut wherever they fall would split turns and leave windows with nothing trained.
+    from gpu_prep.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"truncation split .* for pretraining text .*; {kind} rows would be cut"):
+        parse_config({"input": {"type": kind}, "preprocessing": {"truncation": "split"}})
+    parse_config({"input": {"type": "pretokenized"}, "preprocessing": {"truncation": "split"}})
+
+
 def test_text_rows_can_close_with_eos_after_their_bos(tmp_path: Path, qwen: Any) -> None:
     [(ids, mask)] = samples(run_rows(tmp_path, _text(None, 1 << 20, add_eos=True), ROWS[:1]))
     assert qwen.decode(ids) == (qwen.prefix_text or "") + ROWS[0]["text"] + qwen.eos_text
