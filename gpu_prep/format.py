@@ -416,9 +416,9 @@ def detect_schema(record: dict[str, Any], config: PipelineConfig) -> str | None:
     inp = config.input
     if "input_ids" in record:
         return "pretokenized"
-    if isinstance(record.get(inp.messages_key), list):
+    if _message_list(record.get(inp.messages_key)):
         return "chat"
-    if isinstance(record.get(sharegpt_keys(config)[0]), list):
+    if _message_list(record.get(sharegpt_keys(config)[0])):
         return "sharegpt"
     if "segments" in record:
         return "segments"
@@ -433,6 +433,11 @@ def detect_schema(record: dict[str, Any], config: PipelineConfig) -> str | None:
     if inp.text_key in record:
         return "text"
     return None
+
+
+def _message_list(value: Any) -> bool:
+    """A list of messages, or JSON text of one (a CSV or Parquet column), as _conversation reads them."""
+    return isinstance(value, list) or (isinstance(value, str) and value.lstrip().startswith("["))
 
 
 def auto_schema(record: dict[str, Any], config: PipelineConfig) -> str:

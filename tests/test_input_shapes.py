@@ -15,6 +15,7 @@ import yaml
 import gpu_prep
 from gpu_prep.config import ALPACA_FORMAT, ALPACA_NO_INPUT_FORMAT, parse_config
 from gpu_prep.format import dedup_text, get_builder
+from gpu_prep.pipeline import run
 from helpers import REPO, run_rows, samples
 
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")
@@ -306,3 +307,26 @@ def test_the_chat_options_example_trains_what_its_config_says(tmp_path: Path, qw
     assert trained[0] == "Blue.Green.<|im_end|>"
     assert trained[1] == " Keep going!<|im_end|>"  # characters 0-18 masked by train_detail
     assert trained[2] == "4<|im_end|>"  # the wrong answer is masked by its own training flag
+
+
+def test_auto_reads_messages_given_as_json_text(tmp_path: Path) -> None:
+    # A CSV or Parquet column of messages holds JSON text; input.type chat reads it, and so must auto, which
+    # picks a row's type by its keys (the row has a messages key).
+    import csv
+
+    from gpu_prep.format import detect_schema
+
+    config = parse_config({"input": {"type": "auto"}})
+    assert detect_schema({"messages": '[{"role": "user", "content": "hi"}]'}, config) == "chat"
+    assert detect_schema({"conversations": ' [{"from": "human", "value": "hi"}]'}, config) == "sharegpt"
+    assert detect_schema({"messages": "plain text", "text": "t"}, config) == "text"
+    path = tmp_path / "chat.csv"
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["messages"])
+        for i in range(3):
+            writer.writerow([json.dumps([{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}])])
+    manifest = run(parse_config({"input": {"type": "auto"}, "chat_template": "chatml", "mask": {"assistant": "train"}}),
+                   [str(path)], tmp_path / "out")
+    assert manifest["totals"]["rows_written"] == 3
+    assert manifest["totals"]["parse_report"]["messages_parsed_from_string"] == 3
