@@ -107,7 +107,7 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
         elif os.path.isdir(pattern):
             found = dataset_folder_files(Path(pattern), how.split)
             if found is None:
-                found = sorted(str(p) for p in Path(pattern).rglob("*") if p.is_file() and split_name(str(p))[0])
+                found = folder_files(Path(pattern))
         elif glob.has_magic(pattern):
             found = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
         else:
@@ -131,6 +131,26 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
         files.append(InputFile(first_index + len(files), path, file_size(path), layout, compression,
                                how.text_key, how.text_per_line, encoding=encoding))
     return files
+
+
+# What a datasets cache folder holds beside its data: metadata, and the cache files .map and .filter leave.
+_DATASETS_METADATA = frozenset({"dataset_info.json", "state.json", "dataset_dict.json"})
+
+
+def folder_files(folder: Path) -> list[str]:
+    """The files of a folder (and the folders in it) that gpu-prep reads by their names, sorted: not hidden
+    ones or those under hidden folders (.ipynb_checkpoints, .git), and in a folder the datasets library
+    wrote (a dataset_info.json beside the files) not its metadata or its cache-*.arrow files."""
+    found = []
+    for path in folder.rglob("*"):
+        if any(part.startswith(".") for part in path.relative_to(folder).parts) or not path.is_file():
+            continue
+        if (path.parent / "dataset_info.json").is_file() and (
+                path.name in _DATASETS_METADATA or (path.name.startswith("cache-") and path.suffix == ".arrow")):
+            continue
+        if split_name(str(path))[0]:
+            found.append(str(path))
+    return sorted(found)
 
 
 def check_columns(files: list[InputFile], needed: tuple[str, ...]) -> None:

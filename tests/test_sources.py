@@ -372,3 +372,26 @@ def test_a_cluster_cuts_parquet_and_arrow_files_at_row_groups_and_batches(fmt: s
     assert (tmp_path / "got.jsonl").read_text() == (tmp_path / "want.jsonl").read_text()
     entries = [json.loads(line) for line in (tmp_path / "got.jsonl").read_text().split("\n") if line]
     assert [e["line"] for e in entries if e["reason"] == "empty"] == [51]
+
+
+def test_a_folder_leaves_out_hidden_files_and_a_datasets_cache_folders_own_files(tmp_path: Path) -> None:
+    # A notebook's stale checkpoint copy, and a load_dataset cache folder: its data file is read, not its
+    # dataset_info.json or the cache file .map left beside it.
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    from gpu_prep.read import expand_inputs
+
+    folder = tmp_path / "data"
+    (folder / ".ipynb_checkpoints").mkdir(parents=True)
+    (folder / "train.jsonl").write_text('{"text": "a"}\n')
+    (folder / ".ipynb_checkpoints" / "train-checkpoint.jsonl").write_text('{"text": "stale"}\n')
+    (folder / ".hidden.jsonl").write_text('{"text": "hidden"}\n')
+    cache = folder / "cache" / "json" / "default-0" / "0.0.0"
+    cache.mkdir(parents=True)
+    table = pa.table({"text": ["b"]})
+    for name in ("json-train.arrow", "cache-1234abcd.arrow"):
+        with ipc.new_stream(str(cache / name), table.schema) as writer:
+            writer.write_table(table)
+    (cache / "dataset_info.json").write_text('{"builder_name": "json"}')
+    assert [f.path for f in expand_inputs([str(folder)])] == [str(cache / "json-train.arrow"), str(folder / "train.jsonl")]
