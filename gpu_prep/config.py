@@ -45,8 +45,9 @@ ALPACA_NO_INPUT_FORMAT = ("Below is an instruction that describes a task. Write 
 # The roles chat templates know.
 TEMPLATE_ROLES = ("system", "user", "assistant", "tool")
 # The roles of ShareGPT-style data ("from") and the template roles they stand for.
-SHAREGPT_ROLES = {"user": ["human", "user"], "assistant": ["gpt", "model", "assistant"], "system": ["system"],
-                  "tool": ["tool", "function", "observation"]}
+# LLaMA-Factory's tags included: a function_call turn is the assistant's call, written as text.
+SHAREGPT_ROLES = {"user": ["human", "user"], "assistant": ["gpt", "model", "assistant", "function_call"],
+                  "system": ["system"], "tool": ["tool", "function", "observation"]}
 _NO_ROLE_NAMES: dict[str, str] = {}
 
 
@@ -151,6 +152,17 @@ class InputConfig(_Frozen):
     template_max_chars: int | None = Field(None, ge=1)
 
     _role_of: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @field_validator("roles")
+    @classmethod
+    def _one_role_each(cls, roles: dict[str, list[str]]) -> dict[str, list[str]]:
+        seen: dict[str, str] = {}
+        for target, sources in roles.items():
+            for source in sources:
+                if seen.setdefault(source, target) != target:
+                    raise ValueError(f"the row role {source!r} is listed under both {seen[source]!r} and {target!r}; "
+                                     "a row role stands for one template role")
+        return roles
 
     def model_post_init(self, context: Any) -> None:
         roles = self.roles or (SHAREGPT_ROLES if self.type in ("sharegpt", "auto") else {})

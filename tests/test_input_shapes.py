@@ -330,3 +330,15 @@ def test_auto_reads_messages_given_as_json_text(tmp_path: Path) -> None:
                    [str(path)], tmp_path / "out")
     assert manifest["totals"]["rows_written"] == 3
     assert manifest["totals"]["parse_report"]["messages_parsed_from_string"] == 3
+
+
+def test_sharegpt_role_names_include_llama_factorys_and_stand_for_one_role_each() -> None:
+    # LLaMA-Factory's sharegpt tags: a function_call turn is the assistant's tool call, observation its result.
+    row = {"conversations": [{"from": "human", "value": "weather?"}, {"from": "function_call", "value": '{"name": "f"}'},
+                             {"from": "observation", "value": "18C"}, {"from": "gpt", "value": "18 degrees"}]}
+    conv = get_builder("sharegpt")(row, parse_config({"input": {"type": "sharegpt"}}))
+    assert [m["role"] for m in conv.messages] == ["user", "assistant", "tool", "assistant"]
+    from gpu_prep.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"input\.roles: the row role 'human' is listed under both 'user' and 'assistant'"):
+        parse_config({"input": {"type": "sharegpt", "roles": {"user": ["human"], "assistant": ["human", "gpt"]}}})
