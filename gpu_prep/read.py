@@ -82,12 +82,24 @@ class RawChunk:
     def add(self, file_index: int, line: int, record: Any, error: tuple[str, str, Any] | None = None) -> None:
         if error is None and not (isinstance(record, dict) or is_message_list(record)):
             error = (Drop.NOT_AN_OBJECT, f"a row must be a JSON object, got {type(record).__name__}", record)
+        elif error is None and isinstance(record, list) and _rows_not_messages(record):
+            error = (Drop.NOT_AN_OBJECT, f"the line is a JSON array of {len(record)} rows, not a row (nor a "
+                     "conversation's messages); a file holding one JSON array is read element by element when "
+                     "named .json", record)
         if error is not None:
             self.errors[len(self.records)] = error
             record = None
         self.file_index.append(file_index)
         self.line.append(line)
         self.records.append(record)
+
+
+# Keys that name a whole row's parts, never a message's: a list of objects holding them is a list of rows.
+_ROW_KEYS = frozenset({"messages", "conversations", "text", "prompt", "instruction", "input_ids", "chosen", "segments"})
+
+
+def _rows_not_messages(record: list[dict[str, Any]]) -> bool:
+    return all("role" not in m and "from" not in m and not _ROW_KEYS.isdisjoint(m) for m in record)
 
 
 def is_message_list(record: Any) -> bool:

@@ -299,6 +299,9 @@ def inspect_file(path: str, fmt: str, compression: str | None) -> tuple[str, str
                               "with a dataset's builder, or give it the extension of what it is")
         if fmt == "json" and text.startswith("{"):
             return "jsonl", encoding  # one object per line, named .json
+        if fmt == "jsonl" and text.split("\n", 1)[0].strip() == "[":
+            raise ConfigError(f"input {path!r}: named as JSON Lines, but it holds a JSON array written over many "
+                              "lines (its first line is '['); name it .json to read its elements as rows")
     return fmt, encoding
 
 

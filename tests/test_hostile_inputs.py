@@ -341,3 +341,18 @@ def test_a_prompt_response_parquet_without_its_columns_is_refused_up_front(tmp_p
     (tmp_path / "config.json").write_text(json.dumps(config))
     done = gpu_prep_cli("run", "-q", "-c", tmp_path / "config.json", path, "-o", tmp_path / "cli-out")
     assert done.returncode == 2 and "no column 'response'" in done.stderr and "'answer'" in done.stderr, done.stderr
+
+
+def test_a_json_array_saved_as_json_lines_is_named_for_what_it_is(tmp_path: Path, fast_tokenizer: None) -> None:
+    # json.dump(rows, f) into a .jsonl file: on one line it is one row of rows, dropped saying what it is;
+    # written over many lines (indent=2), the file is refused before anything is read.
+    rows = [{"text": f"document {i}"} for i in range(5)]
+    one_line = tmp_path / "one.jsonl"
+    one_line.write_text(json.dumps(rows) + "\n" + json.dumps({"text": "a real row"}) + "\n")
+    manifest = _run(tmp_path, one_line)
+    [example] = manifest["dropped_examples"]["not_an_object"]
+    assert "the line is a JSON array of 5 rows" in example["detail"] and "named .json" in example["detail"]
+    pretty = tmp_path / "pretty.jsonl"
+    pretty.write_text(json.dumps(rows, indent=2))
+    with pytest.raises(ConfigError, match=r"pretty\.jsonl'?: named as JSON Lines, but it holds a JSON array written over"):
+        _run(tmp_path, pretty, name="pretty")
