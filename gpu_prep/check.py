@@ -109,9 +109,11 @@ def run_sample(config: PipelineConfig, inputs: list[str], sample: int, report: S
     limited = config.model_copy(update={"preprocessing": config.preprocessing.model_copy(update={"max_items": sample})})
     report.manifest = run(limited, inputs, out, Options(overlap=False))
     report.out_dir = out
-    written = report.manifest["totals"]["rows_written"]
-    if written == 0 and report.rows:
-        report.errors.append(f"none of the {report.rows} sample rows would be written")
+    # What would make `run` fail on these rows fails the check too: no row written, or too many dropped.
+    from gpu_prep.run.manifest import run_problems
+
+    report.errors.extend(f"the sample run: {problem} (run would exit non-zero)"
+                         for problem in run_problems(report.manifest, config))
 
 
 def remove_sample(report: SampleReport) -> None:

@@ -226,6 +226,18 @@ def test_validate_checks_a_config_against_a_sample_of_the_data(tmp_path: Path) -
     assert "sample: 5 rows read, 5 would be written, tokenizer bundled qwen2.5" in result.stdout
     assert "⟦Answer 0: about 384,400 km on average.<|im_end|>⟧" in result.stdout
     assert "role 'user' (5 messages) has no mask rule" in result.stderr
+    # What would make run exit non-zero fails the check: here too many rows dropped, and an empty input.
+    short = _config(tmp_path, {"input": {"type": "chat"}, "mask": {"assistant": "train"},
+                               "preprocessing": {"max_seq_len": 8, "truncation": "drop"}}, "short.json")
+    result = gpu_prep_cli("validate", "-c", short, data, "--sample", 5)
+    assert result.returncode == 2, result.stdout
+    assert "the sample run: 100% of the rows read were dropped" in " ".join(result.stderr.split()) \
+        or "the sample run: no rows were written (of 5 read)" in " ".join(result.stderr.split()), result.stderr
+    assert "dropped too_many_tokens: 5 row(s)" in result.stdout
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    result = gpu_prep_cli("validate", "-c", good, empty)
+    assert result.returncode == 2 and "the sample run: no rows were written (of 0 read)" in result.stderr
 
 
 def test_the_readme_names_every_drop_reason_the_code_has() -> None:
