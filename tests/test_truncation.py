@@ -177,3 +177,20 @@ def test_structured_falls_back_to_the_last_tokens(tmp_path: Path, qwen: Any) -> 
     text, n, totals = _structured_run(tmp_path, qwen, messages, 40)
     assert n == 40 and "Answer 2:" in text and "Question 1:" not in text
     assert totals["parse_report"]["structured_dropped_turns"] == 2
+
+
+def test_a_row_with_nothing_trained_says_why(tmp_path: Path) -> None:
+    # Trained text cut off by max_seq_len, against a mask rule that names no role of the rows (a typo).
+    rows = [{"messages": [{"role": "user", "content": "a question of several words, " * 4},
+                          {"role": "assistant", "content": "the answer"}]},
+            {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}]
+    base = {"input": {"type": "chat"}, "chat_template": "chatml", "preprocessing": {"deduplicate": False}}
+    cut = {**base, "mask": {"assistant": "train"}, "preprocessing": {"deduplicate": False, "max_seq_len": 16}}
+    manifest = json.loads((run_rows(tmp_path, cut, rows, name="cut") / "manifest.json").read_text())
+    [example] = manifest["dropped_examples"]["no_trained_tokens"]
+    assert example["detail"] == "no trained token within max_seq_len 16 (the trained part lies past the cut)"
+    typo = json.loads((run_rows(tmp_path, {**base, "mask": {"assitant": "train"}}, rows, name="typo")
+                       / "manifest.json").read_text())
+    assert typo["totals"]["rows_dropped"] == {"no_trained_tokens": 2}
+    assert typo["dropped_examples"]["no_trained_tokens"][0]["detail"].startswith(
+        "nothing in the row is trained: no message (or field) of a role whose mask rule is train")

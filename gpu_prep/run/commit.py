@@ -100,7 +100,7 @@ class Committer:
                 raise InputError(f"{where}: {detail} (preprocessing.truncation is 'raise')")
             drop(r, Drop.TOO_MANY_TOKENS, detail)
         for r in backend.to_host(masked.no_trained_rows):
-            drop(r, Drop.NO_TRAINED_TOKENS, "no trained token within max_seq_len")
+            drop(r, Drop.NO_TRAINED_TOKENS, _no_trained(rows.payload[r], rules.max_seq_len))
         for r, reason, detail in mask.drops:  # preference pairs the cut to TRL's limits dropped
             if reason == Drop.TOO_MANY_TOKENS and rules.truncation == "raise":
                 i = rows.index[r]
@@ -185,3 +185,12 @@ def append_by_domain(writer: DatasetWriter, domains: list[tuple[str | None, str]
         writer.append(name[1], ids[first:last], loss_mask[first:last],
                       sorted_offsets[bounds[k]:bounds[k + 1] + 1] - first, split=name[0],
                       labels=None if labels is None else labels[bounds[k]:bounds[k + 1]])
+
+
+def _no_trained(row: Any, max_seq_len: int) -> str:
+    """Why a row has no trained token: nothing in it is trained (no message or field whose rule is train,
+    or only empty ones), or what is trained lies past the cut."""
+    if row.spans or any(row.piece_trained) or (row.given is not None and row.given[1].any()):
+        return f"no trained token within max_seq_len {max_seq_len} (the trained part lies past the cut)"
+    return ("nothing in the row is trained: no message (or field) of a role whose mask rule is train; check mask "
+            "and input.roles against the row's roles (gpu-prep validate names them)")
