@@ -46,6 +46,7 @@ class Drop:
     """Reasons a row is not written. Every row read is written or counted under exactly one of these."""
 
     MALFORMED_JSON = "malformed_json"
+    MALFORMED_ROW = "malformed_row"  # a CSV or TSV row whose cells do not match the header's columns
     NOT_AN_OBJECT = "not_an_object"
     MISSING_FIELD = "missing_field"
     WRONG_TYPE = "wrong_type"
@@ -68,5 +69,5 @@ class Drop:
 
     # Reasons that mean the row itself is bad data (--strict stops at the first), as opposed to rows that are
     # well formed but filtered out by a rule (length, duplicate, nothing left to train).
-    BAD_DATA = frozenset({MALFORMED_JSON, NOT_AN_OBJECT, MISSING_FIELD, WRONG_TYPE, UNKNOWN_SCHEMA, EMPTY, TEMPLATE_ERROR,
+    BAD_DATA = frozenset({MALFORMED_JSON, MALFORMED_ROW, NOT_AN_OBJECT, MISSING_FIELD, WRONG_TYPE, UNKNOWN_SCHEMA, EMPTY, TEMPLATE_ERROR,
                           TEMPLATE_LIMIT, TOKENIZER_MISMATCH, BUILDER_ERROR})

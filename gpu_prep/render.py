@@ -105,6 +105,11 @@ class RenderedRow:
     given: tuple[np.ndarray, np.ndarray] | None = None  # a pre-tokenized row's ids and loss mask (one empty piece)
     label: bool | None = None  # an unpaired preference row's label (input.type kto)
 
+    @property
+    def trains_anything(self) -> bool:
+        """Whether any of the row is trained before truncation (a span, a trained piece, a given mask)."""
+        return bool(self.spans) or any(self.piece_trained) or (self.given is not None and bool(self.given[1].any()))
+
 
 def _after_eot(text: str, eot: re.Pattern[str], last: bool) -> int | None:
     """Where the first (or last) end-of-turn token in text ends, newlines after it included."""

@@ -54,6 +54,7 @@ BOM_OF = {encoding: bom for bom, encoding in BOMS.items()}
 # ArrowIOError an OSError), a decode error (a ValueError). Nothing else is caught: it would hide a bug.
 READ_ERRORS = (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error)
 HEAD_BYTES = 4096  # how much of a file (decompressed) its checks look at
+REJECT_TEXT = 1 << 20  # how much of a malformed row a rejects file keeps
 KNOWN = ", ".join(sorted(EXTENSIONS)) + " (the text ones also " + ", ".join(sorted(COMPRESSIONS)) + ")"
 
 
@@ -357,23 +358,44 @@ Row = tuple[int, Any, "tuple[str, str, Any] | None", int]  # as read.py: number,
 
 def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str | None = None) -> Iterator[Row]:
     """CSV or TSV: the header row names the columns, every cell is text; row n is line n + 1 (the header
-    is line 1) unless a quoted cell spans lines."""
+    is line 1) unless a quoted cell spans lines. A row with more or fewer cells than the header is a
+    malformed_row drop showing its text (counted after the rows of its block: the parser does not say
+    where it lay); a header naming a column twice refuses the file."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
+    from gpu_prep.errors import Drop
+
     with open_bytes(path, compression, encoding) as handle:
-        header = pacsv.open_csv(handle, parse_options=pacsv.ParseOptions(delimiter=delimiter)).schema.names
+        header = pacsv.open_csv(handle, parse_options=pacsv.ParseOptions(
+            delimiter=delimiter, newlines_in_values=True, invalid_row_handler=lambda invalid: "skip")).schema.names
+    twice = sorted({name for name in header if header.count(name) > 1})
+    if twice:
+        raise ConfigError(f"input {path!r}: its header names the column {', '.join(map(repr, twice))} more than once; "
+                          "one of them would be lost")
     types = {name: pa.string() for name in header}
     options = pacsv.ConvertOptions(column_types=types, strings_can_be_null=False, quoted_strings_can_be_null=False)
+    bad: list[Any] = []
+
+    def keep_bad(invalid: Any) -> str:
+        bad.append(invalid)
+        return "skip"
+
     row = 1
     with open_bytes(path, compression, encoding) as handle:
         reader = pacsv.open_csv(handle, read_options=pacsv.ReadOptions(block_size=4 << 20),
-                                parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True),
+                                parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True,
+                                                                 invalid_row_handler=keep_bad),
                                 convert_options=options)
         for batch in reader:
             for record in batch.to_pylist():
                 row += 1
                 yield row, record, None, 0
+            for invalid in bad:
+                row += 1
+                yield row, None, (Drop.MALFORMED_ROW, f"{invalid.actual_columns} cells where the header has "
+                                  f"{invalid.expected_columns}", invalid.text[:REJECT_TEXT]), len(invalid.text)
+            bad.clear()
 
 
 def text_rows(path: str, compression: str | None, key: str, per_line: bool,

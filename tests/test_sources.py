@@ -395,3 +395,25 @@ def test_a_folder_leaves_out_hidden_files_and_a_datasets_cache_folders_own_files
             writer.write_table(table)
     (cache / "dataset_info.json").write_text('{"builder_name": "json"}')
     assert [f.path for f in expand_inputs([str(folder)])] == [str(cache / "json-train.arrow"), str(folder / "train.jsonl")]
+
+
+def test_a_ragged_csv_row_is_dropped_showing_its_text_and_a_doubled_header_refused(tmp_path: Path) -> None:
+    # One row with a cell too few or too many is dirty data, not a damaged file: the rest is read.
+    from gpu_prep.errors import ConfigError
+
+    path = tmp_path / "ragged.csv"
+    path.write_text('prompt,response\n"hello there","general"\n"only one field"\n"a","b","c extra"\n"ok","fine"\n')
+    config = parse_config({"input": {"type": "instruction"}, "mask": {"response": "train"},
+                           "preprocessing": {"min_chars": 0}})
+    rejects = tmp_path / "rejects.jsonl"
+    manifest = run(config, [str(path)], tmp_path / "out", Options(rejects=rejects))
+    assert manifest["totals"]["rows_read"] == 4 and manifest["totals"]["rows_written"] == 2
+    assert manifest["totals"]["rows_dropped"] == {"malformed_row": 2}
+    entries = [json.loads(line) for line in rejects.read_text().splitlines()]
+    assert [(e["reason"], e["detail"], e["row"]) for e in entries] == [
+        ("malformed_row", "1 cells where the header has 2", '"only one field"'),
+        ("malformed_row", "3 cells where the header has 2", '"a","b","c extra"')]
+    doubled = tmp_path / "doubled.csv"
+    doubled.write_text("prompt,prompt,response\na,b,c\n")
+    with pytest.raises(ConfigError, match=r"doubled\.csv'?: its header names the column 'prompt' more than once"):
+        run(config, [str(doubled)], tmp_path / "out2")

@@ -104,6 +104,7 @@ class _Kept:
     notes: tuple[str, ...]
     span_roles: list[str]
     unmarked: tuple[str, ...]
+    trains_anything: bool
 
 
 def lighten(done: Done, backend: Backend, keep_records: bool = False) -> Done:
@@ -118,7 +119,8 @@ def lighten(done: Done, backend: Backend, keep_records: bool = False) -> Done:
         for r in [] if keep_records else masked.kept_rows.tolist():
             records[prepared.rows.index[r]] = None
     rows = Rows(prepared.rows.index, prepared.rows.domain,
-                [_Kept(row.left_out, row.notes, row.span_roles, row.unmarked) for row in prepared.rows.payload],
+                [_Kept(row.left_out, row.notes, row.span_roles, row.unmarked, row.trains_anything)
+                 for row in prepared.rows.payload],
                 prepared.rows.split)
     chunk = dataclasses.replace(prepared.chunk, records=records)
     return Done(dataclasses.replace(prepared, chunk=chunk, rows=rows), mask, done.engine_check)

@@ -190,7 +190,7 @@ def append_by_domain(writer: DatasetWriter, domains: list[tuple[str | None, str]
 def _no_trained(row: Any, max_seq_len: int) -> str:
     """Why a row has no trained token: nothing in it is trained (no message or field whose rule is train,
     or only empty ones), or what is trained lies past the cut."""
-    if row.spans or any(row.piece_trained) or (row.given is not None and row.given[1].any()):
+    if row.trains_anything:
         return f"no trained token within max_seq_len {max_seq_len} (the trained part lies past the cut)"
     return ("nothing in the row is trained: no message (or field) of a role whose mask rule is train; check mask "
             "and input.roles against the row's roles (gpu-prep validate names them)")
