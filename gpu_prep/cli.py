@@ -150,6 +150,10 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
     for role, n in totals.get("messages_left_out_by_template", {}).items():
         err.print(f"[yellow]warning:[/] the chat template left out the content of {n:,} message(s) with role "
                   f"{escape(repr(role))} (a role it does not render); those rows were written without that text", highlight=False)
+    if n := totals.get("parse_report", {}).get("reasoning_not_rendered"):
+        err.print(f"[yellow]warning:[/] the chat template wrote none of the reasoning of {n:,} row(s) (it shows no "
+                  "reasoning); those rows were written without it: use a template that shows it (qwen3), or "
+                  "input.think_mode: drop to leave it out knowingly", highlight=False)
     for role, n in totals.get("parse_report", {}).get("trained_roles_not_marked_by_template", {}).items():
         err.print(f"[yellow]warning:[/] the mask rules train role {escape(repr(role))}, but the chat template's {{% generation %}} "
                   f"markers never mark it ({n:,} message(s) left untrained); set input.mask_method: roles to train "

@@ -433,6 +433,9 @@ def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
             raise RowError(Drop.WRONG_TYPE, f"input_ids holds {bad}, outside the vocabulary (0 to {ctx.vocab_size - 1})")
         return RenderedRow([""], [False], [], 0, given=(ids, np.asarray(shape.trained, dtype=np.int8)))
     text, char_spans, left_out, unmarked, notes = _within_limits(shape, ctx)
+    reasoning = [r.strip() for m in shape.messages if isinstance(r := m.get("reasoning_content"), str) and r.strip()]
+    if reasoning and not any(r in text for r in reasoning):  # a template that shows no reasoning (Qwen2.5)
+        notes += ("reasoning_not_rendered",)
     if ctx.offsets:
         num_bytes = len(text.encode("utf-8"))
     else:

@@ -250,3 +250,15 @@ def test_a_think_block_no_reading_can_place_says_what_to_set(tmp_path: Path) -> 
     manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
     [example] = manifest["dropped_examples"]["template_error"]
     assert example["detail"].endswith("input.extract_think_tags: true reads it as the turn's reasoning"), example
+
+
+def test_reasoning_a_template_does_not_show_is_counted(tmp_path: Path) -> None:
+    # Qwen2.5's template writes no reasoning: the rows are written without it, and the parse report says
+    # how many; Qwen3's shows it (the last turn's), and nothing is counted.
+    config = {"input": {"type": "chat"}, "mask": {"assistant": "train"}}
+    out = run_rows(tmp_path, config, [REASONING_ROW], name="qwen25")
+    report = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["totals"]["parse_report"]
+    assert report["reasoning_not_rendered"] == 1 and report["moved_reasoning_keys"] == 1
+    _, _, manifest = _qwen3_run(tmp_path, [REASONING_ROW])
+    assert manifest["totals"]["parse_report"]["reasoning_not_rendered"] == 0
+    assert manifest["totals"]["rows_truncated"] == 0

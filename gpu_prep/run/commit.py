@@ -85,7 +85,8 @@ class Committer:
         ids, loss_mask = backend.to_host(masked.ids), backend.to_host(masked.loss_mask)
         offsets, kept = backend.to_host(masked.offsets), backend.to_host(masked.kept_rows)
         truncated = set(backend.to_host(masked.truncated_rows).tolist())
-        truncated.update(r for r, row in enumerate(rows.payload) if row.notes)  # turns dropped to fit (structured)
+        truncated.update(r for r, row in enumerate(rows.payload)  # turns dropped to fit (structured)
+                         if any(note.startswith("structured_") for note in row.notes))
 
         def drop(r: int, reason: str, detail: str) -> None:
             drops.append(Dropped(rows.index[r], reason, detail, chunk.records[rows.index[r]]))
