@@ -30,7 +30,10 @@ from gpu_prep.plugins import check_registered, load_plugins
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Turn raw LLM training data into token shards with exact loss masks.")
 err = Console(stderr=True, soft_wrap=True)  # error lines stay whole, for grep and for logs
-out = Console()
+# Off a terminal (a log, a pipe) rich would lay output out in 80 columns, cutting tables' numbers to "…" and
+# commands in two: lines stay whole there, and tables get room (COLUMNS, where set, still decides).
+_PIPED = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+out = Console(soft_wrap=_PIPED, width=200 if _PIPED else None)
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Pipeline config (JSON or YAML).")]
 PluginOpt = Annotated[Optional[list[str]], typer.Option("--plugin", help="A module or .py file that registers input types; repeatable.")]

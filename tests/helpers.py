@@ -80,12 +80,15 @@ def render_chat(tok: Any, messages: list[dict[str, Any]]) -> str:
     return unicodedata.normalize(tok.normalization, text) if tok.normalization else text
 
 
-def gpu_prep_cli(*args: Any, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    """The installed `gpu-prep` console script in a subprocess (GPU_PREP_CACHE is inherited from conftest)."""
+def gpu_prep_cli(*args: Any, env: dict[str, str | None] | None = None, timeout: int = 300
+                 ) -> subprocess.CompletedProcess[str]:
+    """The installed `gpu-prep` console script in a subprocess (GPU_PREP_CACHE is inherited from conftest);
+    env: variables to set, or with None to unset."""
     script = Path(sys.executable).parent / "gpu-prep"
     assert script.exists(), f"the gpu-prep console script is not installed next to {sys.executable}"
+    merged = {**os.environ, "COLUMNS": "200", **(env or {})}
     return subprocess.run([str(script), *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env={**os.environ, "COLUMNS": "200", **(env or {})})
+                          env={k: v for k, v in merged.items() if v is not None})
 
 
 def output_tree(root: Path, *run_keys: str) -> dict[str, bytes]:

@@ -292,6 +292,9 @@ def test_inspect_and_stats_read_pairs(tmp_path: Path, tokenizer_dir: Path, pairs
     assert shown.returncode == 0 and shown.stdout.count("⟦") >= 2  # each sample's completion marked trained
     stats = gpu_prep_cli("stats", out)
     assert stats.returncode == 0 and "chosen" in stats.stdout and "rejected" in stats.stdout
+    # Piped with no COLUMNS (a CI log), the table keeps its headers and numbers whole instead of "…".
+    piped = gpu_prep_cli("stats", out, env={"COLUMNS": None})
+    assert "trained_share" in piped.stdout and "…" not in piped.stdout, piped.stdout
 
 
 @pytest.mark.parametrize("kind", ["preference", "kto"])
