@@ -201,6 +201,9 @@ def _content(message: dict[str, Any], key: str, where: str) -> str:
         texts = []
         for j, part in enumerate(value):
             if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                if isinstance(part, dict) and part.get("type") == "text":
+                    raise RowError(Drop.WRONG_TYPE, f"{where}{key}[{j}] is a text part whose 'text' is "
+                                                    f"{_type_name(part.get('text'))}, not a string")
                 kind = repr(part.get("type")) if isinstance(part, dict) else _type_name(part)
                 raise RowError(Drop.WRONG_TYPE, f"{where}{key}[{j}] is a {kind} part; only text parts "
                                                 '({"type": "text", "text": ...}) are read')
@@ -251,7 +254,8 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
             raise RowError(Drop.WRONG_TYPE, f"field {key!r} is a string but not JSON: {exc}") from None
         notes.append("messages_parsed_from_string")
     if not isinstance(raw, list):
-        raise RowError(Drop.WRONG_TYPE, f"field {key!r} must be a list of messages, got {_type_name(raw)}")
+        got = "a string that is not JSON text of a list" if isinstance(raw, str) else _type_name(raw)
+        raise RowError(Drop.WRONG_TYPE, f"field {key!r} must be a list of messages (or JSON text of one), got {got}")
     if not raw:
         raise RowError(Drop.EMPTY, f"field {key!r} has no messages")
     inp = config.input
@@ -326,7 +330,9 @@ def _tools(record: dict[str, Any]) -> tuple[list[Any] | None, bool]:
     if isinstance(value, dict):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
-        raise RowError(Drop.WRONG_TYPE, f"field {key!r} must be a list of tool objects, got {_type_name(value)}")
+        got = _type_name(value) if not isinstance(value, list) else \
+            f"a list holding {_type_name(next(t for t in value if not isinstance(t, dict)))}"
+        raise RowError(Drop.WRONG_TYPE, f"field {key!r} must be a list of tool objects, got {got}")
     return value, parsed
 
 

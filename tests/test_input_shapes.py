@@ -342,3 +342,20 @@ def test_sharegpt_role_names_include_llama_factorys_and_stand_for_one_role_each(
 
     with pytest.raises(ConfigError, match=r"input\.roles: the row role 'human' is listed under both 'user' and 'assistant'"):
         parse_config({"input": {"type": "sharegpt", "roles": {"user": ["human"], "assistant": ["human", "gpt"]}}})
+
+
+@pytest.mark.parametrize(("row", "detail"), [
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+     "messages[0].content[0] is a text part whose 'text' is null, not a string"),
+    ({"messages": [{"role": "user", "content": [{"type": "image"}]}]},
+     "messages[0].content[0] is a 'image' part; only text parts"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [1, 2]},
+     "field 'tools' must be a list of tool objects, got a list holding int"),
+    ({"messages": "not json"}, "field 'messages' must be a list of messages (or JSON text of one), got a string that is"),
+])
+def test_wrong_shapes_are_named_as_they_are(row: dict[str, Any], detail: str) -> None:
+    from gpu_prep.format import RowError
+
+    with pytest.raises(RowError) as caught:
+        get_builder("chat")(row, parse_config({}))
+    assert caught.value.reason == "wrong_type" and detail in caught.value.detail, caught.value.detail
