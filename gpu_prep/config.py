@@ -629,9 +629,10 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         data = yaml.safe_load(text) if is_yaml else json.loads(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: not valid {'YAML' if is_yaml else 'JSON'}: {exc}") from None
+    data = _from_folder(data, path.parent)  # the file's paths are its folder's; --set values are the command line's
     for override in overrides:
         data = _override(data, override, path)
-    return parse_config(_from_folder(data, path.parent), str(path))
+    return parse_config(data, str(path))
 
 
 def _override(data: Any, override: str, path: Path) -> Any:

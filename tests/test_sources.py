@@ -263,6 +263,14 @@ def test_paths_in_a_config_are_the_config_files(tmp_path: Path) -> None:
                             env={**os.environ})
     assert result.returncode == 0, result.stderr
     assert json.loads((elsewhere / "out" / "manifest.json").read_text())["totals"]["rows_written"] == 1
+    # A --set value is the command line's: relative to where the command runs, not to the config's folder.
+    (elsewhere / "mine.jinja").write_text("{% for m in messages %}[{{ m.content }}]{% endfor %}")
+    moved = os.getcwd()
+    try:
+        os.chdir(elsewhere)
+        assert load_config(project / "config.json", ["chat_template=mine.jinja"]).chat_template == "mine.jinja"
+    finally:
+        os.chdir(moved)
 
 
 def test_the_shipped_dataset_configs_run_from_anywhere(tmp_path: Path) -> None:
