@@ -298,7 +298,8 @@ def _labels(conv: Conversation, ctx: RenderContext) -> list[str | bool]:
     input.train_last_turn_only, only the last trained message stays trained."""
     key = ctx.config.input.message_training_key
     if key:
-        labels: list[str | bool] = [_flag(m, key, i) for i, m in enumerate(conv.messages)]
+        labels: list[str | bool] = [m["role"] if m.get(key) is None else _flag(m, key, i)
+                                    for i, m in enumerate(conv.messages)]
     else:
         labels = [m["role"] for m in conv.messages]
     if ctx.config.input.train_last_turn_only:
@@ -335,11 +336,9 @@ def _locate(real: str, conv: Conversation, template: ChatTemplate, ctx: RenderCo
     return out
 
 
-def _flag(message: dict[str, Any], key: str, index: int) -> str | bool:
-    """A message's training flag, or its role where it has none (absent or null)."""
-    flag = message.get(key)
-    if flag is None:
-        return message["role"]
+def _flag(message: dict[str, Any], key: str, index: int) -> bool:
+    """A message's training flag (one it has)."""
+    flag = message[key]
     if type(flag) is bool or (type(flag) is int and flag in (0, 1)):
         return bool(flag)
     raise RowError(Drop.WRONG_TYPE, f"message {index}'s {key!r} must be true or false (or 1 / 0), got {flag!r}; "
