@@ -271,7 +271,6 @@ ReadRange = Callable[[str, int, int, "dict[str, Any]"], "list[dict[str, Any]] | 
 # Bytes a strict parser reads differently from cuDF's recovery mode. Each is searched for on its own (an
 # alternation would cost Python's regex engine its fast scan for the first byte), the rare words first.
 _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # escaped surrogates, paired or lone
-_TWO_VALUES = re.compile(rb"}[ ]*{")  # two values on one line
 _CONTROL = bytes(range(0x20)).replace(b"\n", b"")  # raw in a string or as whitespace (tab and CR included)
 
 
@@ -289,14 +288,44 @@ def _literal(data: bytes) -> bool:
 
 def _lenient_bytes(data: bytes) -> bool:
     """Whether data holds anything a strict parser reads differently from a lenient one: a control
-    character, an escaped surrogate, two values on a line, NaN or Infinity where a value starts, or a line
-    that is not one object."""
-    if len(data.translate(None, _CONTROL)) != len(data) or _TWO_VALUES.search(data) or _literal(data):
+    character, an escaped surrogate, a key written with \\u escapes (the field-name checks would not see it),
+    NaN or Infinity where a value starts, or a line that is not one object. The last two are looked for
+    outside strings (each string emptied first), so text that mentions them is no reason to refuse."""
+    if len(data.translate(None, _CONTROL)) != len(data):
         return True
     if b"\\u" in data and _SURROGATE.search(data):
         return True
-    lines = (raw.strip(b" ") for raw in data.split(b"\n"))
-    return not all(line[:1] == b"{" and line[-1:] == b"}" for line in lines if line)
+    if b"\\u" in data and _ESCAPED_KEY.search(data):
+        return True
+    skeleton = _STRING.sub(b'""', data)
+    return _literal(skeleton) or not _one_object_per_line(skeleton)
+
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # (unrolled: a fast scan between escapes)
+# A key with a \u escape, the one escape that can spell a field's name in other characters (a string in a
+# list after "," is refused too).
+_ESCAPED_KEY = re.compile(rb'[{,][ ]*"[^"\\]*(?:\\[^u][^"\\]*)*\\u')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"{}[]\n")
+
+
+def _one_object_per_line(skeleton: bytes) -> bool:
+    """Whether every line that is not blank is one object: its brackets (strings emptied) open at its first
+    character and close for the first time at its last (`{...}}` or `{...},{}` are two values)."""
+    for line in skeleton.split(b"\n"):
+        line = line.strip(b" ")
+        if not line:
+            continue
+        if line[:1] != b"{" or line[-1:] != b"}":
+            return False
+        brackets = line.translate(None, _NOT_BRACKETS)
+        depth = 0
+        for k, char in enumerate(brackets):
+            depth += 1 if char in b"{[" else -1
+            if depth <= 0 and k < len(brackets) - 1:
+                return False
+        if depth:
+            return False
+    return True
 
 
 # Where an object key starts: a quote after "{" or ",". A quote inside a string is escaped, so this never

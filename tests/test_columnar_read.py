@@ -72,6 +72,9 @@ TRAPS = [
     b'{"text": "minus infinity in a list", "source": "a", "n": [1,-Infinity]}',
     b'{"text": "trailing content", "source": "a"} x',
     b'{"text": "two objects", "source": "a"} {"other": "on one line"}',
+    b'{"text": "a brace too many", "source": "a"}}',
+    b'{"text": "an empty object after", "source": "a"},{}',
+    b'{"text": "a field spelled with escapes", "source": "a", "te\\u0078t": 5}',
     b'{"text": "invalid \xff utf-8", "source": "a"}',
     b'{"text": "lone surrogate \\ud800", "source": "a"}',
     b'{"text": "an escaped pair \\ud83d\\ude00 is fine but rare", "source": "a"}',
@@ -135,7 +138,7 @@ def test_a_clean_file_is_read_wholly_as_columns(tmp_path: Path) -> None:
     assert rows == [(*r[:4], True) for r in _rows(path, None)]
 
 
-@pytest.mark.parametrize("trap", TRAPS[:23])
+@pytest.mark.parametrize("trap", TRAPS[:26])
 def test_the_byte_scan_refuses_each_trap(trap: bytes) -> None:
     clean = b"\n".join(_clean(3)) + b"\n"
     columnar = Columnar(FIELDS, lenient_read_range)
@@ -204,6 +207,10 @@ CHAT_TRAPS = [
     b'{"messages" : [{"role" : "user" , "content" : "spaces around colons"}]}',
     b'{"m\\u0065ssages": [{"role": "user", "content": "an escaped key"}]}',
     b'{"messages": [{"role": "user", "content": "first"}, {"role": "assistant", "content": "second"}]} x',
+    b'{"messages": [{"role": "user", "content": "a brace too many"}]}}',
+    b'{"messages": [{"role": "user", "content": "an object after"}]},{"y": 1}',
+    b'{"messages": [{"role": "user", "content": "a bracket after"}]} ]}',
+    b'{"messages": [{"role": "user", "content": "braces }{ and NaN, Infinity inside text are text"}]}',
     b'{"messages": [{"role": "user", "content": "raw \x01 control"}]}',
     b'{"messages": [{"role": "user", "content": "lone \\ud800 surrogate"}]}',
     b'{"messages": [{"role": "user", "content": "unterminated"}',

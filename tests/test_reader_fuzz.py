@@ -111,6 +111,7 @@ def test_builders_raise_only_named_row_errors(row: dict[str, Any], kind: str) ->
     b'{"text": 5, "source": "s"}', b'{"text": "x"} trailing', b'{"text": "nan", "n": NaN, "source": "s"}',
     b'{"text": "bad \xff", "source": "s"}', b'{"text": "ctl \x01", "source": "s"}', b"", b"[1]", b"{",
     b'{"source": "s"}', b'{"text": "dup", "text": "key", "source": "s"}', b'{"text": "\\ud800", "source": "s"}',
+    b'{"text": "x", "source": "s"}}', b'{"text": "x", "source": "s"},{}', b'{"text": "}{ NaN", "source": "s"}',
 ]), max_size=40), st.integers(1, 400))
 def test_columns_equal_the_strict_parser_on_any_mix(lines: list[bytes], range_bytes: int) -> None:
     import gpu_prep.read as read
