@@ -113,7 +113,7 @@ def run_sample(config: PipelineConfig, inputs: list[str], sample: int, report: S
     from gpu_prep.run.manifest import run_problems
 
     report.errors.extend(f"the sample run: {problem} (run would exit non-zero)"
-                         for problem in run_problems(report.manifest, config))
+                         for problem in run_problems(report.manifest, config, sample=True))
 
 
 def remove_sample(report: SampleReport) -> None:

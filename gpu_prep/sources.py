@@ -504,6 +504,10 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
             skip(" \t\r\n")
             if buffer.startswith(",", pos):
                 pos += 1
+            elif pos >= len(buffer):  # the file ends before the array closes: cut short, nothing after is lost
+                yield index + 1, None, (Drop.MALFORMED_JSON, f"the array is not closed: the file ends after element "
+                                        f"{index}", None), 0
+                return
             elif not buffer.startswith("]", pos):
                 raise _goes_on(path, f"after element {index} of the array, with no ',' between", buffer[pos:pos + 40])
 

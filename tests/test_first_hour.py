@@ -234,6 +234,11 @@ def test_validate_checks_a_config_against_a_sample_of_the_data(tmp_path: Path) -
     assert "the sample run: 100% of the rows read were dropped" in " ".join(result.stderr.split()) \
         or "the sample run: no rows were written (of 5 read)" in " ".join(result.stderr.split()), result.stderr
     assert "dropped too_many_tokens: 5 row(s)" in result.stdout
+    # A mix whose first dataset fills the sample: the datasets after it are not reached, which is no problem.
+    mixed = _config(tmp_path, {"input": {"type": "chat"}, "mask": {"assistant": "train"}, "datasets": [
+        {"name": "a", "data_paths": [str(data)]}, {"name": "b", "data_paths": [str(data)]}]}, "mixed.json")
+    result = gpu_prep_cli("validate", "-c", mixed, "--sample", 5)
+    assert result.returncode == 0, result.stderr
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     result = gpu_prep_cli("validate", "-c", good, empty)

@@ -114,6 +114,9 @@ def test_two_elements_without_a_comma_stop_the_run(tmp_path: Path, fast_tokenize
         _run(tmp_path, path)
     path.write_text('[{"text": "one"}, {"text": "two"}]  \n\n')  # blank lines after the array are fine
     assert _run(tmp_path, path, name="ok")["totals"]["rows_written"] == 2
+    path.write_text('[{"text": "one"}, {"text": "two"}\n')  # cut short before its ']': nothing after is lost
+    totals = _run(tmp_path, path, name="cut")["totals"]
+    assert totals["rows_written"] == 2 and totals["rows_dropped"] == {"malformed_json": 1}
 
 
 def test_an_unending_json_array_element_is_read_no_further_than_max_row_bytes(tmp_path: Path, fast_tokenizer: None) -> None:

@@ -188,7 +188,7 @@ def test_a_row_with_nothing_trained_says_why(tmp_path: Path) -> None:
     cut = {**base, "mask": {"assistant": "train"}, "preprocessing": {"deduplicate": False, "max_seq_len": 16}}
     manifest = json.loads((run_rows(tmp_path, cut, rows, name="cut") / "manifest.json").read_text())
     [example] = manifest["dropped_examples"]["no_trained_tokens"]
-    assert example["detail"] == "no trained token within max_seq_len 16 (the trained part lies past the cut)"
+    assert example["detail"] == "no trained token within the max_seq_len 16 tokens kept (the trained part was cut off)"
     typo = json.loads((run_rows(tmp_path, {**base, "mask": {"assitant": "train"}}, rows, name="typo")
                        / "manifest.json").read_text())
     assert typo["totals"]["rows_dropped"] == {"no_trained_tokens": 2}

@@ -192,6 +192,6 @@ def _no_trained(row: Any, max_seq_len: int) -> str:
     """Why a row has no trained token: nothing in it is trained (no message or field whose rule is train,
     or only empty ones), or what is trained lies past the cut."""
     if row.trains_anything:
-        return f"no trained token within max_seq_len {max_seq_len} (the trained part lies past the cut)"
+        return f"no trained token within the max_seq_len {max_seq_len} tokens kept (the trained part was cut off)"
     return ("nothing in the row is trained: no message (or field) of a role whose mask rule is train; check mask "
             "and input.roles against the row's roles (gpu-prep validate names them)")

@@ -104,15 +104,16 @@ def dataset_totals(config: PipelineConfig, datasets: list[Dataset], acct: Accoun
     return out
 
 
-def run_problems(manifest: dict[str, Any], config: PipelineConfig) -> list[str]:
+def run_problems(manifest: dict[str, Any], config: PipelineConfig, sample: bool = False) -> list[str]:
     """Why a finished run is not useful (empty: it is): no rows written, a dataset of a mix that wrote
-    none, or more rows dropped than preprocessing.max_drop_share allows."""
+    none, or more rows dropped than preprocessing.max_drop_share allows. sample: the run read only the
+    first rows (validate), so a dataset it did not reach is no problem."""
     totals = manifest["totals"]
     problems = []
     if totals["rows_written"] == 0:
         problems.append(f"no rows were written (of {totals['rows_read']:,} read)")
     for d in manifest.get("datasets", []):
-        if d["rows_written"] == 0 and totals["rows_written"]:
+        if d["rows_written"] == 0 and totals["rows_written"] and not (sample and d["rows_read"] == 0):
             problems.append(f"dataset {d['name']!r} wrote no rows (of {d['rows_read']:,} read; dropped: "
                             + ", ".join(f"{r} {n:,}" for r, n in d["rows_dropped"].items()) + ")")
     dropped = sum(totals["rows_dropped"].values())
