@@ -94,12 +94,13 @@ class RawChunk:
         self.records.append(record)
 
 
-# Keys that name a whole row's parts, never a message's: a list of objects holding them is a list of rows.
-_ROW_KEYS = frozenset({"messages", "conversations", "text", "prompt", "instruction", "input_ids", "chosen", "segments"})
+# Keys that hold a whole row's parts, never a message's (a message may well have "text" or "prompt" keys,
+# under input.content_key): a list of objects each holding one is a list of rows.
+_ROW_KEYS = frozenset({"messages", "conversations", "input_ids", "chosen", "segments"})
 
 
 def _rows_not_messages(record: list[dict[str, Any]]) -> bool:
-    return all("role" not in m and "from" not in m and not _ROW_KEYS.isdisjoint(m) for m in record)
+    return all(not _ROW_KEYS.isdisjoint(m) for m in record)
 
 
 def is_message_list(record: Any) -> bool:

@@ -350,12 +350,23 @@ def test_a_json_array_saved_as_json_lines_is_named_for_what_it_is(tmp_path: Path
     # json.dump(rows, f) into a .jsonl file: on one line it is one row of rows, dropped saying what it is;
     # written over many lines (indent=2), the file is refused before anything is read.
     rows = [{"text": f"document {i}"} for i in range(5)]
+    chats = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]} for i in range(5)]
     one_line = tmp_path / "one.jsonl"
-    one_line.write_text(json.dumps(rows) + "\n" + json.dumps({"text": "a real row"}) + "\n")
-    manifest = _run(tmp_path, one_line)
+    one_line.write_text(json.dumps(chats) + "\n" + json.dumps({"text": "a real row"}) + "\n")
+    manifest = _run(tmp_path, one_line, {**TEXT, "input": {"type": "auto"}})
     [example] = manifest["dropped_examples"]["not_an_object"]
     assert "the line is a JSON array of 5 rows" in example["detail"] and "named .json" in example["detail"]
     pretty = tmp_path / "pretty.jsonl"
     pretty.write_text(json.dumps(rows, indent=2))
     with pytest.raises(ConfigError, match=r"pretty\.jsonl'?: named as JSON Lines, but it holds a JSON array written over"):
         _run(tmp_path, pretty, name="pretty")
+
+
+def test_a_conversation_written_as_its_messages_alone_stays_a_row_whatever_its_keys() -> None:
+    # Messages under input.role_key / content_key of the user's (speaker / text) are a conversation, not rows.
+    from gpu_prep.read import RawChunk
+
+    chunk = RawChunk()
+    chunk.add(0, 1, [{"speaker": "user", "text": "hi"}, {"speaker": "assistant", "text": "hello"}])
+    chunk.add(0, 2, [{"messages": [{"role": "user", "content": "a row"}]}, {"messages": []}])
+    assert chunk.errors.keys() == {1} and chunk.errors[1][0] == "not_an_object"
