@@ -432,8 +432,7 @@ def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
             raise RowError(Drop.WRONG_TYPE, f"input_ids holds {bad}, outside the vocabulary (0 to {ctx.vocab_size - 1})")
         return RenderedRow([""], [False], [], 0, given=(ids, np.asarray(shape.trained, dtype=np.int8)))
     text, char_spans, left_out, unmarked, notes = _within_limits(shape, ctx)
-    reasoning = [r.strip() for m in shape.messages if isinstance(r := m.get("reasoning_content"), str) and r.strip()]
-    if reasoning and not any(r in text for r in reasoning):  # a template that shows no reasoning (Qwen2.5)
+    if _reasoning_not_shown(shape, text, notes, ctx):
         notes += ("reasoning_not_rendered",)
     if ctx.offsets:
         num_bytes = len(text.encode("utf-8"))
@@ -442,6 +441,20 @@ def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
     trained, roles = _trained(char_spans, ctx)
     return RenderedRow([text], [False], trained, num_bytes, left_out=left_out, notes=notes, span_roles=roles,
                        unmarked=unmarked)
+
+
+def _reasoning_not_shown(conv: Conversation, text: str, notes: tuple[str, ...], ctx: RenderContext) -> bool:
+    """Whether the template left out the reasoning of the conversation's last assistant turn, the one every
+    template that shows reasoning shows (Qwen3 drops earlier turns' by design), where structured truncation
+    did not drop it to fit; as think_max_tokens cut it, when it does."""
+    last = next((m for m in reversed(conv.messages) if m["role"] == "assistant"), None)
+    reasoning = last.get("reasoning_content") if last is not None else None
+    if not isinstance(reasoning, str) or not reasoning.strip() or "structured_dropped_reasoning" in notes:
+        return False
+    limit = ctx.config.input.think_max_tokens
+    if limit is not None and ctx.first_tokens is not None:
+        reasoning = ctx.first_tokens(reasoning, limit)
+    return bool(reasoning.strip()) and reasoning.strip()[:32] not in text
 
 
 def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:

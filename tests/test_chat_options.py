@@ -262,3 +262,17 @@ def test_reasoning_a_template_does_not_show_is_counted(tmp_path: Path) -> None:
     _, _, manifest = _qwen3_run(tmp_path, [REASONING_ROW])
     assert manifest["totals"]["parse_report"]["reasoning_not_rendered"] == 0
     assert manifest["totals"]["rows_truncated"] == 0
+
+
+def test_reasoning_the_template_drops_by_design_is_not_counted(tmp_path: Path) -> None:
+    # Qwen3 shows only the last turn's reasoning, and think_max_tokens keeps only its first tokens: neither
+    # is a template that shows no reasoning.
+    earlier = {"messages": [{"role": "user", "content": "1+1?"},
+                            {"role": "assistant", "content": "2", "reasoning_content": "one and one"},
+                            {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
+    _, _, manifest = _qwen3_run(tmp_path, [earlier])
+    assert manifest["totals"]["parse_report"]["reasoning_not_rendered"] == 0
+    long = {"messages": [{"role": "user", "content": "2+2?"},
+                         {"role": "assistant", "content": "4", "reasoning_content": "two and two " * 40}]}
+    _, _, manifest = _qwen3_run(tmp_path, [long], think_max_tokens=4)
+    assert manifest["totals"]["parse_report"]["reasoning_not_rendered"] == 0
