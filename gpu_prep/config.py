@@ -482,7 +482,7 @@ class PipelineConfig(_Frozen):
 
     @model_validator(mode="after")
     def _split_text_only(self) -> PipelineConfig:
-        others = self.input_types() - {"text", "pretokenized"}
+        others = self.input_types() & {"chat", "sharegpt", "instruction", "prompt_response", "alpaca", "segments", "auto"}
         if self.preprocessing.truncation == "split" and others:
             raise ValueError(f"preprocessing.truncation split cuts rows into windows of max_seq_len tokens wherever "
                              f"they fall, for pretraining text (input.type text or pretokenized); {', '.join(sorted(others))} "

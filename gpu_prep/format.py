@@ -493,6 +493,9 @@ def build_kto(record: dict[str, Any], config: PipelineConfig) -> Unpaired:
     """TRL's unpaired preference rows: prompt / completion (both messages, or both strings) and a boolean
     label (true: the completion is desirable)."""
     inp = config.input
+    if inp.completion_key not in record and inp.chosen_key in record and inp.rejected_key in record:
+        raise RowError(Drop.MISSING_FIELD, f"field {inp.completion_key!r} is missing: this is a paired row "
+                                           f"({inp.chosen_key}, {inp.rejected_key}), read by input.type preference")
     completion = _preference_part(record, inp.completion_key, config)
     prompt = _preference_part(record, inp.prompt_key, config, allow_empty=True)
     if isinstance(prompt, list) != isinstance(completion, list):
@@ -554,14 +557,21 @@ def build_pretokenized(record: dict[str, Any], config: PipelineConfig) -> Tokens
     keep = range(len(ids)) if attention is None else [i for i, a in enumerate(attention) if a == 1]
     if not keep:
         raise RowError(Drop.EMPTY, "field 'attention_mask' masks every token")
+    if keep[-1] - keep[0] + 1 != len(keep):  # padding sits at one end; a hole would join tokens never adjacent
+        hole = next(i for i in range(keep[0], keep[-1]) if attention[i] == 0)
+        raise RowError(Drop.WRONG_TYPE, f"attention_mask[{hole}] is 0 between tokens it keeps: padding is read only "
+                                        "at the start or end of a row")
     return Tokens([ids[i] for i in keep], [labels is None or labels[i] != -100 for i in keep])
 
 
 def _int_list(record: dict[str, Any], key: str, length: int | None = None) -> list[int]:
     value = record.get(key)
-    if not isinstance(value, list) or not all(type(v) is int for v in value):
+    if not isinstance(value, list):
         raise RowError(Drop.WRONG_TYPE if key in record else Drop.MISSING_FIELD,
                        f"field {key!r} must be a list of integers, got {_type_name(value)}")
+    bad = next((i for i, v in enumerate(value) if type(v) is not int), None)
+    if bad is not None:
+        raise RowError(Drop.WRONG_TYPE, f"{key}[{bad}] is {_type_name(value[bad])} {value[bad]!r}, not an integer")
     if length is not None and len(value) != length:
         raise RowError(Drop.WRONG_TYPE, f"field {key!r} has {len(value)} entries, input_ids {length}")
     return value
@@ -625,7 +635,14 @@ def dedup_text(shape: Shape, source: str | None = None) -> str:
     if isinstance(shape, _Preference):  # a duplicate only of an equal row: the prefix hashed is a digest of it
         texts = [*shape.texts(), *([str(shape.label)] if isinstance(shape, Unpaired) else [])]
         return hashlib.md5("\0".join(texts).encode("utf-8", "surrogatepass")).hexdigest()
+    if isinstance(shape, Tokens):  # ids written out share long prefixes (a template's header): the whole row
+        return hashlib.md5(f"{shape.ids}{shape.trained}".encode()).hexdigest()
     return source_text(shape) if source is None else source
+
+
+def hashed_whole(shape: Shape) -> bool:
+    """Whether dedup_text is a digest of the whole row (preference, kto and pre-tokenized rows)."""
+    return isinstance(shape, (_Preference, Tokens))
 
 
 def fuzzy_text(shape: Shape) -> str:

@@ -106,6 +106,11 @@ class RenderedRow:
     label: bool | None = None  # an unpaired preference row's label (input.type kto)
 
     @property
+    def labelled(self) -> bool:
+        """Whether the row's mask is its own labels (a pre-tokenized row), not the mask rules'."""
+        return self.given is not None
+
+    @property
     def trains_anything(self) -> bool:
         """Whether any of the row is trained before truncation (a span, a trained piece, a given mask)."""
         return bool(self.spans) or any(self.piece_trained) or (self.given is not None and bool(self.given[1].any()))
@@ -383,12 +388,15 @@ def _segments(shape: Segments, ctx: RenderContext) -> RenderedRow:
     (no byte positions needed, which is what lets tokenizers that drop whitespace, like WordPiece, work)."""
     pieces: list[tuple[str, str | bool | None]] = [(t, label) for t, label in shape.pieces if t]
     end = ctx.eos_text if shape.add_eos else ctx.eod_text if shape.add_eod else None
-    if end and pieces and not pieces[-1][0].endswith(end):  # a row (or data handler) that ends with it already
+    closed = bool(end and pieces and not pieces[-1][0].endswith(end))  # (a row or data handler may end with it)
+    if closed:
         pieces.append((end, pieces[-1][1]))
     pieces = [(ctx.prefix_text, None)] * bool(ctx.prefix_text) + pieces + [(ctx.suffix_text, None)] * bool(ctx.suffix_text)
     trained = [shape.train_all or ctx.trains(label) for _, label in pieces]
     texts = [t for t, _ in pieces]
-    return RenderedRow(texts, trained, [], sum(len(t.encode("utf-8")) for t in texts), bool(ctx.suffix_text))
+    # The last piece outlives right truncation when it closes the row: the tokenizer's own suffix ([SEP]), or
+    # else the eos / end-of-document token appended, so that documents packed or concatenated stay apart.
+    return RenderedRow(texts, trained, [], sum(len(t.encode("utf-8")) for t in texts), bool(ctx.suffix_text) or closed)
 
 
 def template_limits(config: PipelineConfig) -> tuple[float, int]:
@@ -430,6 +438,9 @@ def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
         if ids.min() < 0 or ids.max() >= ctx.vocab_size:
             bad = int(ids[(ids < 0) | (ids >= ctx.vocab_size)][0])
             raise RowError(Drop.WRONG_TYPE, f"input_ids holds {bad}, outside the vocabulary (0 to {ctx.vocab_size - 1})")
+        if ctx.config.preprocessing.truncation == "split" and not all(shape.trained):
+            raise RowError(Drop.WRONG_TYPE, f"its labels mask {shape.trained.count(False)} of its {len(ids)} tokens, "
+                                            "and truncation split cuts rows trained whole (a window could train nothing)")
         return RenderedRow([""], [False], [], 0, given=(ids, np.asarray(shape.trained, dtype=np.int8)))
     text, char_spans, left_out, unmarked, notes = _within_limits(shape, ctx)
     if _reasoning_not_shown(shape, text, notes, ctx):

@@ -5,6 +5,7 @@ stands for (the same samples, token for token), or against its prompt written ou
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +236,8 @@ def test_pretokenized_rows_are_passed_through(tmp_path: Path) -> None:
     ({"input_ids": [1, 2.5]}, "wrong_type"),
     ({"input_ids": [1, 2], "attention_mask": [0, 0]}, "empty"),
     ({"input_ids": [1, 2], "attention_mask": [1, 2]}, "wrong_type"),
+    ({"input_ids": [7, 8, 9], "attention_mask": [1, 0, 1]}, "wrong_type"),  # a hole is not padding
+    ({"input_ids": [1, 2, 3], "labels": [-100, -100, -100]}, "no_trained_tokens"),
     ({"input_ids": []}, "empty"),
     ({"tokens": [1, 2]}, "missing_field"),
 ])
@@ -245,6 +248,38 @@ def test_bad_pretokenized_rows_are_dropped_for_their_reason(tmp_path: Path, row:
     data.write_text(json.dumps(row) + "\n")
     manifest = run(parse_config({"input": {"type": "pretokenized"}}), [str(data)], tmp_path / "out")
     assert manifest["totals"]["rows_dropped"] == {reason: 1}
+
+
+def test_pretokenized_rows_say_what_is_wrong_and_are_deduplicated_whole(tmp_path: Path) -> None:
+    from gpu_prep.format import RowError, build_pretokenized
+
+    config = parse_config({"input": {"type": "pretokenized"}})
+    for ids, detail in (([1, "2"], "input_ids[1] is str '2', not an integer"), ([True], "input_ids[0] is bool True")):
+        with pytest.raises(RowError, match=re.escape(detail)):
+            build_pretokenized({"input_ids": ids}, config)
+    with pytest.raises(RowError, match=r"attention_mask\[1\] is 0 between tokens it keeps"):
+        build_pretokenized({"input_ids": [7, 8, 9], "attention_mask": [1, 0, 1]}, config)
+    padded = build_pretokenized({"input_ids": [0, 7, 8, 0], "attention_mask": [0, 1, 1, 0]}, config)
+    assert padded.ids == [7, 8]
+    # Rows sharing a long template header differ after it: ids written out, 200 characters hold only ~40 of them.
+    header = list(range(1000, 1050))
+    rows = [{"input_ids": header + [5, 6]}, {"input_ids": header + [9, 10]}, {"input_ids": header + [5, 6]}]
+    from gpu_prep.pipeline import Options, run
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    manifest = run(config, [str(data)], tmp_path / "out", Options(rejects=tmp_path / "rejects.jsonl"))
+    assert manifest["totals"]["rows_written"] == 2 and manifest["totals"]["rows_dropped"] == {"duplicate": 1}
+    assert "it equals an earlier row (rows of this kind are hashed whole)" in (tmp_path / "rejects.jsonl").read_text()
+    # Split cuts rows trained whole: a row whose labels mask some tokens is refused, named.
+    split = parse_config({"input": {"type": "pretokenized"}, "preprocessing": {"truncation": "split", "max_seq_len": 4,
+                                                                              "deduplicate": False}})
+    data.write_text(json.dumps({"input_ids": list(range(100, 110)), "labels": [-100] * 5 + list(range(105, 110))})
+                    + "\n" + json.dumps({"input_ids": list(range(200, 210))}) + "\n")
+    manifest = run(split, [str(data)], tmp_path / "split", Options(rejects=tmp_path / "split.jsonl"))
+    assert manifest["totals"]["rows_written"] == 1 and manifest["totals"]["rows_dropped"] == {"wrong_type": 1}
+    assert "its labels mask 5 of its 10 tokens, and truncation split cuts rows trained whole" in \
+        (tmp_path / "split.jsonl").read_text()
 
 
 @pytest.mark.parametrize("key", ["tools", "tool_schemas", "functions", "function_schemas"])

@@ -21,7 +21,7 @@ from gpu_prep.output.files import JOURNAL
 from gpu_prep.pipeline import Options, run
 from helpers import REPO, write_jsonl
 
-PINNED = "e5a1a87d48116e3bc82af16b09d1d3fa5a2b4134df5c111ea613085abbc322cd"
+PINNED = "ca174a1d601e8a50dad38c6b2dbcb16f6e6a87a40ea8bc4f1adfd1e7bdf46599"
 PINNED_EXAMPLE = "f1108f8a2db5cd6ef07d39dd6419a02e153b2cf91239293b9c983f0c1fb7b1be"
 MANIFEST_KEYS = ("totals", "domains", "packing")  # what the manifest says that no path or timing enters
 

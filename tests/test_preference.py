@@ -322,3 +322,12 @@ def test_near_duplicate_pairs_are_dropped_whole(tmp_path: Path, tokenizer_dir: P
     if kind == "kto":
         assert [int(label) for *_, label in written][:4] == [0, 1, 0, 1][:len(written[:4])]
     assert gpu_prep_cli("verify", out).returncode == 0
+
+
+def test_kto_on_a_paired_row_says_which_type_reads_it() -> None:
+    from gpu_prep.config import parse_config
+    from gpu_prep.format import RowError, get_builder
+
+    with pytest.raises(RowError, match=r"field 'completion' is missing: this is a paired row \(chosen, rejected\), "
+                                       r"read by input.type preference"):
+        get_builder("kto")({"prompt": "p", "chosen": "a", "rejected": "b"}, parse_config({"input": {"type": "kto"}}))

@@ -105,6 +105,7 @@ class _Kept:
     span_roles: list[str]
     unmarked: tuple[str, ...]
     trains_anything: bool
+    labelled: bool
 
 
 def lighten(done: Done, backend: Backend, keep_records: bool = False) -> Done:
@@ -119,7 +120,7 @@ def lighten(done: Done, backend: Backend, keep_records: bool = False) -> Done:
         for r in [] if keep_records else masked.kept_rows.tolist():
             records[prepared.rows.index[r]] = None
     rows = Rows(prepared.rows.index, prepared.rows.domain,
-                [_Kept(row.left_out, row.notes, row.span_roles, row.unmarked, row.trains_anything)
+                [_Kept(row.left_out, row.notes, row.span_roles, row.unmarked, row.trains_anything, row.labelled)
                  for row in prepared.rows.payload],
                 prepared.rows.split)
     chunk = dataclasses.replace(prepared.chunk, records=records)

@@ -193,5 +193,7 @@ def _no_trained(row: Any, max_seq_len: int) -> str:
     or only empty ones), or what is trained lies past the cut."""
     if row.trains_anything:
         return f"no trained token within the max_seq_len {max_seq_len} tokens kept (the trained part was cut off)"
+    if row.labelled:
+        return "its labels are -100 at every token"
     return ("nothing in the row is trained: no message (or field) of a role whose mask rule is train; check mask "
             "and input.roles against the row's roles (gpu-prep validate names them)")

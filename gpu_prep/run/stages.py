@@ -28,7 +28,7 @@ from gpu_prep.errors import Drop, EngineMismatch
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter import Deduplicator, filter_rows
 from gpu_prep.format import (Conversation, RowError, Segments, Tokens, auto_schema, dedup_text, domain_of,
-                             fuzzy_text, source_chars, split_text)
+                             fuzzy_text, hashed_whole, source_chars, split_text)
 from gpu_prep.fuzzy import MinHasher, text_band_keys
 from gpu_prep.mask import (Masked, contiguous_places, kept_span_tokens, mask_from_ranges, offset_places, row_of,
                            span_tokens, truncate_and_filter)
@@ -206,7 +206,9 @@ def filter_reasons(run: RunContext, rows: Rows, dedup: Deduplicator | None) -> l
                Drop.TOO_LONG: f"longer than max_chars {rules.max_chars}",
                Drop.DUPLICATE: "its text has the MD5 of an earlier row's" if rules.dedup_prefix_chars is None
                else f"its first {rules.dedup_prefix_chars} characters have the MD5 of an earlier row's"}
-    return [None if r is None else (r, f"{n} characters; {details[r]}") for r, n in zip(reasons, chars.tolist())]
+    whole = "it equals an earlier row (rows of this kind are hashed whole)"
+    return [None if r is None else (r, f"{n} characters; {whole if r == Drop.DUPLICATE and hashed_whole(shape) else details[r]}")
+            for r, n, shape in zip(reasons, chars.tolist(), rows.payload)]
 
 
 def band_keys(run: RunContext, rows: Rows, chunk_rows: int) -> tuple[np.ndarray, np.ndarray]:
