@@ -132,7 +132,7 @@ def columnar_host(n: int, repeat: int) -> None:
     probe = Columnar((), lambda *a: None, ("messages", "role", "content"))
     clean = folder / "clean.jsonl"  # the lines the scan and the count of keys pass on their own
     clean.write_bytes(b"".join(line for line, chat in zip(raw.read_bytes().splitlines(keepends=True), chats)
-                               if probe.safe(line, 1) and probe.complete(line, 1, [chat])))
+                               if (skeleton := probe.scan(line, 1)) is not None and probe.complete(skeleton, 1, [chat])))
     print(f"{'chats':10} {'MB':>6} {'rows':>7} {'as columns':>11} {'line by line s':>15} {'columns, host s':>16} "
           f"{'columns / lines':>16}")
     for name, path in (("as they are", raw), ("made clean", clean)):

@@ -287,19 +287,18 @@ def _literal(data: bytes) -> bool:
     return False
 
 
-def _lenient_bytes(data: bytes) -> bool:
-    """Whether data holds anything a strict parser reads differently from a lenient one: a control
-    character, an escaped surrogate, a key written with \\u escapes (the field-name checks would not see it),
-    NaN or Infinity where a value starts, or a line that is not one object. The last two are looked for
-    outside strings (each string emptied first), so text that mentions them is no reason to refuse."""
+def _strict_skeleton(data: bytes) -> bytes | None:
+    """data with every string emptied (`""`), where nothing in it is read differently by a strict parser
+    and a lenient one; None where something is: a control character, an escaped surrogate, a key written
+    with \\u escapes (the field-name checks would not see it), NaN or Infinity where a value starts, or a
+    line that is not one object. The last two are looked for in the skeleton, so text that mentions them
+    is no reason to refuse."""
     if len(data.translate(None, _CONTROL)) != len(data):
-        return True
-    if b"\\u" in data and _SURROGATE.search(data):
-        return True
-    if b"\\u" in data and _ESCAPED_KEY.search(data):
-        return True
+        return None
+    if b"\\u" in data and (_SURROGATE.search(data) or _ESCAPED_KEY.search(data)):
+        return None
     skeleton = _STRING.sub(b'""', data)
-    return _literal(skeleton) or not _one_object_per_line(skeleton)
+    return None if _literal(skeleton) or not _one_object_per_line(skeleton) else skeleton
 
 
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # (unrolled: a fast scan between escapes)
@@ -329,10 +328,8 @@ def _one_object_per_line(skeleton: bytes) -> bool:
     return True
 
 
-# Where an object key starts: a quote after "{" or ",". A quote inside a string is escaped, so this never
-# matches within one, except at the closing quote of a string that ends in "{" or "," (then it counts too
-# many keys, never too few): counting these gives at least the number of keys in the bytes.
-_KEY_START = re.compile(rb'[{,][ ]*"')
+# An object key in a skeleton (strings emptied): a string followed by a colon, which in JSON only a key is.
+_KEY = re.compile(rb'""[ ]*:')
 
 
 class ColumnarRecord(dict):
@@ -365,18 +362,20 @@ class Columnar:
             columns[key] = {role: "str", content: "str"}
         return columns
 
-    def safe(self, data: bytes, rows: int) -> bool:
-        """Whether a columnar parser must read `data` (whole lines, `rows` of them not blank) exactly as the
-        strict parser does: UTF-8 throughout, none of the constructs it treats leniently, each top-level
-        field a string (the messages field a list) named at most `rows` times, each message's role and
-        content strings. A field name written with escapes is not recognised here; that is the one case
-        left to the columnar parser's judgement (and for chat rows, to the count of keys in complete)."""
-        if data.startswith(b"\xef\xbb\xbf") or _lenient_bytes(data):
-            return False
+    def scan(self, data: bytes, rows: int) -> bytes | None:
+        """The skeleton of `data` (whole lines, `rows` of them not blank; its strings emptied) where a
+        columnar parser must read it exactly as the strict parser does, else None: UTF-8 throughout, none of
+        the constructs it treats leniently, each top-level field a string (the messages field a list) named
+        at most `rows` times, each message's role and content strings."""
+        if data.startswith(b"\xef\xbb\xbf"):
+            return None
+        skeleton = _strict_skeleton(data)
+        if skeleton is None:
+            return None
         try:
             data.decode("utf-8")
         except UnicodeDecodeError:
-            return False
+            return None
         top = [(name, rb'[^" ]') for name in self.fields]
         inner: list[str] = []
         if self.messages is not None:
@@ -385,13 +384,18 @@ class Columnar:
         for name, wrong in top:
             key = re.escape(orjson.dumps(name))
             if re.search(key + rb"[ ]*:[ ]*" + wrong, data) or len(re.findall(key + rb"[ ]*:", data)) > rows:
-                return False
-        return not any(re.search(re.escape(orjson.dumps(name)) + rb'[ ]*:[ ]*[^" ]', data) for name in inner)
+                return None
+        if any(re.search(re.escape(orjson.dumps(name)) + rb'[ ]*:[ ]*[^" ]', data) for name in inner):
+            return None
+        return skeleton
 
-    def complete(self, data: bytes, rows: int, records: list[dict[str, Any]]) -> bool:
-        """Whether records holds one whole row for each of the `rows` lines of data: no field missing (an
-        all-null row is a line the parser could not read), and for chat rows no message missing its role or
-        content and no key in the bytes beyond the fields and the messages' two."""
+    def safe(self, data: bytes, rows: int) -> bool:
+        return self.scan(data, rows) is not None
+
+    def complete(self, skeleton: bytes, rows: int, records: list[dict[str, Any]]) -> bool:
+        """Whether records holds one whole row for each of the `rows` lines of the scanned bytes: no field
+        missing (an all-null row is a line the parser could not read), and for chat rows no message missing
+        its role or content and, counted in the skeleton, no key beyond the fields and the messages' two."""
         if len(records) != rows or any(value is None for record in records for value in record.values()):
             return False
         if self.messages is None:
@@ -399,8 +403,7 @@ class Columnar:
         listed = [record[self.messages[0]] for record in records]
         if any(message is None or None in message.values() for messages in listed for message in messages):
             return False
-        # Every key the records hold is in the bytes, so a count no larger than theirs means no key beyond.
-        return len(_KEY_START.findall(data)) == rows * (len(self.fields) + 1) + 2 * sum(map(len, listed))
+        return len(_KEY.findall(skeleton)) == rows * (len(self.fields) + 1) + 2 * sum(map(len, listed))
 
 
 def _columnar_rows(file: InputFile, columnar: Columnar, cap: int, part: Part | None = None,
@@ -418,9 +421,9 @@ def _columnar_rows(file: InputFile, columnar: Columnar, cap: int, part: Part | N
             ends = [p + b"\n" for p in parts[:-1]] + [parts[-1]] * bool(parts[-1])
             lines = list(enumerate(ends, start=first_line))
             numbered = [(n, raw) for n, raw in lines if raw.strip()]
-            safe = columnar.safe(block, len(numbered)) and all(len(raw) <= cap for _, raw in numbered)
-            records = columnar.read_range(file.path, offset, end - offset, columns) if safe else None
-            if records is None or not columnar.complete(block, len(numbered), records):
+            skeleton = columnar.scan(block, len(numbered)) if all(len(raw) <= cap for _, raw in numbered) else None
+            records = None if skeleton is None else columnar.read_range(file.path, offset, end - offset, columns)
+            if records is None or not columnar.complete(skeleton, len(numbered), records):
                 yield from _exact_rows(iter(lines), cap)
             else:
                 for (line_no, raw), record in zip(numbered, records):

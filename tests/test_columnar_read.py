@@ -275,9 +275,10 @@ def test_the_chat_checks_refuse_what_the_columns_would_not_hold(trap: bytes) -> 
     # the byte scan or by the check of what the columnar parser returned.
     columnar = Columnar((), lenient_read_range, ("messages", "role", "content"))
     data = b"\n".join(_clean_chats(2)) + b"\n"
-    assert columnar.safe(data, 2) and columnar.complete(data, 2, _lenient(data))
+    assert columnar.safe(data, 2) and columnar.complete(columnar.scan(data, 2), 2, _lenient(data))
     data += trap + b"\n"
-    taken = columnar.safe(data, 3) and columnar.complete(data, 3, _lenient(data))
+    skeleton = columnar.scan(data, 3)
+    taken = skeleton is not None and columnar.complete(skeleton, 3, _lenient(data))
     try:
         strict = orjson_row(trap)
     except ValueError:
