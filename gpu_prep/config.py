@@ -482,12 +482,12 @@ class PipelineConfig(_Frozen):
 
     @model_validator(mode="after")
     def _split_text_only(self) -> PipelineConfig:
-        others = self.input_types() & {"chat", "sharegpt", "instruction", "prompt_response", "alpaca", "segments", "auto"}
+        others = self.input_types() - {"text", "pretokenized"}
         if self.preprocessing.truncation == "split" and others:
             raise ValueError(f"preprocessing.truncation split cuts rows into windows of max_seq_len tokens wherever "
-                             f"they fall, for pretraining text (input.type text or pretokenized); {', '.join(sorted(others))} "
-                             "rows would be cut inside turns, and windows with no trained token written: use right, "
-                             "left, drop or structured")
+                             f"they fall, for pretraining text (input.type text or pretokenized); input.type "
+                             f"{', '.join(sorted(others))} is not: its rows would be cut inside turns, and windows "
+                             "with no trained token written. Use right, left, drop or structured")
         return self
 
     @model_validator(mode="after")

@@ -647,8 +647,8 @@ def hashed_whole(shape: Shape) -> bool:
 
 def fuzzy_text(shape: Shape) -> str:
     """What near-duplicate removal shingles: the text exact dedup hashes, and for a preference or kto row
-    its texts themselves (prompt and completions)."""
-    return source_text(shape) if isinstance(shape, _Preference) else dedup_text(shape)
+    its texts themselves (prompt and completions), for a pre-tokenized row its ids written out."""
+    return source_text(shape) if isinstance(shape, (_Preference, Tokens)) else dedup_text(shape)
 
 
 def domain_of(record: dict[str, Any], domain_key: str | None) -> str:

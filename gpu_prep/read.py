@@ -82,25 +82,13 @@ class RawChunk:
     def add(self, file_index: int, line: int, record: Any, error: tuple[str, str, Any] | None = None) -> None:
         if error is None and not (isinstance(record, dict) or is_message_list(record)):
             error = (Drop.NOT_AN_OBJECT, f"a row must be a JSON object, got {type(record).__name__}", record)
-        elif error is None and isinstance(record, list) and _rows_not_messages(record):
-            error = (Drop.NOT_AN_OBJECT, f"the line is a JSON array of {len(record)} rows, not a row (nor a "
-                     "conversation's messages); a file holding one JSON array is read element by element when "
-                     "named .json", record)
+
         if error is not None:
             self.errors[len(self.records)] = error
             record = None
         self.file_index.append(file_index)
         self.line.append(line)
         self.records.append(record)
-
-
-# Keys that hold a whole row's parts, never a message's (a message may well have "text" or "prompt" keys,
-# under input.content_key): a list of objects each holding one is a list of rows.
-_ROW_KEYS = frozenset({"messages", "conversations", "input_ids", "chosen", "segments"})
-
-
-def _rows_not_messages(record: list[dict[str, Any]]) -> bool:
-    return all(not _ROW_KEYS.isdisjoint(m) for m in record)
 
 
 def is_message_list(record: Any) -> bool:
@@ -298,19 +286,26 @@ def _strict_skeleton(data: bytes) -> bytes | None:
     if b"\\u" in data and (_SURROGATE.search(data) or _ESCAPED_KEY.search(data)):
         return None
     skeleton = _STRING.sub(b'""', data)
-    return None if _literal(skeleton) or not _one_object_per_line(skeleton) else skeleton
+    if _literal(skeleton) or _HUGE_NUMBER.search(skeleton) or not _one_object_per_line(skeleton):
+        return None
+    return skeleton
 
 
+# A number the strict parser refuses (past a double's range: an exponent of 100 or more, or 300 digits), in
+# a skeleton, where only numbers hold digits.
+_HUGE_NUMBER = re.compile(rb"[eE][+-]?0*[1-9][0-9]{2}|[0-9]{300}")
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # (unrolled: a fast scan between escapes)
 # A key with a \u escape, the one escape that can spell a field's name in other characters (a string in a
 # list after "," is refused too).
 _ESCAPED_KEY = re.compile(rb'[{,][ ]*"[^"\\]*(?:\\[^u][^"\\]*)*\\u')
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"{}[]\n")
+_MAX_DEPTH = 1000  # the strict parser refuses nesting past 1024 levels
 
 
 def _one_object_per_line(skeleton: bytes) -> bool:
     """Whether every line that is not blank is one object: its brackets (strings emptied) open at its first
-    character and close for the first time at its last (`{...}}` or `{...},{}` are two values)."""
+    character and close for the first time at its last (`{...}}` or `{...},{}` are two values), nested no
+    deeper than the strict parser reads."""
     for line in skeleton.split(b"\n"):
         line = line.strip(b" ")
         if not line:
@@ -321,7 +316,7 @@ def _one_object_per_line(skeleton: bytes) -> bool:
         depth = 0
         for k, char in enumerate(brackets):
             depth += 1 if char in b"{[" else -1
-            if depth <= 0 and k < len(brackets) - 1:
+            if (depth <= 0 and k < len(brackets) - 1) or depth > _MAX_DEPTH:
                 return False
         if depth:
             return False

@@ -97,7 +97,7 @@ class RenderedRow:
     spans: list[tuple[int, int]]  # trained ranges [start, end) of the concatenated text (bytes, or
     # characters with RenderContext.offsets), sorted, disjoint
     num_bytes: int
-    closing_piece: bool = False  # the last piece (a tokenizer's [SEP]) survives truncation
+    closing_pieces: int = 0  # the last pieces (a text row's eod, a tokenizer's [SEP]) survive right truncation
     left_out: tuple[str, ...] = ()  # roles of messages the chat template did not render
     unmarked: tuple[str, ...] = ()  # roles of trained messages no {% generation %} span belongs to
     notes: tuple[str, ...] = ()  # what structured truncation did, for the parse report
@@ -388,15 +388,21 @@ def _segments(shape: Segments, ctx: RenderContext) -> RenderedRow:
     (no byte positions needed, which is what lets tokenizers that drop whitespace, like WordPiece, work)."""
     pieces: list[tuple[str, str | bool | None]] = [(t, label) for t, label in shape.pieces if t]
     end = ctx.eos_text if shape.add_eos else ctx.eod_text if shape.add_eod else None
-    closed = bool(end and pieces and not pieces[-1][0].endswith(end))  # (a row or data handler may end with it)
+    closed = bool(end and pieces)
     if closed:
-        pieces.append((end, pieces[-1][1]))
+        text, label = pieces.pop()
+        # A row (or data handler) that ends with the token already: it becomes a piece of its own all the
+        # same (the same ids, as it is a special token the tokenizer splits off).
+        rest = text[:-len(end)] if text.endswith(end) else text
+        pieces += [(rest, label)] * bool(rest) + [(end, label)]
     pieces = [(ctx.prefix_text, None)] * bool(ctx.prefix_text) + pieces + [(ctx.suffix_text, None)] * bool(ctx.suffix_text)
     trained = [shape.train_all or ctx.trains(label) for _, label in pieces]
     texts = [t for t, _ in pieces]
-    # The last piece outlives right truncation when it closes the row: the tokenizer's own suffix ([SEP]), or
-    # else the eos / end-of-document token appended, so that documents packed or concatenated stay apart.
-    return RenderedRow(texts, trained, [], sum(len(t.encode("utf-8")) for t in texts), bool(ctx.suffix_text) or closed)
+    # What closes the row outlives right truncation: the tokenizer's own suffix ([SEP]) and, for a text row,
+    # the end-of-document token before it, so that documents packed or concatenated stay apart. (The eos
+    # closing an instruction row's response is the response's: a cut response is not given one.)
+    closing = bool(ctx.suffix_text) + (closed and not shape.add_eos)
+    return RenderedRow(texts, trained, [], sum(len(t.encode("utf-8")) for t in texts), closing)
 
 
 def template_limits(config: PipelineConfig) -> tuple[float, int]:
@@ -455,10 +461,15 @@ def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
 
 
 def _reasoning_not_shown(conv: Conversation, text: str, notes: tuple[str, ...], ctx: RenderContext) -> bool:
-    """Whether the template left out the reasoning of the conversation's last assistant turn, the one every
-    template that shows reasoning shows (Qwen3 drops earlier turns' by design), where structured truncation
+    """Whether the template left out the reasoning of the last assistant turn after the last user turn, the
+    one every template that shows reasoning shows (Qwen3 drops earlier turns' by design), where structured truncation
     did not drop it to fit; as think_max_tokens cut it, when it does."""
-    last = next((m for m in reversed(conv.messages) if m["role"] == "assistant"), None)
+    after_user = []  # the turns after the last user turn: those a template that shows reasoning shows
+    for m in reversed(conv.messages):
+        if m["role"] == "user":
+            break
+        after_user.append(m)
+    last = next((m for m in after_user if m["role"] == "assistant"), None)
     reasoning = last.get("reasoning_content") if last is not None else None
     if not isinstance(reasoning, str) or not reasoning.strip() or "structured_dropped_reasoning" in notes:
         return False

@@ -50,7 +50,7 @@ def lenient_read_range(path: str, offset: int, size: int, columns: dict[str, Any
             continue
         try:
             value, _ = json.JSONDecoder(strict=False).raw_decode(raw.decode("utf-8", errors="replace").strip())
-        except ValueError:
+        except (ValueError, RecursionError):
             value = None
         rows.append({f: _as_column(value.get(f), kind) if isinstance(value, dict) else None
                      for f, kind in columns.items()})
@@ -75,6 +75,8 @@ TRAPS = [
     b'{"text": "a brace too many", "source": "a"}}',
     b'{"text": "an empty object after", "source": "a"},{}',
     b'{"text": "a field spelled with escapes", "source": "a", "te\\u0078t": 5}',
+    b'{"text": "a number past a double in a field not read", "source": "a", "n": 1e400}',
+    b'{"text": "nested past the parser\'s depth", "source": "a", "n": ' + b"[" * 1100 + b"]" * 1100 + b"}",
     b'{"text": "invalid \xff utf-8", "source": "a"}',
     b'{"text": "lone surrogate \\ud800", "source": "a"}',
     b'{"text": "an escaped pair \\ud83d\\ude00 is fine but rare", "source": "a"}',
@@ -138,7 +140,7 @@ def test_a_clean_file_is_read_wholly_as_columns(tmp_path: Path) -> None:
     assert rows == [(*r[:4], True) for r in _rows(path, None)]
 
 
-@pytest.mark.parametrize("trap", TRAPS[:26])
+@pytest.mark.parametrize("trap", TRAPS[:28])
 def test_the_byte_scan_refuses_each_trap(trap: bytes) -> None:
     clean = b"\n".join(_clean(3)) + b"\n"
     columnar = Columnar(FIELDS, lenient_read_range)

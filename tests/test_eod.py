@@ -109,3 +109,22 @@ def test_a_document_that_ends_with_the_token_already_gets_no_second(tmp_path: Pa
     found = samples(run_rows(tmp_path, _text(), rows))
     assert [int(np.count_nonzero(ids == IM_END)) for ids, _ in found] == [1, 1]
     assert all(ids[-1] == IM_END for ids, _ in found)
+
+
+def test_right_truncation_keeps_a_text_rows_eod_but_gives_a_cut_response_none(tmp_path: Path, fast_tokenizer: None) -> None:
+    # A text row keeps its end-of-document token when cut (whether appended or already written at its end),
+    # so packed documents stay apart; an instruction row's response cut short is not given an eos it never
+    # reached, and a prompt that fills max_seq_len leaves nothing trained (the row is dropped).
+    words = " ".join(f"w{i}" for i in range(40))
+    rows = [{"text": words}, {"text": words + "<|im_end|>"}]
+    config = {**_text(), "preprocessing": {"max_seq_len": 8, "min_chars": 1, "deduplicate": False}}
+    for ids, _ in samples(run_rows(tmp_path, config, rows, name="text")):
+        assert len(ids) == 8 and ids[-1] == IM_END and np.count_nonzero(ids == IM_END) == 1
+    pairs = [{"prompt": words, "response": " an answer"}, {"prompt": "Q:", "response": " " + words}]
+    instruction = {"tokenizer": "qwen2.5", "input": {"type": "instruction"}, "mask": {"response": "train"},
+                   "preprocessing": {"max_seq_len": 8, "min_chars": 1}}
+    out = run_rows(tmp_path, instruction, pairs, name="instruction")
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["totals"]["rows_dropped"] == {"no_trained_tokens": 1}
+    [(ids, mask)] = samples(out)
+    assert len(ids) == 8 and IM_END not in ids.tolist() and mask[-1] == 1

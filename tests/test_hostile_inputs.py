@@ -362,11 +362,20 @@ def test_a_json_array_saved_as_json_lines_is_named_for_what_it_is(tmp_path: Path
         _run(tmp_path, pretty, name="pretty")
 
 
-def test_a_conversation_written_as_its_messages_alone_stays_a_row_whatever_its_keys() -> None:
-    # Messages under input.role_key / content_key of the user's (speaker / text) are a conversation, not rows.
-    from gpu_prep.read import RawChunk
-
-    chunk = RawChunk()
-    chunk.add(0, 1, [{"speaker": "user", "text": "hi"}, {"speaker": "assistant", "text": "hello"}])
-    chunk.add(0, 2, [{"messages": [{"role": "user", "content": "a row"}]}, {"messages": []}])
-    assert chunk.errors.keys() == {1} and chunk.errors[1][0] == "not_an_object"
+@pytest.mark.parametrize("kind", ["text", "auto", "chat"])
+def test_a_one_line_array_of_rows_is_named_as_such_and_custom_message_keys_are_not(tmp_path: Path, kind: str,
+                                                                                  fast_tokenizer: None) -> None:
+    # json.dump(rows) on one line is rows, whatever their type; messages under input.role_key / content_key
+    # of the user's (speaker / text, a key text rows have too) are a conversation.
+    rows = [{"text": "first document"}, {"text": "second document"}]
+    messages = [{"speaker": "user", "text": "hi"}, {"speaker": "assistant", "text": "hello"}]
+    path = tmp_path / "lines.jsonl"
+    path.write_text(json.dumps(rows) + "\n" + json.dumps(messages) + "\n")
+    config = {"input": {"type": kind, "role_key": "speaker", "content_key": "text"}, "chat_template": "chatml",
+              "mask": {"assistant": "train"}, "preprocessing": {"min_chars": 1, "deduplicate": False,
+                                                                "max_drop_share": 1.0}}
+    rejects = tmp_path / f"{kind}.rejects.jsonl"
+    _run(tmp_path, path, config, name=kind, rejects=rejects)
+    entries = {json.loads(line)["line"]: json.loads(line) for line in rejects.read_text().splitlines()}
+    assert "the line is a JSON array of 2 rows" in entries[1]["detail"]
+    assert 2 not in entries or "JSON array" not in entries[2]["detail"]

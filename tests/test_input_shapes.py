@@ -394,3 +394,16 @@ def test_wrong_shapes_are_named_as_they_are(row: dict[str, Any], detail: str) ->
     with pytest.raises(RowError) as caught:
         get_builder("chat")(row, parse_config({}))
     assert caught.value.reason == "wrong_type" and detail in caught.value.detail, caught.value.detail
+
+
+def test_near_copies_of_pretokenized_rows_are_found(tmp_path: Path) -> None:
+    # Exact dedup hashes a pre-tokenized row whole; near-duplicate removal still shingles its ids.
+    from gpu_prep.pipeline import run
+
+    rows = [{"input_ids": list(range(1000, 1400))}, {"input_ids": [7, *range(1001, 1400)]},
+            {"input_ids": list(range(5000, 5400))}]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = parse_config({"input": {"type": "pretokenized"}, "preprocessing": {"fuzzy_dedup": {}}})
+    manifest = run(config, [str(data)], tmp_path / "out")
+    assert manifest["totals"]["rows_written"] == 2 and manifest["totals"]["rows_dropped"] == {"near_duplicate": 1}

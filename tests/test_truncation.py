@@ -94,7 +94,7 @@ def test_split_is_refused_for_rows_with_turns(kind: str) -> None:
     # Windows cut wherever they fall would split turns and leave windows with nothing trained.
     from gpu_prep.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=rf"truncation split .* for pretraining text .*; {kind} rows would be cut"):
+    with pytest.raises(ConfigError, match=rf"truncation split .* for pretraining text .*; input.type {kind} is not"):
         parse_config({"input": {"type": kind}, "preprocessing": {"truncation": "split"}})
     parse_config({"input": {"type": "pretokenized"}, "preprocessing": {"truncation": "split"}})
 

@@ -163,6 +163,11 @@ def format_rows(chunk: RawChunk, base: PipelineConfig, sources: Sources | None =
         auto = config.input.type == "auto"
         schema = config.input.type
         if isinstance(record, list):  # a conversation written as its messages alone
+            if _rows_not_messages(record, config):
+                out.drops.append(Dropped(i, Drop.NOT_AN_OBJECT, f"the line is a JSON array of {len(record)} rows, not "
+                                         "a row (nor a conversation's messages); a file holding one JSON array is "
+                                         "read element by element when named .json", record))
+                continue
             if config.input.type not in ("chat", "auto"):
                 out.drops.append(Dropped(i, Drop.NOT_AN_OBJECT, "a row that is a list of messages is read "
                                          f"by input.type chat or auto, not {config.input.type}", record))
@@ -190,6 +195,16 @@ def format_rows(chunk: RawChunk, base: PipelineConfig, sources: Sources | None =
         out.rows.domain.append(domain)
         out.rows.payload.append(shape)
     return out
+
+
+def _rows_not_messages(record: list[dict[str, Any]], config: PipelineConfig) -> bool:
+    """Whether a list of objects is rows (json.dump of a list, saved as one line) rather than messages: none
+    holds a role under the config's key (or role / from), and each holds a key rows have."""
+    inp = config.input
+    roles = {inp.role_key, "role", "from"}
+    rows = {inp.messages_key, "conversations", inp.text_key, inp.prompt_key, inp.field_instruction, "input_ids",
+            inp.chosen_key, "segments"}
+    return all(roles.isdisjoint(m) and not rows.isdisjoint(m) for m in record)
 
 
 # ---------------------------------------------------------------- filter
@@ -460,9 +475,11 @@ def mask_rows(run: RunContext, rendered: list[RenderedRow], tokens: Encoded) -> 
             if row.given is not None:
                 host[token_offsets[k]:token_offsets[k + 1]] = row.given[1]
         loss_mask = backend.asarray(host)
-    closing = np.fromiter((r.closing_piece for r in rendered), bool, num_rows)
-    keep_tail = np.zeros(num_rows, dtype=np.int64)
-    keep_tail[closing] = tokens_per_piece[piece_offsets[1:][closing] - 1]
+    # The tokens of each row's closing pieces (its last ones) outlive truncation.
+    closing = np.fromiter((r.closing_pieces for r in rendered), np.int64, num_rows)
+    piece_tokens = offsets_from_lengths(np, tokens_per_piece)
+    ends = piece_offsets[1:]
+    keep_tail = piece_tokens[ends] - piece_tokens[np.maximum(ends - closing, piece_offsets[:-1])]
     lengths = np.diff(token_offsets)
     pairs = run.config.input.type in ("preference", "kto")  # cut by pairs.cut_pairs, below, not here
     over = lengths > rules.max_seq_len if rules.truncation in ("drop", "raise") and not pairs \
