@@ -357,10 +357,11 @@ Row = tuple[int, Any, "tuple[str, str, Any] | None", int]  # as read.py: number,
 
 
 def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str | None = None) -> Iterator[Row]:
-    """CSV or TSV: the header row names the columns, every cell is text; row n is line n + 1 (the header
-    is line 1) unless a quoted cell spans lines. A row with more or fewer cells than the header is a
-    malformed_row drop showing its text (counted after the rows of its block: the parser does not say
-    where it lay); a header naming a column twice refuses the file."""
+    """CSV or TSV: the header row names the columns, every cell is text; rows are numbered by record, the
+    header being 1 (the line, unless a quoted cell spans lines or blank lines come between). A row with
+    more or fewer cells than the header is a malformed_row drop showing its text, in its place (the parser
+    skips it without saying where it lay, so a first such row has the file read once more to number them);
+    a header naming a column twice refuses the file."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
@@ -381,21 +382,43 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
         bad.append(invalid)
         return "skip"
 
-    row = 1
+    def malformed(number: int, invalid: Any) -> Row:
+        return number, None, (Drop.MALFORMED_ROW, f"{invalid.actual_columns} cells where the header has "
+                              f"{invalid.expected_columns}", invalid.text[:REJECT_TEXT]), len(invalid.text)
+
+    row, ragged = 1, None  # ragged: the numbers of the rows with too few or too many cells, once one is met
     with open_bytes(path, compression, encoding) as handle:
         reader = pacsv.open_csv(handle, read_options=pacsv.ReadOptions(block_size=4 << 20),
                                 parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True,
                                                                  invalid_row_handler=keep_bad),
                                 convert_options=options)
         for batch in reader:
+            if bad and ragged is None:
+                ragged = _ragged_records(path, compression, delimiter, encoding, len(header))
             for record in batch.to_pylist():
                 row += 1
+                while bad and ragged and ragged[0] == row:  # the skipped rows before this one, in their places
+                    ragged.pop(0)
+                    yield malformed(row, bad.pop(0))
+                    row += 1
                 yield row, record, None, 0
-            for invalid in bad:
+            for invalid in bad:  # after the block's last row (or where the two readers disagree on a row)
                 row += 1
-                yield row, None, (Drop.MALFORMED_ROW, f"{invalid.actual_columns} cells where the header has "
-                                  f"{invalid.expected_columns}", invalid.text[:REJECT_TEXT]), len(invalid.text)
+                if ragged and ragged[0] == row:
+                    ragged.pop(0)
+                yield malformed(row, invalid)
             bad.clear()
+
+
+def _ragged_records(path: str, compression: str | None, delimiter: str, encoding: str | None, cells: int) -> list[int]:
+    """The numbers (the header being 1; blank lines not counted, as pyarrow skips them) of the records that
+    do not have `cells` cells, read with the standard csv module."""
+    import csv
+
+    with open_bytes(path, compression, encoding) as handle:
+        text = io.TextIOWrapper(handle, encoding="utf-8-sig", errors="replace", newline="")
+        records = (r for r in csv.reader(text, delimiter=delimiter) if r)
+        return [n for n, record in enumerate(records, start=1) if len(record) != cells]
 
 
 def text_rows(path: str, compression: str | None, key: str, per_line: bool,

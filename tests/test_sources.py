@@ -418,9 +418,15 @@ def test_a_ragged_csv_row_is_dropped_showing_its_text_and_a_doubled_header_refus
     assert manifest["totals"]["rows_read"] == 4 and manifest["totals"]["rows_written"] == 2
     assert manifest["totals"]["rows_dropped"] == {"malformed_row": 2}
     entries = [json.loads(line) for line in rejects.read_text().splitlines()]
-    assert [(e["reason"], e["detail"], e["row"]) for e in entries] == [
-        ("malformed_row", "1 cells where the header has 2", '"only one field"'),
-        ("malformed_row", "3 cells where the header has 2", '"a","b","c extra"')]
+    assert [(e["line"], e["reason"], e["detail"], e["row"]) for e in entries] == [
+        (3, "malformed_row", "1 cells where the header has 2", '"only one field"'),
+        (4, "malformed_row", "3 cells where the header has 2", '"a","b","c extra"')]
+    # Numbered in their places (the parser skips them without saying where): the rows after keep theirs.
+    from gpu_prep.sources import csv_rows
+
+    path.write_text("text,source\nrow one,a\nbad,row,extra\nrow three,c\n\nrow four,d\n\"only\"\nrow five,e\n")
+    got = [(n, None if record is None else record["text"]) for n, record, _, _ in csv_rows(str(path), None, ",")]
+    assert got == [(2, "row one"), (3, None), (4, "row three"), (5, "row four"), (6, None), (7, "row five")]
     doubled = tmp_path / "doubled.csv"
     doubled.write_text("prompt,prompt,response\na,b,c\n")
     with pytest.raises(ConfigError, match=r"doubled\.csv'?: its header names the column 'prompt' more than once"):
