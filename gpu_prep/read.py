@@ -291,9 +291,9 @@ def _strict_skeleton(data: bytes) -> bytes | None:
     return skeleton
 
 
-# A number the strict parser refuses (past a double's range: an exponent of 100 or more, or 300 digits), in
-# a skeleton, where only numbers hold digits.
-_HUGE_NUMBER = re.compile(rb"[eE][+-]?0*[1-9][0-9]{2}|[0-9]{300}")
+# A number that may pass a double's range, which the strict parser refuses: an exponent of 100 or more, or
+# 200 digits in a row (under both, a number stays below 1e299), in a skeleton, where only numbers hold digits.
+_HUGE_NUMBER = re.compile(rb"[eE][+-]?0*[1-9][0-9]{2}|[0-9]{200}")
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # (unrolled: a fast scan between escapes)
 # A key with a \u escape, the one escape that can spell a field's name in other characters (a string in a
 # list after "," is refused too).

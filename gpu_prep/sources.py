@@ -392,6 +392,8 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
                                 parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True,
                                                                  invalid_row_handler=keep_bad),
                                 convert_options=options)
+        # The parser reads ahead: `bad` may hold rows of later blocks, so a row is taken from it only at its
+        # own number; what is left at the end (where the two readers disagree on a row) comes last.
         for batch in reader:
             if bad and ragged is None:
                 ragged = _ragged_records(path, compression, delimiter, encoding, len(header))
@@ -402,23 +404,27 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
                     yield malformed(row, bad.pop(0))
                     row += 1
                 yield row, record, None, 0
-            for invalid in bad:  # after the block's last row (or where the two readers disagree on a row)
-                row += 1
-                if ragged and ragged[0] == row:
-                    ragged.pop(0)
-                yield malformed(row, invalid)
-            bad.clear()
+        for invalid in bad:
+            row += 1
+            yield malformed(row, invalid)
 
 
 def _ragged_records(path: str, compression: str | None, delimiter: str, encoding: str | None, cells: int) -> list[int]:
     """The numbers (the header being 1; blank lines not counted, as pyarrow skips them) of the records that
     do not have `cells` cells, read with the standard csv module."""
     import csv
+    import sys
 
-    with open_bytes(path, compression, encoding) as handle:
-        text = io.TextIOWrapper(handle, encoding="utf-8-sig", errors="replace", newline="")
-        records = (r for r in csv.reader(text, delimiter=delimiter) if r)
-        return [n for n, record in enumerate(records, start=1) if len(record) != cells]
+    limit = csv.field_size_limit(sys.maxsize)  # a cell may hold a whole document
+    try:
+        with open_bytes(path, compression, encoding) as handle:
+            text = io.TextIOWrapper(handle, encoding="utf-8-sig", errors="replace", newline="")
+            records = (r for r in csv.reader(text, delimiter=delimiter) if r)
+            return [n for n, record in enumerate(records, start=1) if len(record) != cells]
+    except csv.Error:  # what pyarrow reads, the csv module may not: the rows are then numbered in order read
+        return []
+    finally:
+        csv.field_size_limit(limit)
 
 
 def text_rows(path: str, compression: str | None, key: str, per_line: bool,

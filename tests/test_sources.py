@@ -431,3 +431,21 @@ def test_a_ragged_csv_row_is_dropped_showing_its_text_and_a_doubled_header_refus
     doubled.write_text("prompt,prompt,response\na,b,c\n")
     with pytest.raises(ConfigError, match=r"doubled\.csv'?: its header names the column 'prompt' more than once"):
         run(config, [str(doubled)], tmp_path / "out2")
+
+
+def test_malformed_csv_rows_keep_their_numbers_across_blocks_and_beside_long_cells(tmp_path: Path) -> None:
+    # The parser reads blocks ahead (4 MiB each): a ragged row of a later block is numbered in its own
+    # place; and a cell longer than the csv module's default limit does not stop the numbering pass.
+    from gpu_prep.sources import csv_rows
+
+    bad = {10, 30_000, 59_990}
+    lines = ["text,src"] + [f"bad{n},x,y" if n in bad else f"row {n} {'z' * 80},{n}" for n in range(2, 70_000)]
+    path = tmp_path / "big.csv"
+    path.write_text("\n".join(lines) + "\n")
+    assert path.stat().st_size > 4 << 20  # more than one block
+    got = [(n, record) for n, record, _, _ in csv_rows(str(path), None, ",")]
+    assert [n for n, record in got if record is None] == sorted(bad)
+    assert all(int(record["src"]) == n for n, record in got if record is not None)
+    long = tmp_path / "long.csv"
+    long.write_text('prompt,response\n"only one field"\n"hello","' + "x" * 200_000 + '"\n"ok","fine"\n')
+    assert [(n, record is None) for n, record, _, _ in csv_rows(str(long), None, ",")] == [(2, True), (3, False), (4, False)]
