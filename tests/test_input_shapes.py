@@ -407,3 +407,15 @@ def test_near_copies_of_pretokenized_rows_are_found(tmp_path: Path) -> None:
     config = parse_config({"input": {"type": "pretokenized"}, "preprocessing": {"fuzzy_dedup": {}}})
     manifest = run(config, [str(data)], tmp_path / "out")
     assert manifest["totals"]["rows_written"] == 2 and manifest["totals"]["rows_dropped"] == {"near_duplicate": 1}
+
+
+@pytest.mark.parametrize("kind", ["sharegpt", "auto"])
+def test_a_bare_list_of_sharegpt_messages_is_a_conversation(tmp_path: Path, kind: str) -> None:
+    # A conversation written as its messages alone, in ShareGPT's from / value, as chat's role / content are.
+    from gpu_prep.pipeline import run
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps([{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello there"}]) + "\n")
+    config = parse_config({"input": {"type": kind}, "chat_template": "chatml", "mask": {"assistant": "train"}})
+    manifest = run(config, [str(data)], tmp_path / kind)
+    assert manifest["totals"]["rows_written"] == 1, manifest["dropped_examples"]

@@ -56,7 +56,7 @@ def test_a_message_list_is_refused_by_other_input_types(qwen: Any) -> None:
     text = build_context(parse_config({"input": {"type": "text"}}), qwen, CPU, [], None, None)
     formatted = format_rows(_chunk([{"role": "user", "content": "x"}], {"text": "plain"}), text.config)
     assert formatted.rows.index == [1]
-    assert formatted.drops[0].reason == Drop.NOT_AN_OBJECT and "input.type chat or auto" in formatted.drops[0].detail
+    assert formatted.drops[0].reason == Drop.NOT_AN_OBJECT and "input.type chat, sharegpt or auto" in formatted.drops[0].detail
 
 
 def test_filter_keeps_first_occurrences_and_rows_keep_hands_on_the_rest(run: Any) -> None:

@@ -28,7 +28,7 @@ from gpu_prep.errors import Drop, EngineMismatch
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter import Deduplicator, filter_rows
 from gpu_prep.format import (Conversation, RowError, Segments, Tokens, auto_schema, dedup_text, domain_of,
-                             fuzzy_text, hashed_whole, source_chars, split_text)
+                             fuzzy_text, hashed_whole, sharegpt_keys, source_chars, split_text)
 from gpu_prep.fuzzy import MinHasher, text_band_keys
 from gpu_prep.mask import (Masked, contiguous_places, kept_span_tokens, mask_from_ranges, offset_places, row_of,
                            span_tokens, truncate_and_filter)
@@ -168,11 +168,12 @@ def format_rows(chunk: RawChunk, base: PipelineConfig, sources: Sources | None =
                                          "a row (nor a conversation's messages); a file holding one JSON array is "
                                          "read element by element when named .json", record))
                 continue
-            if config.input.type not in ("chat", "auto"):
+            if config.input.type not in ("chat", "sharegpt", "auto"):
                 out.drops.append(Dropped(i, Drop.NOT_AN_OBJECT, "a row that is a list of messages is read "
-                                         f"by input.type chat or auto, not {config.input.type}", record))
+                                         f"by input.type chat, sharegpt or auto, not {config.input.type}", record))
                 continue
-            record = {config.input.messages_key: record}
+            sharegpt = config.input.type == "sharegpt" or (auto and all("role" not in m and "from" in m for m in record))
+            record = {sharegpt_keys(config)[0] if sharegpt else config.input.messages_key: record}
         try:
             domain = domain_of(record, config.output.domain_key)
             if own_domain is not None and config.output.domain_key is None:  # a dataset's own domain
