@@ -124,14 +124,16 @@ class BuilderTokenizer:
       one's *_id; all_special_tokens, all_special_ids.
     - vocab_size (the base vocabulary, without added tokens, as transformers counts it); len(tokenizer)
       (with them: every id below it is valid); get_vocab() (token -> id, added tokens included).
-    - chat_template (the tokenizer's own, or None), name_or_path, backend_tokenizer (the
-      tokenizers.Tokenizer itself).
+    - chat_template (the tokenizer's own, or None; a data handler is handed the run's, config.chat_template
+      where it names one), special_tokens_map, name_or_path, backend_tokenizer (the tokenizers.Tokenizer
+      itself).
     Not offered: apply_chat_template (return a Conversation and the run renders it with its template and
     masks), padding, truncation, return_tensors, offsets.
     """
 
-    def __init__(self, tok: Tokenizer) -> None:
+    def __init__(self, tok: Tokenizer, chat_template: str | None = None) -> None:
         self._tok = tok
+        self._chat_template = chat_template  # the run's, where it is handed one (data handlers)
         self.backend_tokenizer = tok.engine
         self.name_or_path = tok.source or tok.name
 
@@ -193,7 +195,12 @@ class BuilderTokenizer:
 
     @property
     def chat_template(self) -> str | None:
-        return self._tok.chat_template
+        return self._chat_template if self._chat_template is not None else self._tok.chat_template
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        """{"eos_token": "<|im_end|>", ...}: the tokenizer config's special tokens, as transformers names them."""
+        return dict(self._tok.special_tokens)
 
     def __repr__(self) -> str:
         return f"BuilderTokenizer({self.name_or_path!r}, {len(self):,} ids)"

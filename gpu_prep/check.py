@@ -31,6 +31,7 @@ class SampleReport:
     roles: Counter = field(default_factory=Counter)  # messages by role (after input.roles)
     failed: Counter = field(default_factory=Counter)  # reason -> rows the input type could not build
     first_failure: dict[str, str] = field(default_factory=dict)
+    failed_type: dict[str, str] = field(default_factory=dict)  # reason -> the input type that first failed so
     suggested: Counter = field(default_factory=Counter)  # the type each unreadable row's keys suggest
     errors: list[str] = field(default_factory=list)  # mistakes: validate fails
     warnings: list[str] = field(default_factory=list)
@@ -42,23 +43,32 @@ def check_sample(config: PipelineConfig, inputs: list[str], sample: int) -> Samp
     """What the first `sample` rows say of the config."""
     report = SampleReport()
     files, datasets = run_inputs(config, inputs)
-    auto = config.input.type == "auto"
-    tokenizer = _builder_tokenizer(config) if not auto and registered(config.input.type).takes_tokenizer else None
+    # Each file's rows are built with its dataset's own config; a dataset's data handlers reshape rows first,
+    # so those rows are left to the sample run, which runs the handlers.
+    own = {f.index: config.dataset_config(k) for k, d in enumerate(datasets or []) for f in d.files}
+    handled = {f.index for d in datasets or [] if d.handlers for f in d.files}
+    tokenizers: dict[str, BuilderTokenizer | None] = {}
     for chunk in read_chunks(files, 256, max_items=sample):
-        for record, error in zip(chunk.records, (chunk.errors.get(i) for i in range(len(chunk)))):
+        for i, (record, error) in enumerate(zip(chunk.records, (chunk.errors.get(i) for i in range(len(chunk))))):
             report.rows += 1
-            if record is None or error is not None:
+            if record is None or error is not None or chunk.file_index[i] in handled:
                 continue
-            record = {config.input.messages_key: record} if isinstance(record, list) else record
+            cfg = own.get(chunk.file_index[i], config)
+            kind = cfg.input.type
+            record = {cfg.input.messages_key: record} if isinstance(record, list) else record
+            if kind == "auto":
+                kind = detect_schema(record, cfg) or "chat"
+            elif kind not in tokenizers:
+                tokenizers[kind] = _builder_tokenizer(cfg) if registered(kind).takes_tokenizer else None
             try:
-                shape = build_row((detect_schema(record, config) or "chat") if auto else config.input.type, record,
-                                  config, tokenizer)
+                shape = build_row(kind, record, cfg, tokenizers.get(kind))
             except RowError as exc:
                 if exc.reason == Drop.SKIPPED_BY_BUILDER:  # the builder's choice, not a row it cannot read
                     continue
                 report.failed[exc.reason] += 1
                 report.first_failure.setdefault(exc.reason, exc.detail)
-                report.suggested[detect_schema(record, config)] += 1
+                report.failed_type.setdefault(exc.reason, cfg.input.type)
+                report.suggested[detect_schema(record, cfg)] += 1
                 continue
             if isinstance(shape, Conversation):
                 report.roles.update(m["role"] for m in shape.messages)
@@ -76,9 +86,10 @@ def _judge(config: PipelineConfig, report: SampleReport) -> None:
     if report.failed:
         (reason, n), = report.failed.most_common(1)
         hint = report.suggested.most_common(1)[0][0] if report.suggested else None
-        message = (f"input.type {config.input.type}: {sum(report.failed.values())} of {report.rows} sample rows "
+        kind = report.failed_type.get(reason, config.input.type)
+        message = (f"input.type {kind}: {sum(report.failed.values())} of {report.rows} sample rows "
                    f"cannot be read ({reason}: {report.first_failure[reason]})")
-        if hint and hint != config.input.type:
+        if hint and hint != kind:
             message += f"; their keys look like input.type {hint!r}"
         (report.errors if built == 0 else report.warnings).append(message)
     if not report.roles:

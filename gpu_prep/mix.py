@@ -169,12 +169,13 @@ def apply_dataset_formatting(record: dict, dataset_text_field: str, tokenizer: A
     if not isinstance(value, str):
         raise RowError(Drop.MISSING_FIELD if value is None else Drop.WRONG_TYPE,
                        f"field {dataset_text_field!r} must be a string")
-    return {**record, dataset_text_field: value + (tokenizer.eos_text or "")}
+    return {**record, dataset_text_field: value + (tokenizer.eos_token or "")}
 
 
 def apply_tokenizer_chat_template(record: dict, tokenizer: Any, conversation_column: str = "messages",
                                   formatted_text_column_name: str = "text") -> dict:
-    """A field holding the conversation rendered by the tokenizer's chat template, as plain text."""
+    """A field holding the conversation rendered by the run's chat template (config.chat_template, else the
+    tokenizer's), as plain text."""
     from gpu_prep.chat_template import ChatTemplate
 
     messages = record.get(conversation_column)
@@ -182,10 +183,11 @@ def apply_tokenizer_chat_template(record: dict, tokenizer: Any, conversation_col
         raise RowError(Drop.MISSING_FIELD if messages is None else Drop.WRONG_TYPE,
                        f"field {conversation_column!r} must be a list of messages")
     if tokenizer.chat_template is None:
-        raise RowError(Drop.TEMPLATE_ERROR, "the tokenizer has no chat template")
-    key = (tokenizer.chat_template, tuple(sorted(tokenizer.special_tokens.items())))
+        raise RowError(Drop.TEMPLATE_ERROR, "the tokenizer has no chat template (name one with chat_template)")
+    special = tokenizer.special_tokens_map
+    key = (tokenizer.chat_template, tuple(sorted(special.items())))
     if key not in _TEMPLATES:
-        _TEMPLATES[key] = ChatTemplate(tokenizer.chat_template, tokenizer.special_tokens)
+        _TEMPLATES[key] = ChatTemplate(tokenizer.chat_template, special)
     text = _TEMPLATES[key].render(messages, record.get("tools"))
     return {**record, formatted_text_column_name: text}
 
@@ -199,7 +201,8 @@ for _fn in (rename_columns, select_columns, remove_columns, duplicate_column, sk
 
 
 def with_tokenizer(datasets: list[Dataset], tokenizer: Any) -> None:
-    """Hand the run's tokenizer to the handlers that take one."""
+    """Hand the run's tokenizer to the handlers that take one (a builders.BuilderTokenizer: the part of a
+    transformers tokenizer a handler uses, with the run's chat template)."""
     for dataset in datasets:
         dataset.handlers = [(fn, {**kwargs, "tokenizer": tokenizer} if "tokenizer" in inspect.signature(fn).parameters
                              else kwargs, name, remove) for fn, kwargs, name, remove in dataset.handlers]

@@ -239,10 +239,11 @@ def test_handlers_that_use_the_tokenizer(tmp_path: Path, data: Path) -> None:
     _run(data, config, tmp_path / "out")
     out = gpu_prep.open_dataset(tmp_path / "out")
     chat = [tok.decode(ids) for ids, _ in out["chat"]]
+    # A text row: the chat rendered with the run's template (config chat_template chatml, not the tokenizer's
+    # own, which would add Qwen's default system prompt), ended by the end-of-document token.
     assert chat[0] == tok.engine.decode(tok.engine.encode(
-        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
         "<|im_start|>user\nSay chat-0.<|im_end|>\n<|im_start|>assistant\nchat-0<|im_end|>\n<|im_end|>").ids,
-        skip_special_tokens=False)  # a text row (the rendered chat), ended by the end-of-document token
+        skip_special_tokens=False)
     web = [tok.decode(ids) for ids, _ in out["mixed"]][-1]
     assert web == f"A page called web-5.{tok.eos_text}"  # the handler's eos ends it already: not added twice
 
@@ -264,3 +265,13 @@ def test_a_datasets_domain_is_its_name_unless_it_names_one(tmp_path: Path, data:
         spec.pop("domain", None)
     _run(data, config, tmp_path / "out")
     assert set(gpu_prep.open_dataset(tmp_path / "out")) == {"chat", "qa", "web"}
+
+
+def test_a_dataset_weighted_zero_is_no_problem_for_the_run(tmp_path: Path, data: Path) -> None:
+    # Weighted 0 on purpose, it reads nothing and writes nothing: the run is still a useful one (exit 0).
+    from gpu_prep.run.manifest import run_problems
+
+    config = parse_config(_config(data, (1.0, 0.0, 0.0), "first_exhausted"))
+    manifest = run(config, [], tmp_path / "out")
+    assert [d["rows_read"] for d in manifest["datasets"]][1:] == [0, 0]
+    assert run_problems(manifest, config) == []

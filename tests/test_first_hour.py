@@ -239,6 +239,12 @@ def test_validate_checks_a_config_against_a_sample_of_the_data(tmp_path: Path) -
         {"name": "a", "data_paths": [str(data)]}, {"name": "b", "data_paths": [str(data)]}]}, "mixed.json")
     result = gpu_prep_cli("validate", "-c", mixed, "--sample", 5)
     assert result.returncode == 0, result.stderr
+    # Each dataset's rows are checked with its own input settings, not the top level's (chat by default).
+    qa = write_jsonl(tmp_path / "qa.jsonl", [{"prompt": f"What is {i}+{i}?", "response": str(2 * i)} for i in range(5)])
+    own = _config(tmp_path, {"datasets": [{"name": "qa", "data_paths": [str(qa)], "input": {"type": "instruction"},
+                                           "mask": {"response": "train"}}]}, "own.json")
+    result = gpu_prep_cli("validate", "-c", own)
+    assert result.returncode == 0, result.stderr
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     result = gpu_prep_cli("validate", "-c", good, empty)

@@ -145,7 +145,8 @@ def build_context(config: PipelineConfig, tok: Tokenizer, backend: Backend, file
     """The run context of a process: the one that runs gpu-prep, or a cluster's worker."""
     sources: Sources = {}
     if datasets is not None:
-        with_tokenizer(datasets, tok)
+        chosen = resolve_template(config.chat_template, config.chat_template_name, tok.templates())
+        with_tokenizer(datasets, BuilderTokenizer(tok, chosen.text))
         sources = dataset_sources(config, datasets)
     return RunContext(config, tok, backend, render_context(config, tok), files, datasets, sources,
                       columnar_reader(config, backend), threads, strict)

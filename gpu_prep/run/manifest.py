@@ -113,9 +113,10 @@ def run_problems(manifest: dict[str, Any], config: PipelineConfig, sample: bool 
     if totals["rows_written"] == 0:
         problems.append(f"no rows were written (of {totals['rows_read']:,} read)")
     for d in manifest.get("datasets", []):
-        if d["rows_written"] == 0 and totals["rows_written"] and not (sample and d["rows_read"] == 0):
-            problems.append(f"dataset {d['name']!r} wrote no rows (of {d['rows_read']:,} read; dropped: "
-                            + ", ".join(f"{r} {n:,}" for r, n in d["rows_dropped"].items()) + ")")
+        unread = d["rows_read"] == 0 and (sample or d.get("sampling") == 0)  # not reached, or weighted 0 on purpose
+        if d["rows_written"] == 0 and totals["rows_written"] and not unread:
+            dropped = ", ".join(f"{r} {n:,}" for r, n in d["rows_dropped"].items()) or "none"
+            problems.append(f"dataset {d['name']!r} wrote no rows (of {d['rows_read']:,} read; dropped: {dropped})")
     dropped = sum(totals["rows_dropped"].values())
     limit = config.preprocessing.max_drop_share
     if totals["rows_written"] and totals["rows_read"] and dropped / totals["rows_read"] > limit:
