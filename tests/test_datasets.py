@@ -275,3 +275,15 @@ def test_a_dataset_weighted_zero_is_no_problem_for_the_run(tmp_path: Path, data:
     manifest = run(config, [], tmp_path / "out")
     assert [d["rows_read"] for d in manifest["datasets"]][1:] == [0, 0]
     assert run_problems(manifest, config) == []
+
+
+def test_a_handlers_wrong_arguments_are_a_config_error(tmp_path: Path, data: Path) -> None:
+    # Known before any row is read: otherwise every row of the dataset fails (handler_error) the same way.
+    from gpu_prep.errors import ConfigError
+
+    config = _config(data, None)
+    config["datasets"][1]["data_handlers"] = [
+        {"name": "rename_columns", "arguments": {"fn_kwargs": {"mapping": {"question": "prompt"}}}}]
+    with pytest.raises(ConfigError, match=r"dataset 'qa': data_handlers\[0\] \(rename_columns\), arguments.fn_kwargs: "
+                                          r".*it takes column_mapping"):
+        _run(data, config, tmp_path / "out")

@@ -309,7 +309,19 @@ def columnar_reader(config: PipelineConfig, backend: Backend) -> Columnar | None
 
 
 def dataset_handlers(spec: Any) -> list[tuple[Any, dict[str, Any], str, Any]]:
-    """A dataset's data handlers as Dataset takes them (by name, so plugins' handlers are found)."""
+    """A dataset's data handlers as Dataset takes them (by name, so plugins' handlers are found); a
+    ConfigError, before any row is read, for arguments a handler does not take (or one it needs but lacks),
+    which would otherwise fail on every row."""
+    import inspect
+
+    for j, h in enumerate(spec.data_handlers):
+        signature = inspect.signature(HANDLERS[h.name])
+        given = {**h.fn_kwargs(), **({"tokenizer": None} if "tokenizer" in signature.parameters else {})}
+        try:
+            signature.bind({}, **given)
+        except TypeError as exc:
+            raise ConfigError(f"dataset {spec.name!r}: data_handlers[{j}] ({h.name}), arguments.fn_kwargs: {exc}; "
+                              f"it takes {', '.join(list(signature.parameters)[1:]) or 'no arguments'}") from None
     return [(HANDLERS[h.name], h.fn_kwargs(), h.name, h.arguments.get("remove_columns")) for h in spec.data_handlers]
 
 
