@@ -83,6 +83,8 @@ class Dataset:
 
     def handle(self, record: Any) -> tuple[Any, tuple[str, str, Any] | None]:
         original = record
+        if self.handlers and not isinstance(record, dict):  # handlers take rows that are objects
+            return None, (Drop.NOT_AN_OBJECT, f"a row must be a JSON object, got {type(record).__name__}", original)
         for fn, kwargs, name, remove in self.handlers:
             before = set(record) if remove == "all" and isinstance(record, dict) else set()
             try:

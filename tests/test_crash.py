@@ -152,3 +152,21 @@ def test_resume_of_a_finished_run_changes_nothing(reference: dict[str, Any], tmp
     assert gpu_prep_cli("run", reference["data"], "-c", config, "-o", out, "-q", "--chunk-rows", CHUNK_ROWS).returncode == 0
     assert gpu_prep_cli("run", reference["data"], "-c", config, "-o", out, "-q", "--resume").returncode == 0
     assert _tree(out) == want
+
+
+def test_resume_keeps_to_the_interrupted_runs_rejects_file(reference: dict[str, Any], tmp_path: Path) -> None:
+    # Resumed without the --rejects the run began, or with one it never began, the rows dropped before the
+    # interruption would be missing from the file: refused, saying what to give.
+    config, _, _ = reference["bin"]
+    out, rejects = tmp_path / "out", tmp_path / "rejects.jsonl"
+    base = ["run", reference["data"], "-c", config, "-o", out, "-q", "--chunk-rows", CHUNK_ROWS, "--checkpoint-every", 0]
+    killed = gpu_prep_cli(*base, "--rejects", rejects, env={"GPU_PREP_FAILPOINT": "tokenize:5"})
+    assert killed.returncode == -9
+    refused = gpu_prep_cli(*base, "--resume")
+    assert refused.returncode == 2 and "resume it with the same --rejects" in refused.stderr, refused.stderr
+    assert gpu_prep_cli(*base, "--resume", "--rejects", rejects).returncode == 0
+    other = tmp_path / "other"
+    killed = gpu_prep_cli(*[other if a == out else a for a in base], env={"GPU_PREP_FAILPOINT": "tokenize:5"})
+    assert killed.returncode == -9
+    refused = gpu_prep_cli(*[other if a == out else a for a in base], "--resume", "--rejects", tmp_path / "late.jsonl")
+    assert refused.returncode == 2 and "the interrupted run wrote no rejects file" in refused.stderr, refused.stderr

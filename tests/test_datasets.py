@@ -287,3 +287,11 @@ def test_a_handlers_wrong_arguments_are_a_config_error(tmp_path: Path, data: Pat
     with pytest.raises(ConfigError, match=r"dataset 'qa': data_handlers\[0\] \(rename_columns\), arguments.fn_kwargs: "
                                           r".*it takes column_mapping"):
         _run(data, config, tmp_path / "out")
+
+
+def test_a_row_that_is_no_object_is_named_so_before_any_handler_runs(tmp_path: Path, data: Path) -> None:
+    qa = data / "qa" / "part-0.jsonl"
+    qa.write_text(qa.read_text() + "[1, 2]\n\"a string\"\n")
+    manifest = _run(data, _config(data, None), tmp_path / "out")
+    qa_counts = next(d for d in manifest["datasets"] if d["name"] == "qa")["rows_dropped"]
+    assert qa_counts == {"not_an_object": 2}, qa_counts

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from gpu_prep.run.checkpoint import reopen
-from gpu_prep.errors import Drop, InputError
+from gpu_prep.errors import ConfigError, Drop, InputError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.read import InputFile, as_read
 from gpu_prep.sources import LINE_LAYOUTS, locator
@@ -34,6 +34,20 @@ class FileCounts:
     rows_written: int = 0
     rows_truncated: int = 0
     dropped: Counter = field(default_factory=Counter)
+
+
+def _check_resumed_rejects(rejects: Path | None, had: bool) -> None:
+    """A resumed run writes the rejects file the interrupted one began, or none where it wrote none: either
+    way round, the rows dropped before the interruption would be missing from it."""
+    if had and rejects is None:
+        raise ConfigError("--resume: the interrupted run was writing a rejects file; resume it with the same "
+                          "--rejects, or the rows it dropped so far go unrecorded")
+    if had and rejects is not None and not temporary_path(rejects).exists() and not rejects.exists():
+        raise ConfigError(f"--resume: no rejects file begun at {rejects}; give the --rejects path the interrupted "
+                          "run was given")
+    if not had and rejects is not None:
+        raise ConfigError("--resume: the interrupted run wrote no rejects file, so one begun now would lack the rows "
+                          "it dropped; resume without --rejects, or run again from the start with it")
 
 
 class Accounting:
@@ -60,6 +74,8 @@ class Accounting:
         self._batches: dict[str, list[int]] = {}  # row groups' / record batches' sizes, by file
         self.rejects_path = rejects
         self.rejects = None
+        if state is not None:
+            _check_resumed_rejects(rejects, state["rejects_bytes"] is not None)
         if rejects is not None:
             rejects.parent.mkdir(parents=True, exist_ok=True)
             tmp = temporary_path(rejects)
