@@ -103,7 +103,7 @@ def _place_tool_turns(real: str, conv: Conversation, template: ChatTemplate,
     for i, message in enumerate(conv.messages):
         if i in located or message["content"] or not message.get("tool_calls") or message["role"] != "assistant":
             continue
-        header = render_text_with_prompt(template, conv.messages[:i], conv)
+        header = _render_with_prompt(template, conv.messages[:i], conv)
         before = max((end for j, _, end in placed if j < i), default=0)
         after = min((start for j, start, _ in placed if j > i), default=len(real))
         if header is not None and real.startswith(header) and before <= len(header) <= after:
@@ -111,7 +111,7 @@ def _place_tool_turns(real: str, conv: Conversation, template: ChatTemplate,
     return sorted(placed, key=lambda region: (region[1], region[0]))
 
 
-def render_text_with_prompt(template: ChatTemplate, messages: list[dict], conv: Conversation) -> str | None:
+def _render_with_prompt(template: ChatTemplate, messages: list[dict], conv: Conversation) -> str | None:
     """The rendering of these messages followed by the generation prompt; None where the template refuses
     them (a prefix of a conversation may break a template's rules)."""
     try:

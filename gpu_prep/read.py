@@ -82,7 +82,6 @@ class RawChunk:
     def add(self, file_index: int, line: int, record: Any, error: tuple[str, str, Any] | None = None) -> None:
         if error is None and not (isinstance(record, dict) or is_message_list(record)):
             error = (Drop.NOT_AN_OBJECT, f"a row must be a JSON object, got {type(record).__name__}", record)
-
         if error is not None:
             self.errors[len(self.records)] = error
             record = None
@@ -263,18 +262,6 @@ _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # escaped surrogates, paired or 
 _CONTROL = bytes(range(0x20)).replace(b"\n", b"")  # raw in a string or as whitespace (tab and CR included)
 
 
-def _literal(data: bytes) -> bool:
-    """NaN or Infinity (signed or not) where a value starts: after ":", "[" or ",", spaces between."""
-    for word in (b"NaN", b"Infinity"):
-        at = data.find(word)
-        while at >= 0:
-            before = data[max(0, at - 64):at].rstrip(b" ").rstrip(b"+-").rstrip(b" ")
-            if before[-1:] in (b":", b"[", b",") or (not before and at > 64):  # (a long run of spaces: say so)
-                return True
-            at = data.find(word, at + 1)
-    return False
-
-
 def _strict_skeleton(data: bytes) -> bytes | None:
     """data with every string emptied (`""`), where nothing in it is read differently by a strict parser
     and a lenient one; None where something is: a control character, an escaped surrogate, a key written
@@ -286,11 +273,13 @@ def _strict_skeleton(data: bytes) -> bytes | None:
     if b"\\u" in data and (_SURROGATE.search(data) or _ESCAPED_KEY.search(data)):
         return None
     skeleton = _STRING.sub(b'""', data)
-    if _literal(skeleton) or _HUGE_NUMBER.search(skeleton) or not _one_object_per_line(skeleton):
+    if _LITERAL.search(skeleton) or _HUGE_NUMBER.search(skeleton) or not _one_object_per_line(skeleton):
         return None
     return skeleton
 
 
+# NaN or Infinity (signed or not) where a value starts, in a skeleton (where no string can hold the words).
+_LITERAL = re.compile(rb"[:\[,][ ]*[-+]?[ ]*(?:NaN|Infinity)")
 # A number that may pass a double's range, which the strict parser refuses: an exponent of 100 or more, or
 # 200 digits in a row (under both, a number stays below 1e299), in a skeleton, where only numbers hold digits.
 _HUGE_NUMBER = re.compile(rb"[eE][+-]?0*[1-9][0-9]{2}|[0-9]{200}")

@@ -151,11 +151,6 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
     if ctx.template is None:
         raise ConfigError("chat rows need a chat template: the tokenizer's tokenizer_config.json has none; "
                           'name one with the config key chat_template (say "chatml")')
-    limit = ctx.config.input.think_max_tokens
-    if limit is not None and ctx.first_tokens is not None and any(m.get("reasoning_content") for m in conv.messages):
-        conv = dataclasses.replace(conv, messages=[
-            {**m, "reasoning_content": ctx.first_tokens(m["reasoning_content"], limit)}
-            if isinstance(m.get("reasoning_content"), str) else m for m in conv.messages])
     generated: list[tuple[int, int, int | None]] = []
     template = ctx.template_for(conv)
     marked = ctx.generation and template.marked
@@ -449,8 +444,6 @@ def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
                                             "and truncation split cuts rows trained whole (a window could train nothing)")
         return RenderedRow([""], [False], [], 0, given=(ids, np.asarray(shape.trained, dtype=np.int8)))
     text, char_spans, left_out, unmarked, notes = _within_limits(shape, ctx)
-    if _reasoning_not_shown(shape, text, notes, ctx):
-        notes += ("reasoning_not_rendered",)
     if ctx.offsets:
         num_bytes = len(text.encode("utf-8"))
     else:
@@ -460,23 +453,27 @@ def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
                        unmarked=unmarked)
 
 
-def _reasoning_not_shown(conv: Conversation, text: str, notes: tuple[str, ...], ctx: RenderContext) -> bool:
-    """Whether the template left out the reasoning of the last assistant turn after the last user turn, the
-    one every template that shows reasoning shows (Qwen3 drops earlier turns' by design), where structured truncation
-    did not drop it to fit; as think_max_tokens cut it, when it does."""
-    after_user = []  # the turns after the last user turn: those a template that shows reasoning shows
+def _think_cut(conv: Conversation, ctx: RenderContext) -> Conversation:
+    """The conversation with each reasoning cut to its first input.think_max_tokens tokens, where set."""
+    limit = ctx.config.input.think_max_tokens
+    if limit is None or ctx.first_tokens is None or not any(m.get("reasoning_content") for m in conv.messages):
+        return conv
+    return dataclasses.replace(conv, messages=[
+        {**m, "reasoning_content": ctx.first_tokens(m["reasoning_content"], limit)}
+        if isinstance(m.get("reasoning_content"), str) else m for m in conv.messages])
+
+
+def _reasoning_not_shown(conv: Conversation, text: str) -> bool:
+    """Whether the template left out the reasoning of the last assistant turn after the last user turn (of
+    the conversation as rendered), the one every template that shows reasoning shows: Qwen3 drops earlier
+    turns' by design."""
     for m in reversed(conv.messages):
         if m["role"] == "user":
-            break
-        after_user.append(m)
-    last = next((m for m in after_user if m["role"] == "assistant"), None)
-    reasoning = last.get("reasoning_content") if last is not None else None
-    if not isinstance(reasoning, str) or not reasoning.strip() or "structured_dropped_reasoning" in notes:
-        return False
-    limit = ctx.config.input.think_max_tokens
-    if limit is not None and ctx.first_tokens is not None:
-        reasoning = ctx.first_tokens(reasoning, limit)
-    return bool(reasoning.strip()) and reasoning.strip()[:32] not in text
+            return False
+        if m["role"] == "assistant":
+            reasoning = m.get("reasoning_content")
+            return isinstance(reasoning, str) and bool(reasoning.strip()) and reasoning.strip()[:32] not in text
+    return False
 
 
 def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
@@ -523,8 +520,8 @@ def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
 
 def _within_limits(conv: Conversation, ctx: RenderContext
                    ) -> tuple[str, list[Span], tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    """conversation_spans (after structured truncation, where asked), every render of the row held to the
-    config's template limits together. A row whose renders broke one is dropped as template_limit, naming
+    """conversation_spans (after structured truncation, where asked, and think_max_tokens' cut) and notes
+    for the parse report, every render of the row held to the config's template limits together. A row whose renders broke one is dropped as template_limit, naming
     the limit, whatever error the template's interruption surfaced as (locate.py makes every template error
     a RowError); one the template refused stays template_error, with the template's message."""
     with row_limits(*ctx.limits) as budget:
@@ -532,7 +529,11 @@ def _within_limits(conv: Conversation, ctx: RenderContext
             notes: tuple[str, ...] = ()
             if ctx.config.preprocessing.truncation == "structured" and ctx.count_tokens is not None:
                 conv, notes = _structured(conv, ctx)
-            return (*conversation_spans(conv, ctx), notes)
+            conv = _think_cut(conv, ctx)
+            text, spans, left_out, unmarked = conversation_spans(conv, ctx)
+            if _reasoning_not_shown(conv, text):
+                notes += ("reasoning_not_rendered",)
+            return text, spans, left_out, unmarked, notes
         except RowError:
             if budget.exceeded is not None:
                 raise RowError(Drop.TEMPLATE_LIMIT, budget.exceeded) from None

@@ -144,12 +144,12 @@ def build_context(config: PipelineConfig, tok: Tokenizer, backend: Backend, file
                   datasets: list[Dataset] | None, threads: int | None, strict: bool = False) -> RunContext:
     """The run context of a process: the one that runs gpu-prep, or a cluster's worker."""
     sources: Sources = {}
-    if datasets is not None:
-        chosen = resolve_template(config.chat_template, config.chat_template_name, tok.templates())
-        with_tokenizer(datasets, BuilderTokenizer(tok, chosen.text))
+    render = render_context(config, tok)
+    if datasets is not None:  # handlers render with the run's template too
+        with_tokenizer(datasets, BuilderTokenizer(tok, render.template.source if render.template else None))
         sources = dataset_sources(config, datasets)
-    return RunContext(config, tok, backend, render_context(config, tok), files, datasets, sources,
-                      columnar_reader(config, backend), threads, strict)
+    return RunContext(config, tok, backend, render, files, datasets, sources, columnar_reader(config, backend),
+                      threads, strict)
 
 
 def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:

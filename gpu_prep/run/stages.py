@@ -435,7 +435,8 @@ def mask_rows(run: RunContext, rendered: list[RenderedRow], tokens: Encoded) -> 
     ids, tokens_per_piece = tokens.ids, tokens.per_piece
     num_rows, num_pieces = len(rendered), len(tokens_per_piece)
     piece_offsets = offsets_from_lengths(np, np.fromiter((len(r.pieces) for r in rendered), np.int64, num_rows))
-    token_offsets = offsets_from_lengths(np, segment_sums(np, tokens_per_piece, piece_offsets))
+    piece_tokens = offsets_from_lengths(np, tokens_per_piece)  # where each piece's tokens begin
+    token_offsets = piece_tokens[piece_offsets]
     piece_trained = np.fromiter((t for r in rendered for t in r.piece_trained), np.int8, num_pieces)
     spans = np.array([s for r in rendered for s in r.spans], dtype=np.int64).reshape(-1, 2)
     span_offsets = offsets_from_lengths(np, np.fromiter((len(r.spans) for r in rendered), np.int64, num_rows))
@@ -466,7 +467,7 @@ def mask_rows(run: RunContext, rendered: list[RenderedRow], tokens: Encoded) -> 
     if piece_trained.all():  # pretraining text: every token counts
         loss_mask = xp.ones(len(ids), dtype=xp.int8)
     elif piece_trained.any():
-        piece_of_token = row_of(xp, backend.asarray(offsets_from_lengths(np, tokens_per_piece)), len(ids))
+        piece_of_token = row_of(xp, backend.asarray(piece_tokens), len(ids))
         loss_mask = xp.maximum(by_span, backend.asarray(piece_trained)[piece_of_token])
     else:  # chat: byte spans say it all
         loss_mask = by_span
@@ -478,7 +479,6 @@ def mask_rows(run: RunContext, rendered: list[RenderedRow], tokens: Encoded) -> 
         loss_mask = backend.asarray(host)
     # The tokens of each row's closing pieces (its last ones) outlive truncation.
     closing = np.fromiter((r.closing_pieces for r in rendered), np.int64, num_rows)
-    piece_tokens = offsets_from_lengths(np, tokens_per_piece)
     ends = piece_offsets[1:]
     keep_tail = piece_tokens[ends] - piece_tokens[np.maximum(ends - closing, piece_offsets[:-1])]
     lengths = np.diff(token_offsets)
