@@ -22,9 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
+from gpu_prep import jsonscan
 from gpu_prep.errors import ConfigError, Drop, InputError
+from gpu_prep.jsonscan import LBRACKET, QUOTE
 from gpu_prep.sources import (KNOWN, READ_ERRORS, batch_rows, batch_sizes, column_names, csv_rows, dataset_folder_files,
                               file_size, hub_rows, inspect_file, is_url, json_array_rows, open_bytes, remote_files,
                               split_name, text_rows)
@@ -256,64 +259,6 @@ RANGE_BYTES = 16 << 20
 # (path, offset, size, columns) -> one dict of those columns per row, or None when it cannot. columns maps a
 # name to "str" (a string field) or to {key: "str", ...} (a list of objects with those string fields).
 ReadRange = Callable[[str, int, int, "dict[str, Any]"], "list[dict[str, Any]] | None"]
-# Bytes a strict parser reads differently from cuDF's recovery mode. Each is searched for on its own (an
-# alternation would cost Python's regex engine its fast scan for the first byte), the rare words first.
-_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # escaped surrogates, paired or lone
-_CONTROL = bytes(range(0x20)).replace(b"\n", b"")  # raw in a string or as whitespace (tab and CR included)
-
-
-def _strict_skeleton(data: bytes) -> bytes | None:
-    """data with every string emptied (`""`), where nothing in it is read differently by a strict parser
-    and a lenient one; None where something is: a control character, an escaped surrogate, a key written
-    with \\u escapes (the field-name checks would not see it), NaN or Infinity where a value starts, or a
-    line that is not one object. The last two are looked for in the skeleton, so text that mentions them
-    is no reason to refuse."""
-    if len(data.translate(None, _CONTROL)) != len(data):
-        return None
-    if b"\\u" in data and (_SURROGATE.search(data) or _ESCAPED_KEY.search(data)):
-        return None
-    skeleton = _STRING.sub(b'""', data)
-    if _LITERAL.search(skeleton) or _HUGE_NUMBER.search(skeleton) or not _one_object_per_line(skeleton):
-        return None
-    return skeleton
-
-
-# NaN or Infinity (signed or not) where a value starts, in a skeleton (where no string can hold the words).
-_LITERAL = re.compile(rb"[:\[,][ ]*[-+]?[ ]*(?:NaN|Infinity)")
-# A number that may pass a double's range, which the strict parser refuses: an exponent of 100 or more, or
-# 200 digits in a row (under both, a number stays below 1e299), in a skeleton, where only numbers hold digits.
-_HUGE_NUMBER = re.compile(rb"[eE][+-]?0*[1-9][0-9]{2}|[0-9]{200}")
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # (unrolled: a fast scan between escapes)
-# A key with a \u escape, the one escape that can spell a field's name in other characters (a string in a
-# list after "," is refused too).
-_ESCAPED_KEY = re.compile(rb'[{,][ ]*"[^"\\]*(?:\\[^u][^"\\]*)*\\u')
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"{}[]\n")
-_MAX_DEPTH = 1000  # the strict parser refuses nesting past 1024 levels
-
-
-def _one_object_per_line(skeleton: bytes) -> bool:
-    """Whether every line that is not blank is one object: its brackets (strings emptied) open at its first
-    character and close for the first time at its last (`{...}}` or `{...},{}` are two values), nested no
-    deeper than the strict parser reads."""
-    for line in skeleton.split(b"\n"):
-        line = line.strip(b" ")
-        if not line:
-            continue
-        if line[:1] != b"{" or line[-1:] != b"}":
-            return False
-        brackets = line.translate(None, _NOT_BRACKETS)
-        depth = 0
-        for k, char in enumerate(brackets):
-            depth += 1 if char in b"{[" else -1
-            if (depth <= 0 and k < len(brackets) - 1) or depth > _MAX_DEPTH:
-                return False
-        if depth:
-            return False
-    return True
-
-
-# An object key in a skeleton (strings emptied): a string followed by a colon, which in JSON only a key is.
-_KEY = re.compile(rb'""[ ]*:')
 
 
 class ColumnarRecord(dict):
@@ -332,11 +277,13 @@ class Columnar:
     """Read JSON Lines as columns: these top-level string fields, each range by read_range; and for chat
     rows a list of messages, (field, role key, content key), each message an object of those two strings.
     Chat rows are taken only when the bytes hold no key beyond those: such a row is then wholly what the
-    strict parser reads, whatever the row builders look for."""
+    strict parser reads, whatever the row builders look for. The byte scan (gpu_prep.jsonscan) runs on
+    the array module xp: CuPy on the GPU backend, beside the parser."""
 
     fields: tuple[str, ...]
     read_range: ReadRange
     messages: tuple[str, str, str] | None = None
+    xp: Any = np
 
     def columns(self) -> dict[str, Any]:
         """What read_range is asked for."""
@@ -346,40 +293,25 @@ class Columnar:
             columns[key] = {role: "str", content: "str"}
         return columns
 
-    def scan(self, data: bytes, rows: int) -> bytes | None:
-        """The skeleton of `data` (whole lines, `rows` of them not blank; its strings emptied) where a
-        columnar parser must read it exactly as the strict parser does, else None: UTF-8 throughout, none of
-        the constructs it treats leniently, each top-level field a string (the messages field a list) named
-        at most `rows` times, each message's role and content strings."""
-        if data.startswith(b"\xef\xbb\xbf"):
-            return None
-        skeleton = _strict_skeleton(data)
-        if skeleton is None:
-            return None
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-        top = [(name, rb'[^" ]') for name in self.fields]
-        inner: list[str] = []
+    def scan(self, data: bytes, rows: int) -> int | None:
+        """The number of object keys in `data` (whole lines, `rows` of them not blank) where a columnar
+        parser must read it exactly as the strict parser does, else None: each line one JSON object the
+        strict parser reads, each top-level field read a string (the messages field a list) named at most
+        `rows` times, each message's role and content strings, no key read spelled with escapes."""
+        values = {name: (QUOTE, True) for name in self.fields}
         if self.messages is not None:
-            top.append((self.messages[0], rb"[^\[ ]"))
-            inner = list(self.messages[1:])
-        for name, wrong in top:
-            key = re.escape(orjson.dumps(name))
-            if re.search(key + rb"[ ]*:[ ]*" + wrong, data) or len(re.findall(key + rb"[ ]*:", data)) > rows:
-                return None
-        if any(re.search(re.escape(orjson.dumps(name)) + rb'[ ]*:[ ]*[^" ]', data) for name in inner):
-            return None
-        return skeleton
+            key, role, content = self.messages
+            values.update({key: (LBRACKET, True), role: (QUOTE, False), content: (QUOTE, False)})
+        return jsonscan.scan(self.xp, data, rows, values)
 
     def safe(self, data: bytes, rows: int) -> bool:
         return self.scan(data, rows) is not None
 
-    def complete(self, skeleton: bytes, rows: int, records: list[dict[str, Any]]) -> bool:
-        """Whether records holds one whole row for each of the `rows` lines of the scanned bytes: no field
-        missing (an all-null row is a line the parser could not read), and for chat rows no message missing
-        its role or content and, counted in the skeleton, no key beyond the fields and the messages' two."""
+    def complete(self, keys: int, rows: int, records: list[dict[str, Any]]) -> bool:
+        """Whether records holds one whole row for each of the `rows` lines of the scanned bytes (holding
+        `keys` object keys, as scan() counted them): no field missing (an all-null row is a line the parser
+        could not read), and for chat rows no message missing its role or content and no key beyond the
+        fields and the messages' two."""
         if len(records) != rows or any(value is None for record in records for value in record.values()):
             return False
         if self.messages is None:
@@ -387,7 +319,7 @@ class Columnar:
         listed = [record[self.messages[0]] for record in records]
         if any(message is None or None in message.values() for messages in listed for message in messages):
             return False
-        return len(_KEY.findall(skeleton)) == rows * (len(self.fields) + 1) + 2 * sum(map(len, listed))
+        return keys == rows * (len(self.fields) + 1) + 2 * sum(map(len, listed))
 
 
 def _columnar_rows(file: InputFile, columnar: Columnar, cap: int, part: Part | None = None,
@@ -401,19 +333,21 @@ def _columnar_rows(file: InputFile, columnar: Columnar, cap: int, part: Part | N
             end = data.find(b"\n", min(offset + RANGE_BYTES, stop) - 1, stop)
             end = stop if end < 0 else end + 1
             block = data[offset:end]
-            parts = block.split(b"\n")
-            ends = [p + b"\n" for p in parts[:-1]] + [parts[-1]] * bool(parts[-1])
-            lines = list(enumerate(ends, start=first_line))
-            numbered = [(n, raw) for n, raw in lines if raw.strip()]
-            skeleton = columnar.scan(block, len(numbered)) if all(len(raw) <= cap for _, raw in numbered) else None
-            records = None if skeleton is None else columnar.read_range(file.path, offset, end - offset, columns)
-            if records is None or not columnar.complete(skeleton, len(numbered), records):
-                yield from _exact_rows(iter(lines), cap)
+            lines = block.split(b"\n")  # each without its newline; all have one but an unended last line
+            ended = len(lines) - 1
+            if not lines[-1]:
+                lines.pop()
+            numbered = [i for i, line in enumerate(lines) if line and not line.isspace()]
+            keys = columnar.scan(block, len(numbered)) if max(map(len, lines), default=0) < cap else None
+            records = None if keys is None else columnar.read_range(file.path, offset, end - offset, columns)
+            if records is None or not columnar.complete(keys, len(numbered), records):
+                yield from _exact_rows(((first_line + i, line + b"\n" if i < ended else line)
+                                        for i, line in enumerate(lines)), cap)
             else:
-                for (line_no, raw), record in zip(numbered, records):
+                for i, record in zip(numbered, records):
                     row = ColumnarRecord(record)
-                    row.raw = raw
-                    yield line_no, row, None, len(raw)
+                    row.raw = lines[i]
+                    yield first_line + i, row, None, len(row.raw) + (i < ended)
             offset, first_line = end, first_line + len(lines)
 
 

@@ -64,6 +64,11 @@ def _clean(n: int) -> list[bytes]:
 
 # Lines a strict parser rejects or reads differently from a lenient one, each among clean rows.
 TRAPS = [
+    b'{"text": "a misspelled literal", "source": "a", "ok": tru}',
+    b'{"text": "a leading zero", "source": "a", "n": 012}',
+    b'{"text": "a trailing comma", "source": "a",}',
+    b'{"text": "an unknown escape \\x41", "source": "a"}',
+    b'{"text": "a missing comma" "source": "a"}',
     b'{"text": "raw\ttab inside a string", "source": "a"}',
     b'{"text": "raw \x01 control character", "source": "a"}',
     b'{"text":\t"tab as whitespace", "source": "a"}',
@@ -140,7 +145,7 @@ def test_a_clean_file_is_read_wholly_as_columns(tmp_path: Path) -> None:
     assert rows == [(*r[:4], True) for r in _rows(path, None)]
 
 
-@pytest.mark.parametrize("trap", TRAPS[:28])
+@pytest.mark.parametrize("trap", TRAPS[:33])
 def test_the_byte_scan_refuses_each_trap(trap: bytes) -> None:
     clean = b"\n".join(_clean(3)) + b"\n"
     columnar = Columnar(FIELDS, lenient_read_range)
@@ -336,14 +341,14 @@ def test_a_chat_run_reading_columns_writes_what_the_exact_reader_writes(tmp_path
 
 
 def test_which_runs_read_columns(monkeypatch: Any) -> None:
-    # Columns where gpu.reader is cudf on a backend that reads them (the GPU backend with cuDF), the CPU
-    # backend never; only where every dataset's rows are built from the same fields, and no data handler
+    # Columns where gpu.reader is cudf (the default) on a backend that reads them (the GPU backend with
+    # cuDF), the CPU backend never; only where every dataset's rows are built from the same fields, and no data handler
     # reads rows whole.
     from gpu_prep.run.context import columnar_reader
 
     cpu = Backend("cpu", np)
     asked = parse_config({"gpu": {"reader": "cudf"}})
-    assert parse_config({}).gpu.reader == "exact" and columnar_reader(asked, cpu) is None
+    assert parse_config({}).gpu.reader == "cudf" and columnar_reader(asked, cpu) is None
     monkeypatch.setattr(Backend, "json_range_reader", lambda self: lenient_read_range)
 
     def reader(config: dict[str, Any]) -> tuple | None:
@@ -356,7 +361,7 @@ def test_which_runs_read_columns(monkeypatch: Any) -> None:
     assert reader({"input": {"type": "sharegpt"}}) == ((), ("conversations", "from", "value"))
     assert reader({"input": {"type": "chat", "messages_key": "turns"}}) == ((), ("turns", "role", "content"))
     assert reader({"input": {"type": "chat"}, "gpu": {"reader": "exact"}}) is None
-    assert columnar_reader(parse_config({"input": {"type": "chat"}}), cpu) is None  # exact by default
+    assert columnar_reader(parse_config({"input": {"type": "chat"}}), cpu) is not None  # the default
     for other in ("auto", "preference", "tokens"):
         assert reader({"input": {"type": other}}) is None
     chat = {"name": "a", "data_paths": ["a.jsonl"]}

@@ -90,9 +90,9 @@ def test_cudf_reader_matches_the_exact_reader(tmp_path: Path) -> None:
 
 
 def test_cudf_reader_reads_chat_rows_as_columns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # gpu.reader cudf on chat rows: messages as list<struct<role, content>>, clean rows among traps the
-    # checks must send to the strict parser. Ranges cuDF read are counted, so a reader that always failed
-    # (and fell back) cannot pass for one that works.
+    # The default reader (gpu.reader cudf) on chat rows: messages as list<struct<role, content>>, scanned by
+    # CuPy, clean rows among traps the checks must send to the strict parser. Ranges cuDF read are counted,
+    # so a reader that always failed (and fell back) cannot pass for one that works.
     pytest.importorskip("cudf")
     import gpu_prep.backend as backend
     from test_columnar_read import _chat_corpus
@@ -106,8 +106,7 @@ def test_cudf_reader_reads_chat_rows_as_columns(tmp_path: Path, monkeypatch: pyt
 
     reading = backend.read_json_range
     monkeypatch.setattr(backend, "read_json_range", counting)
-    config = parse_config({"input": {"type": "chat"}, "mask": {"assistant": "train"}, "gpu": {"reader": "cudf"},
-                           "preprocessing": {"min_chars": 1}})
+    config = parse_config({"input": {"type": "chat"}, "mask": {"assistant": "train"}, "preprocessing": {"min_chars": 1}})
     chats = write_jsonl(tmp_path / "chats.jsonl", sharegpt_chats(300))
     cpu, gpu = _both(config, [str(_chat_corpus(tmp_path)), str(chats)], tmp_path, rejects=None)
     _assert_same(cpu, gpu)

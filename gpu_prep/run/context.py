@@ -294,9 +294,9 @@ def datasets_of(config: PipelineConfig, files: list[InputFile], dataset_files: l
 
 
 def columnar_reader(config: PipelineConfig, backend: Backend) -> Columnar | None:
-    """What reads JSON Lines as columns on this backend where the config asks for it (gpu.reader cudf, on
-    the GPU backend with cuDF), every dataset's rows are built from the same columns and no data handler
-    reads rows whole; None: line by line."""
+    """What reads JSON Lines as columns on this backend (gpu.reader cudf, the default, on the GPU backend
+    with cuDF, which scans the bytes with its xp) where every dataset's rows are built from the same columns
+    and no data handler reads rows whole; None: line by line."""
     read_range = backend.json_range_reader() if config.gpu.reader == "cudf" else None
     if read_range is None:
         return None
@@ -305,7 +305,7 @@ def columnar_reader(config: PipelineConfig, backend: Backend) -> Columnar | None
     if len(schemas) != 1 or None in schemas or any(spec.data_handlers for spec in specs):
         return None
     (fields, messages), = schemas
-    return Columnar(fields, read_range, messages)
+    return Columnar(fields, read_range, messages, backend.xp)
 
 
 def dataset_handlers(spec: Any) -> list[tuple[Any, dict[str, Any], str, Any]]:
