@@ -138,14 +138,14 @@ def columnar_host(n: int, repeat: int) -> None:
         parsed: dict[tuple[int, int], Any] = {}  # the stand-in parse, done before the timing
         scanned: dict[tuple[int, bytes], int | None] = {}  # the scan's answers, taken before the timing
 
-        def parse(p: str, offset: int, size: int, asked: dict[str, Any]) -> list[dict[str, Any]]:
+        def parse(p: str, offset: int, size: int, asked: dict[str, Any]) -> Any:
             with open(p, "rb") as handle:
                 handle.seek(offset)
                 data = handle.read(size)
             table = pajson.read_json(pa.BufferReader(data), parse_options=pajson.ParseOptions(
                 explicit_schema=schema, unexpected_field_behavior="ignore"))
             parsed[offset, size] = table
-            return table.to_pylist()
+            return table
 
         class Scanned(Columnar):
             def scan(self, data: bytes, rows: int) -> int | None:
@@ -158,7 +158,7 @@ def columnar_host(n: int, repeat: int) -> None:
         counted = [r for c in read_chunks(files, 4096, columnar=Scanned((), parse, messages)) for r in c.records]
         taken = sum(isinstance(r, ColumnarRecord) for r in counted)
         lines_s = best(repeat, lambda: sum(len(c) for c in read_chunks(files, 4096)))
-        columnar = Scanned((), lambda p, offset, size, asked: parsed[offset, size].to_pylist(), messages)
+        columnar = Scanned((), lambda p, offset, size, asked: parsed[offset, size], messages)
         columns_s = best(repeat, lambda: sum(len(c) for c in read_chunks(files, 4096, columnar=columnar)))
         blocks: list[tuple[bytes, int]] = []  # the byte ranges read.py scans: whole lines, RANGE_BYTES or more
         for line in path.read_bytes().splitlines(keepends=True):

@@ -26,9 +26,9 @@ from gpu_prep.ragged import offsets_from_lengths, row_of
 # What encoder() is handed: a loaded tokenizer (gpu_prep.tokenizer.Tokenizer; not imported here, so that the
 # seam depends on nothing above it): .encode, .model, .engine, .lowercases().
 Tokenizer = Any
-# A reader of JSON Lines byte ranges: (path, offset, size, columns) -> rows as dicts, or None where it cannot
+# A reader of JSON Lines byte ranges: (path, offset, size, columns) -> an Arrow table, or None where it cannot
 # (read.ReadRange says what columns holds).
-ReadRange = Callable[[str, int, int, dict[str, Any]], "list[dict[str, Any]] | None"]
+ReadRange = Callable[[str, int, int, dict[str, Any]], Any]
 
 GPU_EXTRA = 'pip install "gpu-prep[gpu]"'
 log = logging.getLogger("gpu_prep")
@@ -137,10 +137,10 @@ class GpuBackend(Backend):
         return tok.encode
 
 
-def read_json_range(path: str, offset: int, size: int, columns: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """The rows that start in bytes [offset, offset + size) of a JSON Lines file, as dicts of these columns
-    ("str": a string field; {key: "str", ...}: a list of objects with those string fields, chat messages);
-    None when cuDF cannot read the range (read.py then parses it line by line)."""
+def read_json_range(path: str, offset: int, size: int, columns: dict[str, Any]) -> Any:
+    """The rows that start in bytes [offset, offset + size) of a JSON Lines file, as an Arrow table of these
+    columns ("str": a string field; {key: "str", ...}: a list of objects with those string fields, chat
+    messages); None when cuDF cannot read the range (read.py then parses it line by line)."""
     import cudf
 
     dtype = {name: "str" if kind == "str" else cudf.ListDtype(cudf.StructDtype(kind)) for name, kind in columns.items()}
@@ -152,7 +152,7 @@ def read_json_range(path: str, offset: int, size: int, columns: dict[str, Any]) 
                                on_bad_lines="recover")
     except Exception:  # noqa: BLE001  anything cuDF refuses is read by the strict parser instead
         return None
-    return frame.to_arrow().to_pylist()
+    return frame.to_arrow()
 
 
 class GpuWordPiece:

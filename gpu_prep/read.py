@@ -256,9 +256,10 @@ def _guarded(file: InputFile, rows: Iterator[Row]) -> Iterator[Row]:
 # result is taken only when it has one complete row per line; any other range is parsed line by line as
 # above. Either way every row is the one the strict parser would give, so output and accounting stay exact.
 RANGE_BYTES = 16 << 20
-# (path, offset, size, columns) -> one dict of those columns per row, or None when it cannot. columns maps a
-# name to "str" (a string field) or to {key: "str", ...} (a list of objects with those string fields).
-ReadRange = Callable[[str, int, int, "dict[str, Any]"], "list[dict[str, Any]] | None"]
+# (path, offset, size, columns) -> an Arrow table of those columns, a row for each line that starts in the
+# range, or None when it cannot. columns maps a name to "str" (a string field) or to {key: "str", ...} (a list
+# of objects with those string fields).
+ReadRange = Callable[[str, int, int, "dict[str, Any]"], Any]
 
 
 class ColumnarRecord(dict):
@@ -307,19 +308,22 @@ class Columnar:
     def safe(self, data: bytes, rows: int) -> bool:
         return self.scan(data, rows) is not None
 
-    def complete(self, keys: int, rows: int, records: list[dict[str, Any]]) -> bool:
-        """Whether records holds one whole row for each of the `rows` lines of the scanned bytes (holding
-        `keys` object keys, as scan() counted them): no field missing (an all-null row is a line the parser
-        could not read), and for chat rows no message missing its role or content and no key beyond the
-        fields and the messages' two."""
-        if len(records) != rows or any(value is None for record in records for value in record.values()):
+    def complete(self, keys: int, rows: int, table: Any) -> bool:
+        """Whether the parsed table (Arrow) holds one whole row for each of the `rows` lines of the scanned
+        bytes (holding `keys` object keys, as scan() counted them): no field missing (an all-null row is a
+        line the parser could not read), and for chat rows no message missing its role or content and no key
+        beyond the fields and the messages' two. Counted on the columns, not on Python rows."""
+        import pyarrow.compute as pc
+
+        if table.num_rows != rows or any(column.null_count for column in table.columns):
             return False
         if self.messages is None:
             return True
-        listed = [record[self.messages[0]] for record in records]
-        if any(message is None or None in message.values() for messages in listed for message in messages):
+        key, role, content = self.messages
+        listed = pc.list_flatten(table.column(key))
+        if listed.null_count or any(pc.struct_field(listed, name).null_count for name in (role, content)):
             return False
-        return keys == rows * (len(self.fields) + 1) + 2 * sum(map(len, listed))
+        return keys == rows * (len(self.fields) + 1) + 2 * len(listed)
 
 
 def _columnar_rows(file: InputFile, columnar: Columnar, cap: int, part: Part | None = None,
@@ -339,12 +343,12 @@ def _columnar_rows(file: InputFile, columnar: Columnar, cap: int, part: Part | N
                 lines.pop()
             numbered = [i for i, line in enumerate(lines) if line and not line.isspace()]
             keys = columnar.scan(block, len(numbered)) if max(map(len, lines), default=0) < cap else None
-            records = None if keys is None else columnar.read_range(file.path, offset, end - offset, columns)
-            if records is None or not columnar.complete(keys, len(numbered), records):
+            table = None if keys is None else columnar.read_range(file.path, offset, end - offset, columns)
+            if table is None or not columnar.complete(keys, len(numbered), table):
                 yield from _exact_rows(((first_line + i, line + b"\n" if i < ended else line)
                                         for i, line in enumerate(lines)), cap)
             else:
-                for i, record in zip(numbered, records):
+                for i, record in zip(numbered, table.to_pylist()):
                     row = ColumnarRecord(record)
                     row.raw = lines[i]
                     yield first_line + i, row, None, len(row.raw) + (i < ended)

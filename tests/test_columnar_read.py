@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from gpu_prep import read
@@ -27,9 +28,9 @@ FIELDS = ("text", "source")
 
 
 def _as_text(value: Any) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    return json.dumps(value)
+    if isinstance(value, str):  # a lone surrogate becomes "?" (a string column holds UTF-8)
+        return value.encode("utf-8", "replace").decode("utf-8")
+    return None if value is None else json.dumps(value)
 
 
 def _as_column(value: Any, kind: Any) -> Any:
@@ -40,7 +41,7 @@ def _as_column(value: Any, kind: Any) -> Any:
     return [{k: _as_text(m.get(k)) for k in kind} if isinstance(m, dict) else None for m in value]
 
 
-def lenient_read_range(path: str, offset: int, size: int, columns: dict[str, Any]) -> list[dict[str, Any]]:
+def lenient_read_range(path: str, offset: int, size: int, columns: dict[str, Any]) -> pa.Table:
     with open(path, "rb") as handle:
         handle.seek(offset)
         data = handle.read(size)
@@ -54,7 +55,13 @@ def lenient_read_range(path: str, offset: int, size: int, columns: dict[str, Any
             value = None
         rows.append({f: _as_column(value.get(f), kind) if isinstance(value, dict) else None
                      for f, kind in columns.items()})
-    return rows
+    return pa.Table.from_pylist(rows, schema=_schema(columns))
+
+
+def _schema(columns: dict[str, Any]) -> pa.Schema:
+    """The Arrow schema cuDF gives the columns asked for."""
+    return pa.schema([(name, pa.string() if kind == "str" else pa.list_(pa.struct([(k, pa.string()) for k in kind])))
+                      for name, kind in columns.items()])
 
 
 def _clean(n: int) -> list[bytes]:
@@ -154,11 +161,11 @@ def test_the_byte_scan_refuses_each_trap(trap: bytes) -> None:
     rows = 3 + bool(trap.strip())
     # Refused by the scan, or (a missing field, an all-null row) by the check of what the parser returned.
     refused = not columnar.safe(data, rows)
-    missing = any(v is None for r in lenient_read_range_bytes(data) for v in r.values())
+    missing = any(v is None for r in lenient_read_range_bytes(data).to_pylist() for v in r.values())
     assert refused or missing, trap
 
 
-def lenient_read_range_bytes(data: bytes) -> list[dict[str, Any]]:
+def lenient_read_range_bytes(data: bytes) -> pa.Table:
     import tempfile
 
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as handle:
@@ -290,7 +297,7 @@ def test_the_chat_checks_refuse_what_the_columns_would_not_hold(trap: bytes) -> 
         strict = orjson_row(trap)
     except ValueError:
         strict = None
-    assert not taken or strict == {"messages": _lenient(data)[-1]["messages"]}, trap
+    assert not taken or strict == {"messages": _lenient(data).to_pylist()[-1]["messages"]}, trap
 
 
 def orjson_row(raw: bytes) -> Any:
@@ -299,7 +306,7 @@ def orjson_row(raw: bytes) -> Any:
     return orjson.loads(raw)
 
 
-def _lenient(data: bytes) -> list[dict[str, Any]]:
+def _lenient(data: bytes) -> pa.Table:
     import tempfile
 
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as handle:
@@ -322,7 +329,7 @@ def test_a_chat_run_reading_columns_writes_what_the_exact_reader_writes(tmp_path
     for reader in ("exact", "cudf"):
         calls: list[int] = []
 
-        def counting(path: str, offset: int, size: int, columns: dict[str, Any]) -> list[dict[str, Any]]:
+        def counting(path: str, offset: int, size: int, columns: dict[str, Any]) -> pa.Table:
             calls.append(size)
             return lenient_read_range(path, offset, size, columns)
 

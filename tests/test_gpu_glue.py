@@ -12,6 +12,7 @@ import types
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from gpu_prep.backend import GpuWordPiece
@@ -173,13 +174,13 @@ def test_the_cudf_range_reader_asks_for_chat_messages_as_a_list_of_structs(monke
         seen.update(options, path=path)
         if options["byte_range"][0] > 0:
             raise RuntimeError("cuDF could not read this range")
-        return types.SimpleNamespace(to_arrow=lambda: types.SimpleNamespace(to_pylist=lambda: rows))
+        return types.SimpleNamespace(to_arrow=lambda: pa.Table.from_pylist(rows))
 
     stand_in = types.SimpleNamespace(read_json=read_json, ListDtype=lambda element: ("list", element),
                                      StructDtype=lambda fields: ("struct", dict(fields)))
     monkeypatch.setitem(sys.modules, "cudf", stand_in)
     columns = {"source": "str", "messages": {"role": "str", "content": "str"}}
-    assert read_json_range("/data/chat.jsonl", 0, 100, columns) == rows
+    assert read_json_range("/data/chat.jsonl", 0, 100, columns).to_pylist() == rows
     assert seen == {"path": "/data/chat.jsonl", "lines": True, "byte_range": [0, 100], "prune_columns": True,
                     "on_bad_lines": "recover",
                     "dtype": {"source": "str", "messages": ("list", ("struct", {"role": "str", "content": "str"}))}}
