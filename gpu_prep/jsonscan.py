@@ -46,9 +46,6 @@ def scan(xp: Any, data: bytes, rows: int, values: dict[str, tuple[int, bool]]) -
         return None  # a string left open or running past its line, or an escape JSON does not have
     if _any(~inside & ~_table(xp, _STRUCTURE + _NUMBER + _LETTERS)[b]):
         return None  # NaN, Infinity, a stray backslash or byte order mark: nothing a JSON value holds
-    n1, n2, n3 = (_shifted(xp, b, k, 0) for k in (1, 2, 3))
-    if _any((b == BACKSLASH) & (n1 == ord("u")) & _table(xp, b"dD")[n2] & _table(xp, b"89abcdefABCDEF")[n3]):
-        return None  # an escaped surrogate, paired or lone
     keys = _keys(xp, b, opens, closes, rows, values)
     skeleton = b[~inside]  # every string emptied to ""
     if keys is None or not _one_object_per_line(xp, skeleton) or not _grammar(xp, skeleton) \
@@ -124,7 +121,7 @@ def _strings(xp: Any, b: Any) -> tuple[Any, Any, Any]:
     unicode = escaping[follows == ord("u")]
     hex_digit = _table(xp, _HEX)
     padded = xp.concatenate([b, xp.zeros(4, b.dtype)])
-    if any(_any(~hex_digit[padded[unicode + k]]) for k in range(2, 6)):
+    if any(_any(~hex_digit[padded[unicode + k]]) for k in range(2, 6)) or not _surrogates_paired(xp, padded, unicode):
         return None, None, None
     quotes = xp.flatnonzero(b == QUOTE)
     quotes = quotes[(quotes - _before(xp, plain, quotes)) % 2 == 1]  # unescaped: an even run before
@@ -134,6 +131,19 @@ def _strings(xp: Any, b: Any) -> tuple[Any, Any, Any]:
     marks[quotes] = 1
     inside = ((xp.cumsum(marks, dtype=xp.int32) & 1) == 1) & (marks == 0)
     return inside, quotes[0::2], quotes[1::2]
+
+
+def _surrogates_paired(xp: Any, padded: Any, unicode: Any) -> bool:
+    """Whether each \\u escape of a high surrogate (D800-DBFF) is followed at once by one of a low surrogate
+    (DC00-DFFF) and each low one follows a high one: the strict parser refuses a lone half, and cuDF writes
+    it out as bytes that are no UTF-8 (or, in long strings, drops it), while it joins a pair as the strict
+    parser does. unicode: where the escapes' backslashes are."""
+    surrogate = _table(xp, b"dD")[padded[unicode + 2]]
+    high = unicode[surrogate & _table(xp, b"89abAB")[padded[unicode + 3]]]
+    low = unicode[surrogate & _table(xp, b"cdefCDEF")[padded[unicode + 3]]]
+    if high.size != low.size:
+        return False
+    return not high.size or bool(xp.all(high + 6 == low))
 
 
 def _keys(xp: Any, b: Any, opens: Any, closes: Any, rows: int, values: dict[str, tuple[int, bool]]) -> int | None:

@@ -91,7 +91,6 @@ TRAPS = [
     b'{"text": "nested past the parser\'s depth", "source": "a", "n": ' + b"[" * 1100 + b"]" * 1100 + b"}",
     b'{"text": "invalid \xff utf-8", "source": "a"}',
     b'{"text": "lone surrogate \\ud800", "source": "a"}',
-    b'{"text": "an escaped pair \\ud83d\\ude00 is fine but rare", "source": "a"}',
     b'{"text": 12345, "source": "a"}',
     b'{"text": ["a", "list"], "source": "a"}',
     b'{"text": {"an": "object"}, "source": "a"}',
@@ -110,7 +109,8 @@ TRAPS = [
 
 
 def _corpus(tmp_path: Path) -> Path:
-    lines = [b"\xef\xbb\xbf" + _clean(1)[0]] + _clean(40)
+    pair = b'{"text": "an emoji as an escaped pair: \\ud83d\\ude00", "source": "a"}'  # read as columns
+    lines = [b"\xef\xbb\xbf" + _clean(1)[0]] + _clean(40) + [pair]
     for k, trap in enumerate(TRAPS):
         lines += [trap] + _clean(3 + k % 4)
     lines += _clean(40)
@@ -152,7 +152,7 @@ def test_a_clean_file_is_read_wholly_as_columns(tmp_path: Path) -> None:
     assert rows == [(*r[:4], True) for r in _rows(path, None)]
 
 
-@pytest.mark.parametrize("trap", TRAPS[:33])
+@pytest.mark.parametrize("trap", TRAPS[:32])
 def test_the_byte_scan_refuses_each_trap(trap: bytes) -> None:
     clean = b"\n".join(_clean(3)) + b"\n"
     columnar = Columnar(FIELDS, lenient_read_range)

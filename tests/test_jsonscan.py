@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from gpu_prep.jsonscan import LBRACKET, QUOTE, scan, valid_utf8
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-TEXT = st.text(st.characters(max_codepoint=0xFFFF, blacklist_categories=("Cs",)), max_size=8)
+TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)  # astral ones: escaped pairs under ASCII
 SCALARS = st.none() | st.booleans() | st.integers(-10**15, 10**15) | TEXT \
     | st.floats(allow_nan=False, allow_infinity=False, min_value=-1e90, max_value=1e90).filter(
         lambda x: x == 0 or abs(x) > 1e-90)  # a three-digit exponent is refused (see _atoms_valid)
@@ -89,7 +89,8 @@ SYNTAX_TRAPS = [
     b'{"a": 1,}', b'{"a": [1,]}', b'{"a": [,1]}', b'{,"a": 1}', b'{"a" 1}', b'{"a": 1 "b": 2}',
     b'{"a": [1 2]}', b'{"a": ["x" "y"]}', b'{"a"}', b'{"a":}', b'{:1}', b'{"a": 1]', b'{"a": [1}}',
     b'{"a": {"b": 1]}', b'{"a": [1: 2]}', b'{1: 2}', b'{"a": "b": "c"}', b'{"a": 1}}', b'{"a": 1},{}',
-    b'{"a": 1} x', b'{"a": "\\x"}', b'{"a": "\\u12"}', b'{"a": "\\u12g4"}', b'{"a": "\\ud83d\\ude00"}',
+    b'{"a": 1} x', b'{"a": "\\x"}', b'{"a": "\\u12"}', b'{"a": "\\u12g4"}', b'{"a": "\\ude00\\ud83d"}',
+    b'{"a": "\\ud83d\\ud83d\\ude00"}', b'{"a": "\\ud83d x \\ude00"}', b'{"a": "\\ud83d\\\\ude00"}', b'{"a": "\\udc00"}',
     b'{"a": "\\ud800"}', b'{"a": "raw\ttab"}', b'{"a": "\xff"}', b'{"a": "\xc3"}', b'{"a": "\xed\xa0\x80"}',
     b'{"a": "\xc0\xaf"}', b'\xef\xbb\xbf{"a": 1}', b'{"a": 1}\r', b'[{"a": 1}]', b'"a"', b'{"a": "open',
     b'{"a": [' + b"[" * 1100 + b"]" * 1100 + b"]}",
