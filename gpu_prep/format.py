@@ -590,6 +590,8 @@ def columnar_schema(config: PipelineConfig) -> tuple[tuple[str, ...], tuple[str,
     as columns only where it has no key beyond them (read.Columnar.complete)."""
     inp = config.input
     domain = (config.output.domain_key,) if config.output.domain_key else ()
+    if inp.type in _BUILDERS and not _BUILDERS[inp.type].builtin:
+        return None  # a plugin's builder for this type may read any field of the row
     if inp.type == "text":
         return (inp.text_key, *domain), None
     if inp.type == "instruction":

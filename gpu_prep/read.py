@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import glob
 import io
-import mmap
 import os
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -315,7 +313,8 @@ class Columnar:
         beyond the fields and the messages' two. Counted on the columns, not on Python rows."""
         import pyarrow.compute as pc
 
-        if table.num_rows != rows or any(column.null_count for column in table.columns):
+        if table.num_rows != rows or set(table.column_names) != set(self.columns()) \
+                or any(column.null_count for column in table.columns):
             return False
         if self.messages is None:
             return True
@@ -328,31 +327,43 @@ class Columnar:
 
 def _columnar_rows(file: InputFile, columnar: Columnar, cap: int, part: Part | None = None,
                    first_line: int = 1) -> Iterator[Row]:
-    if file.size_bytes == 0:
-        return
+    """The rows of an uncompressed local JSON Lines file (or of a part of one), read as columns in ranges of
+    about RANGE_BYTES of whole lines wherever columnar takes them, else by the strict parser. The lines come
+    from the reader the strict path uses, so numbering, sizes, lines over the cap (read past, never held) and
+    a file that changes while it is read are as there."""
+    if part is None or part.end is None:
+        handle, offset = open_input(file), 0
+    else:
+        handle, offset = io.BytesIO(read_part(part)), part.start
     columns = columnar.columns()
-    with open(file.path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        offset, stop = (0, len(data)) if part is None or part.end is None else (part.start, part.end)
-        while offset < stop:
-            end = data.find(b"\n", min(offset + RANGE_BYTES, stop) - 1, stop)
-            end = stop if end < 0 else end + 1
-            block = data[offset:end]
-            lines = block.split(b"\n")  # each without its newline; all have one but an unended last line
-            ended = len(lines) - 1
-            if not lines[-1]:
-                lines.pop()
-            numbered = [i for i, line in enumerate(lines) if line and not line.isspace()]
-            keys = columnar.scan(block, len(numbered)) if max(map(len, lines), default=0) < cap else None
-            table = None if keys is None else columnar.read_range(file.path, offset, end - offset, columns)
-            if table is None or not columnar.complete(keys, len(numbered), table):
-                yield from _exact_rows(((first_line + i, line + b"\n" if i < ended else line)
-                                        for i, line in enumerate(lines)), cap)
-            else:
-                for i, record in zip(numbered, table.to_pylist()):
-                    row = ColumnarRecord(record)
-                    row.raw = lines[i]
-                    yield first_line + i, row, None, len(row.raw) + (i < ended)
-            offset, first_line = end, first_line + len(lines)
+    with handle:
+        batch: list[tuple[int, bytes | int]] = []
+        size = 0
+        for line in _bounded_lines(handle, cap, first_line):
+            batch.append(line)
+            size += line[1] if isinstance(line[1], int) else len(line[1])
+            if size >= RANGE_BYTES:
+                yield from _range_rows(file.path, offset, size, batch, columnar, columns, cap)
+                offset, batch, size = offset + size, [], 0
+        yield from _range_rows(file.path, offset, size, batch, columnar, columns, cap)
+
+
+def _range_rows(path: str, offset: int, size: int, lines: list[tuple[int, bytes | int]], columnar: Columnar,
+                columns: dict[str, Any], cap: int) -> Iterator[Row]:
+    """The rows of these numbered lines, bytes [offset, offset + size) of the file: as columns where the
+    scan and the parser's result allow, else line by line."""
+    numbered = [k for k, (_, raw) in enumerate(lines) if isinstance(raw, int) or not raw.isspace()]
+    whole = all(isinstance(raw, bytes) and len(raw) - raw.endswith(b"\n") <= cap for _, raw in lines)
+    keys = columnar.scan(b"".join(raw for _, raw in lines), len(numbered)) if numbered and whole else None
+    table = None if keys is None else columnar.read_range(path, offset, size, columns)
+    if table is None or not columnar.complete(keys, len(numbered), table):
+        yield from _exact_rows(iter(lines), cap)
+        return
+    for k, record in zip(numbered, table.to_pylist()):
+        line_no, raw = lines[k]
+        row = ColumnarRecord(record)
+        row.raw = raw
+        yield line_no, row, None, len(raw)
 
 
 def file_rows(file: InputFile, columnar: Columnar | None = None, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[Row]:

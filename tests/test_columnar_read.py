@@ -378,3 +378,50 @@ def test_which_runs_read_columns(monkeypatch: Any) -> None:
     handled = {**chat, "name": "b", "data_handlers": [{"name": "rename_columns", "arguments": {
         "fn_kwargs": {"column_mapping": {"turns": "messages"}}}}]}
     assert reader({"input": {"type": "chat"}, "datasets": [chat, handled]}) is None
+
+
+def _range_reader_of_cudf(path: str, offset: int, size: int, columns: dict[str, Any]) -> pa.Table:
+    """The stand-in, with cuDF's answer for a range that holds no row: a table without columns."""
+    table = lenient_read_range(path, offset, size, columns)
+    return table if table.num_rows else pa.table({})
+
+
+@pytest.mark.parametrize("content", [b"\n", b"   \n\n", None])
+def test_ranges_without_rows_are_no_rows(tmp_path: Path, monkeypatch: Any, content: bytes | None) -> None:
+    # A file of blank lines, and chats whose last range holds only blank lines, read as the strict parser does.
+    path = tmp_path / "chat.jsonl"
+    path.write_bytes(content if content is not None else b"\n".join(_clean_chats(3)) + b"\n" + b" " * 600 + b"\n\n")
+    monkeypatch.setattr(read, "RANGE_BYTES", 500)
+    columnar = Columnar((), _range_reader_of_cudf, ("messages", "role", "content"))
+    assert _chat_rows(path, columnar) == [(*r[:4], r[2] is not None) for r in _chat_rows(path, None)]
+
+
+def test_lines_over_the_cap_are_dropped_as_the_strict_reader_drops_them_and_never_held(tmp_path: Path) -> None:
+    import tracemalloc
+
+    path = tmp_path / "long.jsonl"
+    clean = b"\n".join(_clean(5)) + b"\n"
+    path.write_bytes(clean + b'{"text": "' + b"x" * (24 << 20) + b'", "source": "a"}\n' + b" " * 3000 + b"\n" + clean)
+    columnar = Columnar(FIELDS, lenient_read_range)
+    files = expand_inputs([str(path)])
+    exact = [(c.line, c.errors) for c in read_chunks(files, 4, max_row_bytes=2000)]
+    tracemalloc.start()
+    columns = [(c.line, c.errors) for c in read_chunks(files, 4, columnar=columnar, max_row_bytes=2000)]
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert columns == exact
+    assert sum(str(e).count("too_large") for _, errors in exact for e in errors.values()) == 2
+    assert peak < 8 << 20, peak  # the 24 MiB line is read past in blocks
+
+
+def test_a_plugin_builder_for_a_built_in_type_gets_rows_whole(monkeypatch: Any) -> None:
+    # A plugin that registers its own "text" builder may read any field: such rows are never read as columns.
+    import gpu_prep.format
+    from gpu_prep.run.context import columnar_reader
+
+    monkeypatch.setattr(Backend, "json_range_reader", lambda self: lenient_read_range)
+    config = parse_config({"input": {"type": "text"}})
+    assert columnar_reader(config, Backend("cpu", np)) is not None
+    monkeypatch.setattr(gpu_prep.format, "_BUILDERS", dict(gpu_prep.format._BUILDERS))
+    gpu_prep.format.register("text")(lambda record, config: gpu_prep.format.get_builder("instruction")(record, config))
+    assert columnar_reader(config, Backend("cpu", np)) is None
