@@ -24,7 +24,7 @@ from typing import Any
 
 from gpu_prep.backend import CPU, select_backend
 from gpu_prep.config import PipelineConfig
-from gpu_prep.errors import Interrupted, WriteError
+from gpu_prep.errors import ConfigError, Interrupted, WriteError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter import Deduplicator
 from gpu_prep.fuzzy import NearIndex
@@ -63,7 +63,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, options:
     named = [p for spec in config.datasets or [] for p in spec.data_paths or []]
     check_paths(out_dir, rejects, [*inputs, *named, *(f.path for f in files)])
     if options.resume and (out_dir / MANIFEST).exists():  # finished already: nothing to do
-        return json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
+        return _finished(config, files, out_dir, options)
     with output_lock(out_dir):
         check_output(out_dir, options.overwrite, options.resume)
         tok = clock.time("load tokenizer", load_tokenizer, options.tokenizer_for(config), config.tokenizer.revision)
@@ -74,6 +74,27 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, options:
         prepare_output(out_dir, options.overwrite, options.resume)
         with journal(out_dir):
             return _run(config, files, datasets, out_dir, options, tok, backend, started, clock)
+
+
+def _finished(config: PipelineConfig, files: list[InputFile], out_dir: Path, options: Options) -> dict[str, Any]:
+    """The manifest of the finished run in out_dir that --resume names, where it is this run: the same
+    config, inputs (paths and sizes) and tokenizer, and the rejects file it kept where one is asked for."""
+    manifest = json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
+    changed = []
+    if manifest.get("config_sha256") != config.sha256():
+        changed.append("config")
+    if [(i.get("path"), i.get("size_bytes")) for i in manifest.get("inputs", [])] != \
+            [(f.path, f.size_bytes) for f in files]:
+        changed.append("inputs")
+    if manifest.get("tokenizer", {}).get("name") != options.tokenizer_for(config):
+        changed.append("tokenizer")
+    if changed:
+        raise ConfigError(f"cannot resume {str(out_dir)!r}: it holds a finished run, and the {', '.join(changed)} "
+                          "differ from this one's; run with --overwrite to replace it")
+    if options.rejects and not Path(options.rejects).exists():
+        raise ConfigError(f"cannot resume {str(out_dir)!r}: it holds a finished run that kept no rejects file at "
+                          f"{options.rejects}; run with --overwrite to run again with one")
+    return manifest
 
 
 def _run(config: PipelineConfig, files: list[InputFile], datasets: Any, out_dir: Path, options: Options, tok: Tokenizer,

@@ -323,3 +323,21 @@ def test_every_key_other_tools_are_pointed_to_exists() -> None:
         for name in path.split("."):
             assert name in model.model_fields, f"{theirs} points to {ours}, which is not a config key"
             model = _section(model.model_fields[name].annotation)
+
+
+def test_resuming_a_finished_run_returns_it_only_where_it_is_this_run(tmp_path: Path) -> None:
+    # --resume on a finished run has nothing to do, and says so only for the same config, inputs and rejects:
+    # another run named by mistake is refused (exit 2) instead of passing off the old run as its own.
+    sft, chat = str(REPO / "configs/sft.json"), str(REPO / "examples/chat.jsonl")
+    out, rejects = tmp_path / "out", tmp_path / "rejects.jsonl"
+    assert gpu_prep_cli("run", "-c", sft, chat, "-o", str(out), "--rejects", str(rejects), "-q").returncode == 0
+    before = (out / "manifest.json").read_bytes()
+    again = gpu_prep_cli("run", "-c", sft, chat, "-o", str(out), "--rejects", str(rejects), "-q", "--resume")
+    assert again.returncode == 0, again.stderr
+    other = gpu_prep_cli("run", "-c", str(REPO / "configs/pretrain.json"), str(REPO / "examples/pretrain.jsonl"),
+                         "-o", str(out), "--resume")
+    assert other.returncode == 2 and "config, inputs differ" in other.stderr, other.stderr
+    elsewhere = gpu_prep_cli("run", "-c", sft, chat, "-o", str(out), "--rejects", str(tmp_path / "new.jsonl"),
+                             "--resume")
+    assert elsewhere.returncode == 2 and "kept no rejects file" in elsewhere.stderr, elsewhere.stderr
+    assert (out / "manifest.json").read_bytes() == before
