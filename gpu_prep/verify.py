@@ -106,6 +106,10 @@ def _verify(out_dir: Path, manifest: dict[str, Any]) -> list[str]:
             faults.append(f"{path}: listed in the manifest, missing")
         elif path.stat().st_size != size:
             faults.append(f"{path}: {path.stat().st_size:,} bytes, the manifest says {size:,}")
+    for name, digest in manifest.get("tokenizer_files", {}).items():  # runs before this record have none
+        path = out_dir / name
+        if path.is_file() and path.stat().st_size == manifest["files"].get(name) and sha256_file(path) != digest:
+            faults.append(f"{path}: does not match its recorded sha256 (the tokenizer trainers load was edited)")
     if manifest["totals"]["rows_written"] == 0:
         faults.append(f"{out_dir}: the run wrote no rows (of {manifest['totals']['rows_read']:,} read): nothing to train on")
     tokens = 0

@@ -204,6 +204,14 @@ def test_the_reader_and_verify_accept_only_complete_unedited_runs(job: tuple[Pat
     result = gpu_prep_cli("verify", out)
     assert result.returncode == 1 and f"{shard}: 0 bytes" in result.stdout + result.stderr
     shard.write_bytes(saved)
+    config_file = out / "tokenizer" / "tokenizer_config.json"  # the eos token swapped, the size kept
+    saved = config_file.read_bytes()
+    config_file.write_bytes(saved.replace(b'"eos_token": "<|im_end|>"', b'"eos_token": "<|im_sep|>"', 1))
+    assert config_file.read_bytes() != saved and len(config_file.read_bytes()) == len(saved)
+    result = gpu_prep_cli("verify", out)
+    assert result.returncode == 1 and f"{config_file}: does not match its recorded sha256" in result.stderr
+    config_file.write_bytes(saved)
+    assert gpu_prep_cli("verify", out).returncode == 0
     (out / "__default__" / "meta.json").rename(tmp_path / "meta.json")  # a domain without its meta.json
     with pytest.raises(FileNotFoundError, match=r"__default__/meta.json: missing"):
         gpu_prep.open(out)

@@ -12,9 +12,10 @@ from gpu_prep.config import PipelineConfig
 from gpu_prep.mix import Dataset
 from gpu_prep.output import pack
 from gpu_prep.pairs import PAIR_COUNTS
-from gpu_prep.output.files import manifest_checksum, written_files
+from gpu_prep.output.files import manifest_checksum, sha256_file, written_files
 from gpu_prep.run.accounting import Accounting
 from gpu_prep.run.context import RunContext
+from gpu_prep.tokenizer import COPY_DIR
 
 
 @dataclass
@@ -59,6 +60,10 @@ def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], 
                                     config.preprocessing.max_seq_len)} if packing else {}),
         "domains": domains,
         "files": written_files(out_dir),
+        # The tokenizer copied beside the shards, which trainers load: its files' sha256 (shards have theirs
+        # in meta.json), so that verify finds an edit that keeps a file's size.
+        "tokenizer_files": {name: sha256_file(out_dir / name) for name in written_files(out_dir)
+                            if name.startswith(f"{COPY_DIR}/")},
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
     }
     return {**manifest, "manifest_sha256": manifest_checksum(manifest)}
