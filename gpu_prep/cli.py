@@ -399,7 +399,6 @@ def inspect(
 
 def _show_samples(output: Path, domain: str | None, samples: int, start: int, ids: bool, plain: bool) -> None:
     import gpu_prep
-    from gpu_prep.show import marked_text, runs
     from gpu_prep.tokenizer import load_tokenizer
 
     try:
@@ -418,11 +417,24 @@ def _show_samples(output: Path, domain: str | None, samples: int, start: int, id
     if domain is not None and domain not in names:
         raise _fail(ConfigError(f"--domain {domain!r} is not in {output}; domains: {', '.join(names)}"))
     chosen = dataset[domain or names[0]]
-    for k in range(start, min(start + samples, len(chosen))):
+    if start >= len(chosen):
+        raise _fail(ConfigError(f"--start {start}: {domain or names[0]} holds {len(chosen):,} samples "
+                                f"(0 to {len(chosen) - 1:,})"))
+    try:
+        _print_samples(chosen, domain or names[0], tok, range(start, min(start + samples, len(chosen))), ids, plain)
+    except (OSError, KeyError, ValueError) as exc:  # a shard damaged since the run (pyarrow's errors included)
+        raise _fail(GpuPrepError(f"{output}: cannot read its samples: {exc}; `gpu-prep verify {output}` checks "
+                                 "every file")) from None
+
+
+def _print_samples(chosen: Any, name: str, tok: Any, indices: range, ids: bool, plain: bool) -> None:
+    from gpu_prep.show import marked_text, runs
+
+    for k in indices:
         sample_ids, mask = chosen[k]
         bounds = chosen.segments(k)
         packed = f", {len(bounds) - 1} samples packed at {bounds[1:-1].tolist()}" if chosen.packed else ""
-        out.print(f"[bold]# {domain or names[0]} sample {k}[/]: {len(sample_ids)} tokens, "
+        out.print(f"[bold]# {name} sample {k}[/]: {len(sample_ids)} tokens, "
                   f"{int(mask.sum())} trained{packed}", highlight=False)
         if plain:
             out.print(marked_text(tok, sample_ids, mask), markup=False, highlight=False, soft_wrap=True)

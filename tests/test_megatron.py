@@ -93,3 +93,24 @@ def test_megatron_cores_own_reader_reads_the_shards(tmp_path: Path) -> None:
         assert dataset.sequence_lengths.tolist() == [len(dataset[i]) for i in range(len(dataset))]
         got += [dataset[i].tolist() for i in range(len(dataset))]
     assert len(domain.meta["shards"]) > 1 and got == want and len(got) == 60
+
+
+def test_a_damaged_index_is_refused_by_name_and_inspect_says_so_in_a_line(tmp_path: Path) -> None:
+    from helpers import gpu_prep_cli
+
+    rows = [{"text": f"document {k} " * (k + 3)} for k in range(20)]
+    out = run_rows(tmp_path, {"input": {"type": "text"}, "output": {"storage_format": "megatron"}}, rows)
+    idx = out / "__default__" / "data.idx"
+    pristine = idx.read_bytes()
+    for damaged, message in ((pristine[:-10], "cut short or damaged"),
+                             (pristine[:17] + bytes([99]) + pristine[18:], "dtype code 99")):
+        idx.write_bytes(damaged)
+        with pytest.raises(ValueError, match=rf"{idx}.*{message}"):
+            gpu_prep.open(out)["__default__"][0]
+        shown = gpu_prep_cli("inspect", out)
+        assert shown.returncode == 1 and message in shown.stderr and "Traceback" not in shown.stderr, shown.stderr
+        assert any(message in fault for fault in verify(out))
+    idx.write_bytes(pristine)
+    count = len(gpu_prep.open(out)["__default__"])
+    past = gpu_prep_cli("inspect", out, "--start", count)
+    assert past.returncode == 2 and f"holds {count} samples" in past.stderr, past.stderr

@@ -34,10 +34,16 @@ def megatron_index(lengths: np.ndarray, dtype: np.dtype) -> bytes:
 def read_megatron_index(path: Path) -> tuple[np.dtype, np.ndarray]:
     """(token dtype, sample offsets) of a Megatron .idx written with one sequence per document."""
     data = path.read_bytes()
-    if not data.startswith(MEGATRON_MAGIC):
+    if not data.startswith(MEGATRON_MAGIC) or len(data) < 34:
         raise ValueError(f"{path} is not a Megatron index")
-    version, code, count, _ = struct.unpack_from("<QBQQ", data, len(MEGATRON_MAGIC))
-    dtype = next(t for t, c in MEGATRON_CODES.items() if c == code)
+    version, code, count, documents = struct.unpack_from("<QBQQ", data, len(MEGATRON_MAGIC))
+    dtype = next((t for t, c in MEGATRON_CODES.items() if c == code), None)
+    if dtype is None:
+        raise ValueError(f"{path}: dtype code {code} is none Megatron writes ({sorted(MEGATRON_CODES.values())})")
+    expected = 34 + 12 * count + 8 * documents
+    if len(data) != expected:
+        raise ValueError(f"{path}: {len(data):,} bytes, where its header ({count:,} sequences, {documents:,} document "
+                         f"indices) makes {expected:,}: the file is cut short or damaged")
     lengths = np.frombuffer(data, dtype="<i4", count=count, offset=34)
     return dtype, np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
 
