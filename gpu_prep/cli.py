@@ -147,6 +147,11 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
         table.add_row(f"dataset {d['name']}", f"{d['rows_read']:,} read, {d['rows_written']:,} written, {dropped:,} "
                       f"dropped; {d['share_of_rows']:.1%} of rows, {d['share_of_tokens']:.1%} of tokens{asked}")
     out.print(table)
+    for split, counts in totals.get("splits", {}).items():
+        if counts["rows_written"] == 0:
+            err.print(f"[yellow]warning:[/] split {escape(repr(split))} (a {counts['share']:.0%} share) got none of the "
+                      f"{totals['rows_written']:,} rows written: it has no folder, and a loader asking for it will "
+                      "fail; raise its share or give the run more rows", highlight=False)
     for role, n in totals.get("parse_report", {}).get("unknown_roles", {}).items():
         err.print(f"[yellow]warning:[/] {n:,} message(s) with role {escape(repr(role))}, which is not one of "
                   f"{', '.join(TEMPLATE_ROLES)} (map it with input.roles)", highlight=False)

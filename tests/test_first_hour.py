@@ -341,3 +341,11 @@ def test_resuming_a_finished_run_returns_it_only_where_it_is_this_run(tmp_path: 
                              "--resume")
     assert elsewhere.returncode == 2 and "kept no rejects file" in elsewhere.stderr, elsewhere.stderr
     assert (out / "manifest.json").read_bytes() == before
+
+
+def test_a_split_that_gets_no_rows_is_warned_about(tmp_path: Path) -> None:
+    result = gpu_prep_cli("run", "-c", str(REPO / "configs/sft.json"), str(REPO / "examples/chat.jsonl"),
+                          "-o", str(tmp_path / "out"), "--set", "output.splits={train: 0.99, validation: 0.01}")
+    assert result.returncode == 0, result.stderr
+    assert "split 'validation' (a 1% share) got none of the" in result.stderr
+    assert "split 'train'" not in result.stderr and not (tmp_path / "out" / "validation").exists()
