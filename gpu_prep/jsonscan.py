@@ -13,7 +13,6 @@ lines or values.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -54,9 +53,9 @@ def scan(xp: Any, data: bytes, rows: int, values: dict[str, tuple[int, bool]]) -
     return keys
 
 
-@lru_cache(maxsize=64)
 def _table(xp: Any, members: bytes) -> Any:
-    """A lookup table of 256 bools, True at these bytes (made once per array module: on the device, one copy)."""
+    """A lookup table of 256 bools, True at these bytes (made on each use: a cached one could belong to
+    another GPU than the current one)."""
     table = np.zeros(256, np.bool_)
     table[np.frombuffer(members, np.uint8)] = True
     return xp.asarray(table)
