@@ -59,3 +59,14 @@ def test_no_temporary_files_are_left_and_none_look_complete_before_finish(tmp_pa
 
 def test_a_domain_named_like_the_manifest_gets_its_own_directory() -> None:
     assert safe_dir_name("manifest.json") != "manifest.json"
+
+
+def test_domains_that_differ_only_in_case_get_directories_that_differ_on_any_file_system(tmp_path: Path) -> None:
+    writer = DatasetWriter(tmp_path, "bin", 1000)
+    ids, offsets = np.arange(3, dtype=np.int64), np.array([0, 3], dtype=np.int64)
+    for name in ("Math", "math", "MATH", "Math"):
+        writer.append(name, ids, np.ones(3, dtype=np.int8), offsets)
+    metas = writer.finish()
+    assert sorted(metas) == ["MATH-3", "Math", "math-2"]
+    assert len({name.lower() for name in metas}) == 3
+    assert {m["domain"]: m["num_samples"] for m in metas.values()} == {"Math": 2, "math": 1, "MATH": 1}

@@ -194,16 +194,18 @@ class DatasetWriter:
         self.cap = max_tokens_per_shard
         # By (split or None, domain name); a split's domains live in OUT/<split>/ (output.splits).
         self.domains: dict[tuple[str | None, str], DomainWriter] = {}
-        self.taken: dict[str, tuple[str | None, str]] = {}  # directories (relative to out_dir) given out
+        # Directories (relative to out_dir) given out, by their lower-case spelling: "A" and "a" would be one
+        # directory on a file system that ignores case (macOS, Windows), so the later one is "a-2".
+        self.taken: dict[str, tuple[str | None, str]] = {}
 
     def _dir_for(self, key: tuple[str | None, str]) -> str:
         split, name = key
         candidate = base = f"{split}/{safe_dir_name(name)}" if split is not None else safe_dir_name(name)
         n = 1
-        while self.taken.get(candidate, key) != key:
+        while self.taken.get(candidate.lower(), key) != key:
             n += 1
             candidate = f"{base}-{n}"
-        self.taken[candidate] = key
+        self.taken[candidate.lower()] = key
         return candidate
 
     def append(self, domain: str, ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray,
@@ -228,7 +230,7 @@ class DatasetWriter:
             key = (domain.get("split"), domain["name"])
             about = self.about if key[0] is None else {**self.about, "split": key[0]}
             self.domains[key] = DomainWriter.restore(self.out_dir, domain, self.storage, self.cap, about)
-            self.taken[domain["directory"]] = key
+            self.taken[domain["directory"].lower()] = key
 
     def remove_obsolete(self) -> None:
         for writer in self.domains.values():
