@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -248,8 +249,6 @@ def test_the_dedup_shuffle_finds_what_one_pass_in_order_finds(data: st.DataObjec
     from itertools import islice
     from types import SimpleNamespace
 
-    import numpy as np
-
     from gpu_prep.cluster.plan import positions_and_ranges
     from gpu_prep.cluster.shuffle import DIGEST, first_occurrences
     from gpu_prep.mix import dataset_order
@@ -309,6 +308,15 @@ def test_the_dedup_shuffle_takes_more_buckets_for_a_smaller_budget(tmp_path: Pat
 
     assert dedup_buckets(10 << 20, 2, 1024) == 2 and dedup_buckets(10 << 20, 2, 0.5) == 20
     assert dedup_buckets(1 << 50, 2, 1) == 4096 and dedup_buckets(1 << 50, 2, None) == 2
-    tight = {**BASE, "preprocessing": {**BASE.get("preprocessing", {}), "dedup_memory_mb": 0.001}}
-    single, clustered = _both(tmp_path, tight, [str(corpus["one"])], "local:2")
-    assert clustered["totals"] == single["totals"] and clustered["totals"]["rows_dropped"]["duplicate"] >= 10
+    for budget in (0.001, 0.0003):  # the second makes more than 256 buckets
+        tight = {**BASE, "preprocessing": {**BASE.get("preprocessing", {}), "dedup_memory_mb": budget}}
+        single, clustered = _both(tmp_path / str(budget), tight, [str(corpus["one"])], "local:2")
+        assert clustered["totals"] == single["totals"] and clustered["totals"]["rows_dropped"]["duplicate"] >= 10
+    assert dedup_buckets(corpus["one"].stat().st_size, 2, 0.0003) > 256
+
+
+def test_digests_spread_over_every_bucket() -> None:
+    from gpu_prep.cluster.shuffle import bucket_index
+
+    digests = np.frombuffer(np.random.default_rng(0).bytes(16 * 50_000), np.uint8).reshape(-1, 16)
+    assert len(np.unique(bucket_index(digests, 4096))) == 4096  # not only the 256 one byte could reach

@@ -45,9 +45,15 @@ def scan(job: Job, p: int, buckets: int) -> Scan:
         at += len(chunk)
     digests = np.frombuffer(b"".join(recorder.take_added()), np.uint8).reshape(-1, DIGEST)
     where = np.asarray(where, dtype=np.int64)
-    bucket = digests[:, 0] % buckets
+    bucket = bucket_index(digests, buckets)
     return Scan(at, at if part.batches else lines, run.backend.name,
                 [(where[bucket == b], digests[bucket == b]) for b in range(buckets)])
+
+
+def bucket_index(digests: np.ndarray, buckets: int) -> np.ndarray:
+    """The bucket of each digest (rows of DIGEST uint8): its first four bytes as a number, modulo buckets
+    (up to dedup_buckets' 4096; one byte would reach 256 of them, and numpy refuses a modulo past its range)."""
+    return np.ascontiguousarray(digests[:, :4]).view("<u4").ravel().astype(np.int64) % buckets
 
 
 class _Recorder(Deduplicator):
