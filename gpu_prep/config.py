@@ -556,6 +556,19 @@ class PipelineConfig(_Frozen):
     def sha256(self) -> str:
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
+    def output_sha256(self) -> str:
+        """The sha256 of what in the config can change the output: all of it but the device, the GPU's
+        settings and the dedup memory budget (the backends write the same bytes, a budget only spills
+        sooner). A run resumes where this is unchanged."""
+        return output_sha256(self.model_dump(mode="json"))
+
+
+def output_sha256(dumped: dict[str, Any]) -> str:
+    """PipelineConfig.output_sha256 of a config as model_dump(mode="json") gives it (a manifest's "config")."""
+    kept = {k: v for k, v in dumped.items() if k not in ("device", "gpu")}
+    kept["preprocessing"] = {k: v for k, v in kept.get("preprocessing", {}).items() if k != "dedup_memory_mb"}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
 
 def _known_keys(loc: tuple) -> list[str]:
     """The keys allowed in the section that holds loc's last key (through lists and optional sections)."""

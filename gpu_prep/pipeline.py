@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_prep.backend import CPU, select_backend
-from gpu_prep.config import PipelineConfig
+from gpu_prep.config import PipelineConfig, output_sha256
 from gpu_prep.errors import ConfigError, Interrupted, WriteError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter import Deduplicator
@@ -81,7 +81,7 @@ def _finished(config: PipelineConfig, files: list[InputFile], out_dir: Path, opt
     config, inputs (paths and sizes) and tokenizer, and the rejects file it kept where one is asked for."""
     manifest = json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
     changed = []
-    if manifest.get("config_sha256") != config.sha256():
+    if output_sha256(manifest.get("config", {})) != config.output_sha256():
         changed.append("config")
     if [(i.get("path"), i.get("size_bytes")) for i in manifest.get("inputs", [])] != \
             [(f.path, f.size_bytes) for f in files]:
@@ -101,7 +101,7 @@ def _run(config: PipelineConfig, files: list[InputFile], datasets: Any, out_dir:
          backend: Any, started: float, clock: Stopwatch) -> dict[str, Any]:
     """The run proper, in an output directory this process holds and journals."""
     identity = {"config_sha256": config.sha256(), "tokenizer": tok.identity()}  # hashes files: once a run
-    resume_identity = run_identity(identity["config_sha256"], files, identity["tokenizer"])
+    resume_identity = run_identity(config.output_sha256(), files, identity["tokenizer"])
     resumed = load_for_resume(out_dir, resume_identity) if options.resume else None
     checkpoints = Checkpointer(out_dir, resume_identity, options.checkpoint_seconds, resumed)
     # The inputs' checksums are taken beside the run (hashing releases the GIL), not after it.

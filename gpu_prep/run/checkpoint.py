@@ -36,11 +36,12 @@ CHECKPOINT = ".gpu-prep-checkpoint.json"
 DEDUP_LOG = ".gpu-prep-dedup.bin"
 NEAR_LOG = ".gpu-prep-near.bin"  # preprocessing.fuzzy_dedup's band-key records (fuzzy.NearIndex), 16 bytes each
 DIGEST_BYTES = 16
-FORMAT = 1
+FORMAT = 2
 
 
 def run_identity(config_sha256: str, files: list[Any], tokenizer: dict[str, Any]) -> dict[str, Any]:
-    """What must be the same for a run to be resumed: the config, each input, the tokenizer's files."""
+    """What must be the same for a run to be resumed: the config (what of it can change the output:
+    PipelineConfig.output_sha256), each input, the tokenizer's files."""
     inputs = []
     for f in files:
         if not os.path.isfile(f.path):  # a URL or a hub dataset: its size is what can be told cheaply
@@ -48,7 +49,7 @@ def run_identity(config_sha256: str, files: list[Any], tokenizer: dict[str, Any]
             continue
         stat = os.stat(f.path)
         inputs.append([f.path, stat.st_size, stat.st_mtime_ns])
-    return {"format": FORMAT, "config_sha256": config_sha256, "inputs": inputs,
+    return {"format": FORMAT, "config": config_sha256, "inputs": inputs,
             "tokenizer": tokenizer["sha256"]}
 
 
