@@ -280,3 +280,15 @@ def test_true_and_false_switch_it_with_the_defaults() -> None:
 def test_settings_that_cannot_work_are_refused(fuzzy: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_config({"input": {"type": "text"}, "preprocessing": {"fuzzy_dedup": fuzzy}})
+
+
+@pytest.mark.parametrize("fuzzy", [{}, {"num_perm": 100, "bands": 7}])
+def test_the_manifest_records_the_banding_used(tmp_path: Path, fuzzy: dict) -> None:
+    # Given bands, the threshold is not used and num_perm // bands rows make a band: the manifest says what
+    # ran, and where a pair of rows is as likely as not to share a band.
+    manifest, _ = _run(tmp_path, [{"text": f"document {k} with some words in it"} for k in range(20)], fuzzy)
+    used = manifest["fuzzy_dedup"]
+    bands, rows = used["bands"], used["rows_per_band"]
+    assert (bands, rows) == ((7, 14) if fuzzy else lsh_bands(0.8, 128)) and used["permutations_used"] == bands * rows
+    s = used["similarity_at_half"]
+    assert abs(1 - (1 - s ** rows) ** bands - 0.5) < 1e-3

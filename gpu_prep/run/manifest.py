@@ -58,6 +58,7 @@ def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], 
         "dropped_examples": acct.examples,
         **({"packing": pack.summary([{"num_samples": m["num_samples"], **m["packing"]} for m in domains.values()],
                                     config.preprocessing.max_seq_len)} if packing else {}),
+        **({"fuzzy_dedup": _lsh(config)} if config.preprocessing.fuzzy_dedup is not None else {}),
         "domains": domains,
         "files": written_files(out_dir),
         # The tokenizer copied beside the shards, which trainers load: its files' sha256 (shards have theirs
@@ -67,6 +68,16 @@ def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], 
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
     }
     return {**manifest, "manifest_sha256": manifest_checksum(manifest)}
+
+
+def _lsh(config: PipelineConfig) -> dict[str, Any]:
+    """The LSH banding near-duplicate removal used (bands of rows, chosen for the threshold or given), and
+    the similarity at which two rows share a band with probability one half."""
+    from gpu_prep.fuzzy import MinHasher
+
+    hasher = MinHasher.from_config(config.preprocessing.fuzzy_dedup)
+    return {"bands": hasher.bands, "rows_per_band": hasher.rows, "permutations_used": hasher.bands * hasher.rows,
+            "similarity_at_half": round((1 - 0.5 ** (1 / hasher.bands)) ** (1 / hasher.rows), 4)}
 
 
 def split_totals(shares: dict[str, float], acct: Accounting, domains: dict[str, Any]) -> dict[str, Any]:
