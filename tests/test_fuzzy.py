@@ -292,3 +292,19 @@ def test_the_manifest_records_the_banding_used(tmp_path: Path, fuzzy: dict) -> N
     assert (bands, rows) == ((7, 14) if fuzzy else lsh_bands(0.8, 128)) and used["permutations_used"] == bands * rows
     s = used["similarity_at_half"]
     assert abs(1 - (1 - s ** rows) ** bands - 0.5) < 1e-3
+
+
+def test_a_row_the_mix_takes_again_is_named_as_its_own_earlier_occurrence(tmp_path: Path) -> None:
+    small = write_jsonl(tmp_path / "small.jsonl", [{"text": f"a small document {k} with several words to shingle"}
+                                                   for k in range(3)])
+    big = write_jsonl(tmp_path / "big.jsonl", [{"text": f"another document {k} unlike the others {k * 7} at all"}
+                                               for k in range(30)])
+    config = parse_config({"input": {"type": "text"},
+                           "preprocessing": {"deduplicate": False, "fuzzy_dedup": {}, "min_chars": 1},
+                           "datasets": [{"name": "s", "data_paths": [str(small)], "sampling": 0.5},
+                                        {"name": "b", "data_paths": [str(big)], "sampling": 0.5}]})
+    rejects = tmp_path / "rejects.jsonl"
+    run(config, [], tmp_path / "out", Options(rejects=rejects))
+    again = [json.loads(line) for line in rejects.read_text().splitlines()]
+    assert again and all(r["file"] == str(small) for r in again)
+    assert all("an earlier occurrence of this row (the mix takes it more than once)" in r["detail"] for r in again)

@@ -146,11 +146,14 @@ class Committer:
         band with a row written before them (fuzzy.NearIndex); those are dropped, naming that row."""
         keys, signed = prepared.bands
         where = np.asarray(prepared.rows.index, np.int64)[kept]
-        named = self.near.decide(keys[where], signed[where], row_keys(prepared)[kept])
+        own = row_keys(prepared)[kept]
+        named = self.near.decide(keys[where], signed[where], own)
         near = named != NO_ROW
-        for r, place in zip(kept[near], named[near].tolist()):
+        for r, place, itself in zip(kept[near], named[near].tolist(), own[near].tolist()):
             path = self.acct.files[place >> 32].path
-            drop(int(r), Drop.NEAR_DUPLICATE, f"shares a MinHash band with {path}:{place & 0xFFFFFFFF}, which is kept")
+            which = "an earlier occurrence of this row (the mix takes it more than once)" if place == itself \
+                else f"{path}:{place & 0xFFFFFFFF}"
+            drop(int(r), Drop.NEAR_DUPLICATE, f"shares a MinHash band with {which}, which is kept")
         return near
 
 
