@@ -2,7 +2,8 @@
 file that looks complete and that --resume finishes it byte for byte.
 
 GPU_PREP_FAILPOINT="name:n" sends SIGKILL (or GPU_PREP_FAILPOINT_SIGNAL, e.g. INT for a Ctrl-C) to this
-process the n-th time it passes the point `name`; GPU_PREP_FAILPOINT_SIGNAL=ENOSPC (or another errno name)
+process (with GPU_PREP_FAILPOINT_GROUP=1, to its process group, as a terminal's Ctrl-C goes to every process
+of the command) the n-th time it passes the point `name`; GPU_PREP_FAILPOINT_SIGNAL=ENOSPC (or another errno name)
 raises that OSError there instead, as a full disk would. Unset
 (always, outside tests) a point costs one dictionary lookup. With GPU_PREP_FAILPOINT_ONCE=path, only the
 process that creates that file first is killed: one worker of a cluster, and not the one started in its
@@ -29,7 +30,10 @@ def failpoint(name: str) -> None:
             if how.startswith("E"):
                 code = getattr(errno, how)
                 raise OSError(code, os.strerror(code))
-            os.kill(os.getpid(), getattr(signal, "SIG" + how))
+            if os.environ.get("GPU_PREP_FAILPOINT_GROUP") == "1":
+                os.killpg(os.getpgid(0), getattr(signal, "SIG" + how))
+            else:
+                os.kill(os.getpid(), getattr(signal, "SIG" + how))
 
 
 def _first() -> bool:

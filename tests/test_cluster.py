@@ -320,3 +320,29 @@ def test_digests_spread_over_every_bucket() -> None:
 
     digests = np.frombuffer(np.random.default_rng(0).bytes(16 * 50_000), np.uint8).reshape(-1, 16)
     assert len(np.unique(bucket_index(digests, 4096))) == 4096  # not only the 256 one byte could reach
+
+
+def test_ctrl_c_on_a_local_cluster_is_answered_once_with_the_command_that_resumes(tmp_path: Path,
+                                                                                   corpus: dict[str, Path]) -> None:
+    # A terminal's Ctrl-C reaches every process of the command, the local cluster's workers too: they leave
+    # it to the run, which stops, shuts the cluster down and prints how to resume, with no worker tracebacks.
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(BASE))
+    script = Path(sys.executable).parent / "gpu-prep"
+    env = {**os.environ, "GPU_PREP_FAILPOINT": "shard_append:3", "GPU_PREP_FAILPOINT_SIGNAL": "INT",
+           "GPU_PREP_FAILPOINT_GROUP": "1"}
+    stopped = subprocess.run([str(script), "run", "-c", str(config), str(corpus["one"]), "-o", str(tmp_path / "out"),
+                              "--cluster", "local:2", "--part-mb", "0.005", "--chunk-rows", str(CHUNK_ROWS),
+                              "--checkpoint-every", "0"], capture_output=True, text=True, env=env, timeout=300,
+                             start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert stopped.returncode == 130, stopped.stderr
+    assert "Traceback" not in stopped.stderr + stopped.stdout and "KeyboardInterrupt" not in stopped.stderr
+    line = next(l for l in stopped.stderr.splitlines() if "resume it with:" in l)
+    resumed = subprocess.run([str(script), *line.split("resume it with: ", 1)[1].split()[1:]], capture_output=True,
+                             text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr

@@ -4,8 +4,11 @@ chunks back in input order (the pipeline commits them)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
+import signal
+import threading
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -51,12 +54,30 @@ def connect(spec: str, gpu: bool, config: PipelineConfig) -> Iterator[Any]:
             from dask_cuda import LocalCUDACluster
         except ImportError:
             raise ConfigError('--cluster with the GPU backend needs dask-cuda: pip install "gpu-prep[gpu,dask]"') from None
-        cluster = LocalCUDACluster(n_workers=n, threads_per_worker=1, rmm_pool_size=config.gpu.rmm_pool_size,
-                                   enable_cudf_spill=config.gpu.spill)
+        start = functools.partial(LocalCUDACluster, n_workers=n, threads_per_worker=1,
+                                  rmm_pool_size=config.gpu.rmm_pool_size, enable_cudf_spill=config.gpu.spill)
     else:
-        cluster = LocalCluster(n_workers=n or os.cpu_count() or 1, threads_per_worker=1, processes=True)
+        start = functools.partial(LocalCluster, n_workers=n or os.cpu_count() or 1, threads_per_worker=1,
+                                  processes=True)
+    with _deaf_to_ctrl_c():  # the local workers' processes: Ctrl-C is this process's to answer
+        cluster = start()
     with cluster, Client(cluster) as client:
         yield client
+
+
+@contextmanager
+def _deaf_to_ctrl_c() -> Iterator[None]:
+    """SIGINT ignored while processes are started, which keep ignoring it (a Python started with SIGINT
+    ignored leaves it so, and so does asyncio): on Ctrl-C this process stops the run and shuts the cluster
+    down, printing the command that resumes it, instead of every worker printing its own traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # A row of JSON Lines is taken to be at least this many bytes, and a bucket's shuffle to need this many times
