@@ -341,7 +341,8 @@ def test_ctrl_c_on_a_local_cluster_is_answered_once_with_the_command_that_resume
                               "--checkpoint-every", "0"], capture_output=True, text=True, env=env, timeout=300,
                              start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert stopped.returncode == 130, stopped.stderr
-    assert "Traceback" not in stopped.stderr + stopped.stdout and "KeyboardInterrupt" not in stopped.stderr
+    assert "Traceback" not in stopped.stderr + stopped.stdout and "KeyboardInterrupt" not in stopped.stderr, \
+        stopped.stderr
     line = next(l for l in stopped.stderr.splitlines() if "resume it with:" in l)
     resumed = subprocess.run([str(script), *line.split("resume it with: ", 1)[1].split()[1:]], capture_output=True,
                              text=True, timeout=300)
