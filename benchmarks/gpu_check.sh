@@ -9,8 +9,9 @@
 #    parity suite (the GPU backend's shards byte-identical to the CPU backend's) and the xp suite (the array
 #    code on CuPy equal to numpy: it needs CuPy alone, so it runs where cuDF is missing too);
 # 3. the backend benchmark: bench_pipeline.py, the CPU and the GPU backend stage by stage on its corpora;
-#    bench_mask_stage.py, the mask stage inside a run and alone on each; and fuzzy_dedup's band keys
-#    (MinHash + LSH, gpu_prep/fuzzy.py) on numpy and on CuPy.
+#    bench_mask_stage.py, the mask stage inside a run and alone on each; fuzzy_dedup's band keys
+#    (MinHash + LSH, gpu_prep/fuzzy.py) and the JSON byte scan cuDF's reader waits on (gpu_prep/jsonscan.py)
+#    on numpy and on CuPy.
 #
 # The report goes to the terminal and, where CuPy sees a GPU, is appended to benchmarks/RESULTS.md under a
 # heading that names the machine and the day. The script exits non-zero when a test failed.
@@ -98,6 +99,46 @@ for backend in backends:
     print(f"{backend.name}: {seconds:.3f} s, {len(texts) / seconds:,.0f} docs/s, {megabytes / seconds:.1f} MB/s")
 if len(keys) == 2:
     print("same keys on both:", bool((keys["cpu"] == keys["gpu"]).all()))
+PY
+} | tee -a "$report"
+
+{
+  echo
+  echo "The JSON byte scan before cudf.read_json (gpu_prep/jsonscan.py), numpy beside CuPy (10,000 ShareGPT chats):"
+  echo
+  "$PY" - <<'PY' 2>&1 | sed 's/^/    /'
+import json, sys, time
+sys.path.insert(0, ".")
+import numpy as np
+from benchmarks.corpora import sharegpt_chats
+from gpu_prep.jsonscan import scan
+chats = [json.dumps({"messages": c["messages"]}, ensure_ascii=False).encode() for c in sharegpt_chats(10000)]
+ranges, size = [[]], 0  # ranges of about 16 MiB of whole lines, as read.py hands them over
+for line in chats:
+    ranges[-1].append(line)
+    size += len(line) + 1
+    if size >= 16 << 20:
+        ranges.append([])
+        size = 0
+blocks = [(b"\n".join(r) + b"\n", len(r)) for r in ranges if r]
+values = {"messages": (91, True), "role": (34, False), "content": (34, False)}
+modules = [np]
+try:
+    import cupy
+    if cupy.is_available():
+        modules.append(cupy)
+except ImportError:
+    pass
+found = {}
+for xp in modules:
+    scan(xp, blocks[0][0][:100000].rsplit(b"\n", 1)[0] + b"\n", 1, values)  # warm: kernels compiled
+    started = time.perf_counter()
+    found[xp.__name__] = [scan(xp, block, rows, values) for block, rows in blocks]  # each ends synchronised
+    seconds = time.perf_counter() - started
+    megabytes = sum(len(b) for b, _ in blocks) / 1e6
+    print(f"{xp.__name__}: {seconds:.3f} s for {megabytes:.1f} MB ({megabytes / seconds:,.0f} MB/s), keys {found[xp.__name__]}")
+if len(found) == 2:
+    print("same answers on both:", found["numpy"] == found["cupy"])
 PY
 } | tee -a "$report"
 

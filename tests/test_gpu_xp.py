@@ -53,3 +53,25 @@ def test_segment_mins_scatter_on_cupy(dtype: str) -> None:
     want = segment_mins(np, values, offsets, np.iinfo(dtype).max)
     got = segment_mins(cupy, cupy.asarray(values), cupy.asarray(offsets), np.iinfo(dtype).max)
     assert (cupy.asnumpy(got) == want).all()
+
+
+def test_the_json_byte_scan_decides_on_cupy_as_on_numpy() -> None:
+    # gpu_prep/jsonscan.py, which the GPU backend runs before handing a range to cuDF: on every trap and on
+    # clean chats (raw and ASCII-escaped, emoji as surrogate pairs), each line alone and all together.
+    import json
+
+    import cupy
+
+    from corpora import sharegpt_chats
+    from gpu_prep.jsonscan import scan
+    from test_jsonscan import SYNTAX_TRAPS
+
+    values = {"messages": (91, True), "role": (34, False), "content": (34, False), "a": (34, False)}
+    chats = [json.dumps({"messages": c["messages"]}, ensure_ascii=ascii).encode()
+             for c in sharegpt_chats(200) for ascii in (False, True)]
+    lines = [*SYNTAX_TRAPS, *chats, b"", b"   "]
+    for line in lines:
+        rows = int(bool(line.strip()))
+        assert scan(cupy, line + b"\n", rows, values) == scan(np, line + b"\n", rows, values), line[:80]
+    block = b"\n".join(chats) + b"\n"
+    assert scan(cupy, block, len(chats), values) == scan(np, block, len(chats), values) is not None
