@@ -150,13 +150,12 @@ def _keys(xp: Any, b: Any, opens: Any, closes: Any, rows: int, values: dict[str,
     holds a value of its kind, and a row's own field occurs at most `rows` times; else None."""
     shown = xp.flatnonzero(b != SPACE)
     padded = xp.concatenate([b, xp.asarray([NEWLINE], dtype=b.dtype)])  # a newline past the end
-    before, after = padded[_before(xp, shown, opens)], _after(xp, shown, closes, b.size)
+    after = _after(xp, shown, closes, b.size)
     is_key = padded[after] == COLON
-    # A key with an escape may spell a name read in other characters: refused (and so is a string after
-    # { or , in a line that is no JSON, which may be taken for a key).
+    # A key with an escape may spell a name read in other characters: refused. (A string followed by a colon
+    # is a key exactly where the line is JSON, which _grammar checks; a line that is not is refused there.)
     slashes = xp.concatenate([xp.zeros(1, xp.int32), xp.cumsum(b == BACKSLASH, dtype=xp.int32)])
-    escaped = slashes[closes] - slashes[opens] > 0
-    if _any(escaped & (is_key | (before == LBRACE) | (before == COMMA))):
+    if _any((slashes[closes] - slashes[opens] > 0) & is_key):
         return None
     key_opens, lengths = opens[is_key], (closes - opens - 1)[is_key]
     value = padded[_after(xp, shown, after[is_key], b.size)]  # the first byte after each key's colon
