@@ -47,8 +47,7 @@ def scan(xp: Any, data: bytes, rows: int, values: dict[str, tuple[int, bool]]) -
         return None  # NaN, Infinity, a stray backslash or byte order mark: nothing a JSON value holds
     keys = _keys(xp, b, opens, closes, rows, values)
     skeleton = b[~inside]  # every string emptied to ""
-    if keys is None or not _one_object_per_line(xp, skeleton) or not _grammar(xp, skeleton) \
-            or not _atoms_valid(xp, skeleton):
+    if keys is None or not _grammar(xp, skeleton) or not _atoms_valid(xp, skeleton):
         return None
     return keys
 
@@ -169,73 +168,50 @@ def _keys(xp: Any, b: Any, opens: Any, closes: Any, rows: int, values: dict[str,
     return int(is_key.sum())
 
 
-def _depth(xp: Any, skeleton: Any) -> tuple[Any, Any, Any]:
-    """(opening brackets, closing brackets, the depth after each byte)."""
-    opening = (skeleton == LBRACE) | (skeleton == LBRACKET)
-    closing = (skeleton == RBRACE) | (skeleton == RBRACKET)
-    return opening, closing, xp.cumsum(opening.astype(xp.int32) - closing.astype(xp.int32), dtype=xp.int32)
-
-
-def _one_object_per_line(xp: Any, skeleton: Any) -> bool:
-    """Whether every line that is not blank is one object: its brackets (strings emptied) open at its first
-    byte and close for the first time at its last (`{...}}` or `{...},{}` are two values), nested no deeper
-    than the strict parser reads."""
-    opening, closing, depth = _depth(xp, skeleton)
-    if int(depth.max()) > MAX_DEPTH:
-        return False
-    places = xp.flatnonzero(skeleton != SPACE)  # newlines included: they end lines
-    shown = skeleton[places]
-    line = shown != NEWLINE
-    first = line & (_shifted(xp, shown, -1, NEWLINE) == NEWLINE)
-    last = line & (_shifted(xp, shown, 1, NEWLINE) == NEWLINE)
-    if _any(first & (shown != LBRACE)) or _any(last & ((shown != RBRACE) | (depth[places] != 0))):
-        return False
-    brackets = opening[places] | closing[places]
-    return not _any(brackets & (depth[places] == 0) & ~last)
-
-
 def _grammar(xp: Any, skeleton: Any) -> bool:
-    """Whether the tokens of each line (strings emptied; a number or literal is one token) follow JSON's
-    grammar: brackets of one kind open and close, a key and a colon before each value of an object, a comma
-    between values and none after the last."""
+    """Whether each line that is not blank is one JSON object by the grammar, its tokens (strings emptied; a
+    number or literal is one token) in place: a line opens with a brace and ends where it closes (`{...}}` and
+    `{...},{}` are two values), brackets of one kind open and close, a key and a colon before each value of
+    an object, a comma between values and none after the last, nesting no deeper than the strict parser
+    reads."""
     s = skeleton
     quote = s == QUOTE
     atom = _table(xp, _NUMBER + _LETTERS)[s]
+    opening = (s == LBRACE) | (s == LBRACKET)
+    closing = (s == RBRACE) | (s == RBRACKET)
+    depth = xp.cumsum(opening.astype(xp.int32) - closing.astype(xp.int32), dtype=xp.int32)  # after each byte
+    if int(depth.max()) > MAX_DEPTH:
+        return False
     starts_token = (quote & ((xp.cumsum(quote, dtype=xp.int32) & 1) == 1)) | (atom & ~_shifted(xp, atom, -1, False)) \
         | _table(xp, b"{}[],:\n")[s]
-    opening, closing, depth = _depth(xp, s)
     places = xp.flatnonzero(starts_token)
     t = xp.where(atom, ATOM, s)[places]
     if t.size == 0:
         return True
-    # Each token's container: the bracket that opened last at the token's level and before it (for a
-    # closing bracket, the one it closes; a newline or an outer bracket is at level 0: none).
+    before, after = _shifted(xp, t, -1, NEWLINE), _shifted(xp, t, 1, NEWLINE)
+    if _any((t != NEWLINE) & (before == NEWLINE) & (t != LBRACE)):
+        return False  # a line that does not open with a brace
     is_open, is_close = opening[places], closing[places]
-    level = depth[places] + is_close.astype(xp.int32)
     order = xp.arange(t.size, dtype=xp.int64)
     openers = xp.flatnonzero(is_open)
-    opener_keys = xp.sort(level[openers].astype(xp.int64) * (t.size + 1) + openers)
-    found = xp.searchsorted(opener_keys, level.astype(xp.int64) * (t.size + 1) + order) - 1
-    opener = opener_keys[xp.maximum(found, 0)] % (t.size + 1) if opener_keys.size else xp.zeros_like(order)
-    has = (found >= 0) & (level > 0)
-    if opener_keys.size:
-        has &= opener_keys[xp.maximum(found, 0)] // (t.size + 1) == level
-    container = xp.where(has, t[xp.minimum(opener, t.size - 1)], NEWLINE)
-    # ... and for a closing bracket, the container it leaves the value in.
-    outer_level = depth[places]
-    found = xp.searchsorted(opener_keys, outer_level.astype(xp.int64) * (t.size + 1) + order) - 1
-    outer_has = (found >= 0) & (outer_level > 0)
-    if opener_keys.size:
-        outer_has &= opener_keys[xp.maximum(found, 0)] // (t.size + 1) == outer_level
-        outer = xp.where(outer_has, t[xp.minimum(opener_keys[xp.maximum(found, 0)] % (t.size + 1), t.size - 1)],
-                         NEWLINE)
-    else:
-        outer = xp.full(t.size, NEWLINE, t.dtype)
+    width = t.size + 1
+    opener_keys = xp.sort(depth[places][openers].astype(xp.int64) * width + openers)  # by (level, place)
+
+    def enclosing(level: Any) -> Any:
+        """The bracket that opened last at each token's `level` before it (NEWLINE at level 0: none)."""
+        if not opener_keys.size:
+            return xp.full(t.size, NEWLINE, t.dtype)
+        found = opener_keys[xp.maximum(xp.searchsorted(opener_keys, level.astype(xp.int64) * width + order) - 1, 0)]
+        has = (level > 0) & (found // width == level)
+        return xp.where(has, t[found % width], NEWLINE)
+
+    # Each token's container (for a closing bracket, the one it closes), and the container a closing bracket
+    # leaves its value in.
+    container = enclosing(depth[places] + is_close.astype(xp.int32))
+    outer = enclosing(depth[places])
     in_object, in_list = container == LBRACE, container == LBRACKET
-    before, after = _shifted(xp, t, -1, NEWLINE), _shifted(xp, t, 1, NEWLINE)
     before2 = _shifted(xp, t, -2, NEWLINE)
-    value_starts = _table(xp, b'{["a')
-    starts_value = value_starts[after]
+    starts_value = _table(xp, b'{["a')[after]
     is_key = (t == QUOTE) & in_object & ((before == LBRACE) | (before == COMMA))
     # What may follow a value: a comma or the bracket closing its container (a line's last brace: the end).
     ends_in = xp.where(is_close, outer, container)
