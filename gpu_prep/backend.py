@@ -26,8 +26,9 @@ from gpu_prep.ragged import offsets_from_lengths, row_of
 # What encoder() is handed: a loaded tokenizer (gpu_prep.tokenizer.Tokenizer; not imported here, so that the
 # seam depends on nothing above it): .encode, .model, .engine, .lowercases().
 Tokenizer = Any
-# A reader of JSON Lines byte ranges: (path, offset, size, columns) -> an Arrow table, or None where it cannot
-# (read.ReadRange says what columns holds).
+# A reader of JSON Lines byte ranges: (path, offset, size, columns) -> an Arrow table of those columns, a row
+# for each line that starts in the range, or None where it cannot. columns maps a name to "str" (a string
+# field) or to {key: "str", ...} (a list of objects with those string fields).
 ReadRange = Callable[[str, int, int, dict[str, Any]], Any]
 
 GPU_EXTRA = 'pip install "gpu-prep[gpu]"'

@@ -551,7 +551,7 @@ class PipelineConfig(_Frozen):
         return "train" if label in self.input.roles_to_train else self.mask_default
 
     def canonical_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return _canonical(self.model_dump(mode="json"))
 
     def sha256(self) -> str:
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
@@ -567,7 +567,12 @@ def output_sha256(dumped: dict[str, Any]) -> str:
     """PipelineConfig.output_sha256 of a config as model_dump(mode="json") gives it (a manifest's "config")."""
     kept = {k: v for k, v in dumped.items() if k not in ("device", "gpu")}
     kept["preprocessing"] = {k: v for k, v in kept.get("preprocessing", {}).items() if k != "dedup_memory_mb"}
-    return hashlib.sha256(json.dumps(kept, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return hashlib.sha256(_canonical(kept).encode()).hexdigest()
+
+
+def _canonical(dumped: dict[str, Any]) -> str:
+    """A config's JSON with sorted keys and no spaces: the same config gives the same text."""
+    return json.dumps(dumped, sort_keys=True, separators=(",", ":"))
 
 
 def _known_keys(loc: tuple) -> list[str]:

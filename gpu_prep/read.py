@@ -15,7 +15,7 @@ from __future__ import annotations
 import glob
 import io
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ import numpy as np
 import orjson
 
 from gpu_prep import jsonscan
+from gpu_prep.backend import ReadRange
 from gpu_prep.errors import ConfigError, Drop, InputError
 from gpu_prep.jsonscan import LBRACKET, QUOTE
 from gpu_prep.sources import (KNOWN, READ_ERRORS, batch_rows, batch_sizes, column_names, csv_rows, dataset_folder_files,
@@ -254,10 +255,6 @@ def _guarded(file: InputFile, rows: Iterator[Row]) -> Iterator[Row]:
 # result is taken only when it has one complete row per line; any other range is parsed line by line as
 # above. Either way every row is the one the strict parser would give, so output and accounting stay exact.
 RANGE_BYTES = 16 << 20
-# (path, offset, size, columns) -> an Arrow table of those columns, a row for each line that starts in the
-# range, or None when it cannot. columns maps a name to "str" (a string field) or to {key: "str", ...} (a list
-# of objects with those string fields).
-ReadRange = Callable[[str, int, int, "dict[str, Any]"], Any]
 
 
 class ColumnarRecord(dict):
@@ -352,9 +349,10 @@ def _range_rows(path: str, offset: int, size: int, lines: list[tuple[int, bytes 
                 columns: dict[str, Any], cap: int) -> Iterator[Row]:
     """The rows of these numbered lines, bytes [offset, offset + size) of the file: as columns where the
     scan and the parser's result allow, else line by line."""
-    numbered = [k for k, (_, raw) in enumerate(lines) if isinstance(raw, int) or not raw.isspace()]
-    whole = all(isinstance(raw, bytes) and len(raw) - raw.endswith(b"\n") <= cap for _, raw in lines)
-    keys = columnar.scan(b"".join(raw for _, raw in lines), len(numbered)) if numbered and whole else None
+    # A line over the cap is given as its size (_bounded_lines): its range is read line by line.
+    whole = not any(isinstance(raw, int) for _, raw in lines)
+    numbered = [k for k, (_, raw) in enumerate(lines) if not raw.isspace()] if whole else []
+    keys = columnar.scan(b"".join(raw for _, raw in lines), len(numbered)) if numbered else None
     table = None if keys is None else columnar.read_range(path, offset, size, columns)
     if table is None or not columnar.complete(keys, len(numbered), table):
         yield from _exact_rows(iter(lines), cap)

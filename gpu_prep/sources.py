@@ -32,6 +32,7 @@ import json
 import lzma
 import os
 import zlib
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -376,7 +377,7 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
                           "one of them would be lost")
     types = {name: pa.string() for name in header}
     options = pacsv.ConvertOptions(column_types=types, strings_can_be_null=False, quoted_strings_can_be_null=False)
-    bad: list[Any] = []
+    bad: deque[Any] = deque()  # the parser's skipped rows, taken from the left
 
     def keep_bad(invalid: Any) -> str:
         bad.append(invalid)
@@ -396,12 +397,12 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
         # own number; what is left at the end (where the two readers disagree on a row) comes last.
         for batch in reader:
             if bad and ragged is None:
-                ragged = _ragged_records(path, compression, delimiter, encoding, len(header))
+                ragged = deque(_ragged_records(path, compression, delimiter, encoding, len(header)))
             for record in batch.to_pylist():
                 row += 1
                 while bad and ragged and ragged[0] == row:  # the skipped rows before this one, in their places
-                    ragged.pop(0)
-                    yield malformed(row, bad.pop(0))
+                    ragged.popleft()
+                    yield malformed(row, bad.popleft())
                     row += 1
                 yield row, record, None, 0
         for invalid in bad:

@@ -37,6 +37,7 @@ def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], 
     config, acct, tok = run.config, outcome.acct, run.tok
     packing = config.preprocessing.packing != "none"
     domains = outcome.domains
+    files = written_files(out_dir)
     manifest = {
         "gpu_prep_version": __version__,
         "config": config.model_dump(mode="json"),
@@ -60,11 +61,10 @@ def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], 
                                     config.preprocessing.max_seq_len)} if packing else {}),
         **({"fuzzy_dedup": _lsh(config)} if config.preprocessing.fuzzy_dedup is not None else {}),
         "domains": domains,
-        "files": written_files(out_dir),
+        "files": files,
         # The tokenizer copied beside the shards, which trainers load: its files' sha256 (shards have theirs
         # in meta.json), so that verify finds an edit that keeps a file's size.
-        "tokenizer_files": {name: sha256_file(out_dir / name) for name in written_files(out_dir)
-                            if name.startswith(f"{COPY_DIR}/")},
+        "tokenizer_files": {name: sha256_file(out_dir / name) for name in files if name.startswith(f"{COPY_DIR}/")},
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
     }
     return {**manifest, "manifest_sha256": manifest_checksum(manifest)}
