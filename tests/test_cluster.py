@@ -293,6 +293,32 @@ def test_the_dedup_shuffle_finds_what_one_pass_in_order_finds(data: st.DataObjec
         assert {int(row[0]) for row in found.get(k, np.zeros((0, DIGEST), np.uint8))} == want, (k, r.start, r.stop)
 
 
+def test_a_stopped_run_silences_its_local_workers_before_closing_them() -> None:
+    # Workers cut off mid-transfer when a stopped run closes its cluster log reset connections as tracebacks:
+    # the stop silences the workers' loggers (and this process's) first.
+    import logging
+
+    from gpu_prep.cluster import driver
+
+    seen: dict[str, int] = {}
+
+    def levels(client: Any) -> None:
+        seen.update(client.run(lambda: logging.getLogger("distributed").getEffectiveLevel()))
+
+    here = logging.getLogger("distributed")
+    before = here.level
+    original = driver._quiet_teardown
+    try:
+        driver._quiet_teardown = lambda client: (original(client), levels(client))
+        with pytest.raises(KeyboardInterrupt), driver.connect("local:2", False, parse_config(BASE)):
+            raise KeyboardInterrupt
+        assert len(seen) == 2 and set(seen.values()) == {logging.CRITICAL}
+        assert here.level == logging.CRITICAL
+    finally:
+        driver._quiet_teardown = original
+        here.setLevel(before)
+
+
 @pytest.mark.parametrize("spec", ["local:0", "local:two", "remote", "nowhere:3"])
 def test_connect_refuses_what_is_neither_local_nor_an_address(spec: str) -> None:
     from gpu_prep.cluster.driver import connect

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 import os
 import signal
@@ -62,7 +63,11 @@ def connect(spec: str, gpu: bool, config: PipelineConfig) -> Iterator[Any]:
     with _deaf_to_ctrl_c():  # the local workers' processes: Ctrl-C is this process's to answer
         cluster = start()
     with cluster, Client(cluster) as client:
-        yield client
+        try:
+            yield client
+        except BaseException:
+            _quiet_teardown(client)
+            raise
 
 
 @contextmanager
@@ -78,6 +83,21 @@ def _deaf_to_ctrl_c() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _quiet_distributed() -> None:
+    logging.getLogger("distributed").setLevel(logging.CRITICAL)
+
+
+def _quiet_teardown(client: Any) -> None:
+    """A run that stops (Ctrl-C, an error) closes its local cluster with tasks in flight: workers cut off
+    mid-transfer log tracebacks of reset connections that say nothing of the run. This process reports
+    the stop; the workers and the scheduler here are silenced first."""
+    _quiet_distributed()
+    try:
+        client.run(_quiet_distributed, on_error="ignore")
+    except Exception:  # a cluster already going down: nothing left to silence
+        pass
 
 
 # A row of JSON Lines is taken to be at least this many bytes, and a bucket's shuffle to need this many times
