@@ -30,6 +30,9 @@ Tokenizer = Any
 # for each line that starts in the range, or None where it cannot. columns maps a name to "str" (a string
 # field) or to {key: "str", ...} (a list of objects with those string fields).
 ReadRange = Callable[[str, int, int, dict[str, Any]], Any]
+# A reader of Parquet row groups: (path, row groups, columns) -> an Arrow table of those columns, or None where
+# it cannot.
+ReadGroups = Callable[[str, list[int], list[str]], Any]
 
 GPU_EXTRA = 'pip install "gpu-prep[gpu]"'
 log = logging.getLogger("gpu_prep")
@@ -65,7 +68,8 @@ GPU_API: list[tuple[str, str, tuple[str, ...]]] = [
     ("cudf", "read_json", ("lines", "byte_range", "dtype", "prune_columns", "on_bad_lines")),
     ("cudf", "ListDtype", ("element_type",)),
     ("cudf", "StructDtype", ("fields",)),
-    ("cudf", "DataFrame.to_arrow", ()),
+    ("cudf", "DataFrame.to_arrow", ("preserve_index",)),
+    ("cudf", "read_parquet", ("columns", "row_groups", "use_pandas_metadata")),
     # cluster/driver.py's local cluster of GPU workers (one per GPU) with the config's memory pool and spilling.
     ("dask_cuda", "LocalCUDACluster", ("n_workers", "threads_per_worker", "rmm_pool_size", "enable_cudf_spill")),
 ]
@@ -101,6 +105,10 @@ class Backend:
         """What reads byte ranges of JSON Lines as columns on this device; None: read line by line."""
         return None
 
+    def parquet_reader(self) -> ReadGroups | None:
+        """What decodes Parquet row groups on this device; None: pyarrow on the host."""
+        return None
+
 
 @dataclass(frozen=True)
 class GpuBackend(Backend):
@@ -130,6 +138,9 @@ class GpuBackend(Backend):
     def json_range_reader(self) -> ReadRange | None:
         return read_json_range if self.strings else None
 
+    def parquet_reader(self) -> ReadGroups | None:
+        return read_parquet_groups if self.strings else None
+
     def encoder(self, tok: Tokenizer) -> Callable[[list[str]], tuple[np.ndarray, np.ndarray]]:
         # WordPiece runs on the GPU; byte-level BPE cannot run exactly in cuDF, so it stays on the CPU
         # engine and its ids move to the device for the mask stage.
@@ -154,6 +165,19 @@ def read_json_range(path: str, offset: int, size: int, columns: dict[str, Any]) 
     except Exception:  # noqa: BLE001  anything cuDF refuses is read by the strict parser instead
         return None
     return frame.to_arrow()
+
+
+def read_parquet_groups(path: str, groups: list[int], columns: list[str]) -> Any:
+    """These columns of a Parquet file's row groups, decoded by cuDF, as an Arrow table; None when cuDF
+    cannot read them (sources.parquet_rows then reads them with pyarrow, which says what is wrong)."""
+    import cudf
+
+    try:
+        # No pandas metadata: an index the file's writer stored must not come back as a column.
+        frame = cudf.read_parquet(path, columns=columns, row_groups=groups, use_pandas_metadata=False)
+    except Exception:  # noqa: BLE001
+        return None
+    return frame.to_arrow(preserve_index=False)
 
 
 class GpuWordPiece:

@@ -24,11 +24,11 @@ import numpy as np
 import orjson
 
 from gpu_prep import jsonscan
-from gpu_prep.backend import ReadRange
+from gpu_prep.backend import ReadGroups, ReadRange
 from gpu_prep.errors import ConfigError, Drop, InputError
 from gpu_prep.jsonscan import LBRACKET, QUOTE
 from gpu_prep.sources import (KNOWN, READ_ERRORS, batch_rows, batch_sizes, column_names, csv_rows, dataset_folder_files,
-                              file_size, hub_rows, inspect_file, is_url, json_array_rows, open_bytes, remote_files,
+                              file_size, hub_rows, inspect_file, is_url, json_array_rows, open_bytes, parquet_rows, remote_files,
                               split_name, text_rows)
 
 # A JSON Lines chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so
@@ -270,16 +270,26 @@ def as_read(record: Any) -> Any:
 
 @dataclass(frozen=True)
 class Columnar:
-    """Read JSON Lines as columns: these top-level string fields, each range by read_range; and for chat
-    rows a list of messages, (field, role key, content key), each message an object of those two strings.
-    Chat rows are taken only when the bytes hold no key beyond those: such a row is then wholly what the
-    strict parser reads, whatever the row builders look for. The byte scan (gpu_prep.jsonscan) runs on
-    the array module xp: CuPy on the GPU backend, beside the parser."""
+    """Read as columns on the device. JSON Lines (read_range; None: line by line): these top-level string
+    fields, and for chat rows a list of messages, (field, role key, content key), each message an object of
+    those two strings. Chat rows are taken only when the bytes hold no key beyond those: such a row is then
+    wholly what the strict parser reads, whatever the row builders look for. The byte scan
+    (gpu_prep.jsonscan) runs on the array module xp: CuPy on the GPU backend, beside the parser. Parquet
+    (read_groups; None: pyarrow): the columns that hold text, whole rows (sources.parquet_rows)."""
 
-    fields: tuple[str, ...]
-    read_range: ReadRange
+    fields: tuple[str, ...] = ()
+    read_range: ReadRange | None = None
     messages: tuple[str, str, str] | None = None
     xp: Any = np
+    read_groups: ReadGroups | None = None
+
+    def jsonl(self, file: InputFile) -> bool:
+        """Whether this file's lines are read in byte ranges (uncompressed, UTF-8, local)."""
+        return self.read_range is not None and file.compression is None and file.encoding is None \
+            and not is_url(file.path)
+
+    def parquet(self, file: InputFile) -> bool:
+        return self.read_groups is not None and file.layout == "parquet" and not is_url(file.path)
 
     def columns(self) -> dict[str, Any]:
         """What read_range is asked for."""
@@ -375,6 +385,8 @@ def file_rows(file: InputFile, columnar: Columnar | None = None, max_row_bytes: 
 
 def _rows_of(file: InputFile, columnar: Columnar | None, max_row_bytes: int) -> Iterator[Row]:
     layout, encoding = file.layout, file.encoding
+    if columnar is not None and columnar.parquet(file):
+        return parquet_rows(file.path, columnar.read_groups)
     if layout == "parquet" or layout.startswith("arrow"):
         return batch_rows(file.path, layout)
     if layout in ("csv", "tsv"):
@@ -383,7 +395,7 @@ def _rows_of(file: InputFile, columnar: Columnar | None, max_row_bytes: int) -> 
         return text_rows(file.path, file.compression, file.text_key, file.text_per_line, encoding)
     if layout == "json":
         return json_array_rows(file.path, file.compression, _parse_line, encoding=encoding, cap=max_row_bytes)
-    if columnar is not None and file.compression is None and encoding is None and not is_url(file.path):
+    if columnar is not None and columnar.jsonl(file):
         return _columnar_rows(file, columnar, max_row_bytes)  # byte ranges of a local file
     return _jsonl_rows(file, max_row_bytes)
 
@@ -447,9 +459,12 @@ def part_rows(part: Part, columnar: Columnar | None = None, max_row_bytes: int =
     data: the part's bytes when the caller has read them already."""
     if part.end is None:
         yield from file_rows(part.file, columnar, max_row_bytes)
+    elif part.batches and columnar is not None and columnar.parquet(part.file):
+        yield from _guarded(part.file, parquet_rows(part.file.path, columnar.read_groups,
+                                                    part.start, part.end, first_line))
     elif part.batches:
         yield from _guarded(part.file, batch_rows(part.file.path, part.file.layout, part.start, part.end, first_line))
-    elif columnar is not None:
+    elif columnar is not None and columnar.read_range is not None:
         yield from _columnar_rows(part.file, columnar, max_row_bytes, part, first_line)
     else:
         lines = _bounded_lines(io.BytesIO(read_part(part) if data is None else data), max_row_bytes, first_line)

@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gpu_prep.backend import ReadGroups
 from gpu_prep.errors import ConfigError
 
 TEXT_FORMATS = ("jsonl", "json", "csv", "tsv", "txt")
@@ -54,6 +55,7 @@ BOM_OF = {encoding: bom for bom, encoding in BOMS.items()}
 # What reading a damaged file raises: decompressors' errors, pyarrow's (ArrowInvalid is a ValueError,
 # ArrowIOError an OSError), a decode error (a ValueError). Nothing else is caught: it would hide a bug.
 READ_ERRORS = (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error)
+BATCH_ROWS = 4096  # Parquet and Arrow rows are turned into Python rows this many at a time
 HEAD_BYTES = 4096  # how much of a file (decompressed) its checks look at
 REJECT_TEXT = 1 << 20  # how much of a malformed row a rejects file keeps
 KNOWN = ", ".join(sorted(EXTENSIONS)) + " (the text ones also " + ", ".join(sorted(COMPRESSIONS)) + ")"
@@ -606,7 +608,7 @@ def _batches(path: str, layout: str, start: int = 0, stop: int | None = None) ->
     if layout == "parquet":
         parquet = pq.ParquetFile(open_raw(path) if is_url(path) else path)
         groups = list(range(start, parquet.metadata.num_row_groups if stop is None else stop))
-        yield from parquet.iter_batches(batch_size=4096, row_groups=groups)
+        yield from parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=groups)
         return
     with _source(path) as source:
         if layout == "arrow-stream":
@@ -625,6 +627,62 @@ def batch_rows(path: str, layout: str, start: int = 0, stop: int | None = None, 
         for record in batch.to_pylist():
             row += 1
             yield row, record, None, 0
+
+
+def _holds_text(kind: Any) -> bool:
+    """Whether a Parquet column of this Arrow type is one the device decodes: strings, or lists and structs
+    with strings in them (of strings, booleans, integers and doubles only)."""
+    import pyarrow as pa
+
+    def leaves(kind: Any) -> list[Any]:  # [None] where a leaf is of another type
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            return leaves(kind.value_type)
+        if pa.types.is_struct(kind):
+            return [leaf for i in range(kind.num_fields) for leaf in leaves(kind.field(i).type)] or [None]
+        plain = (pa.types.is_string, pa.types.is_large_string, pa.types.is_boolean, pa.types.is_integer,
+                 pa.types.is_float64)
+        return [kind if any(is_kind(kind) for is_kind in plain) else None]
+
+    found = leaves(kind)
+    return None not in found and any(pa.types.is_string(k) or pa.types.is_large_string(k) for k in found)
+
+
+def parquet_rows(path: str, read_groups: ReadGroups, start: int = 0, stop: int | None = None,
+                 first: int = 1) -> Iterator[Row]:
+    """The rows of a local Parquet file's row groups [start, stop), as batch_rows gives them, with the
+    columns that hold text decoded by read_groups (cuDF on the GPU backend) and the others by pyarrow. A row
+    group read_groups cannot read, or reads into other rows or types than the file's, is read by pyarrow."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(path)
+    schema, meta = parquet.schema_arrow, parquet.metadata
+    device = [f.name for f in schema if _holds_text(f.type)]
+    if not device or len(set(schema.names)) != len(schema.names):
+        yield from batch_rows(path, "parquet", start, stop, first)
+        return
+    host = [name for name in schema.names if name not in device]
+    row = first - 1
+    for group in range(start, meta.num_row_groups if stop is None else stop):
+        batches = None
+        table = read_groups(path, [group], device)
+        if table is not None and table.num_rows == meta.row_group(group).num_rows:
+            try:  # the file's own types (cuDF gives large strings): a struct or list it read otherwise fails
+                table = table.select(device).cast(pa.schema([schema.field(name) for name in device]))
+            except (pa.ArrowException, KeyError, ValueError, TypeError):
+                table = None
+            if table is not None:
+                rest = parquet.read_row_group(group, columns=host) if host else None
+                columns = {name: table.column(name) for name in device} | \
+                          ({name: rest.column(name) for name in host} if rest is not None else {})
+                whole = pa.Table.from_arrays([columns[name] for name in schema.names], schema=schema)
+                batches = whole.to_batches(max_chunksize=BATCH_ROWS)
+        if batches is None:
+            batches = parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=[group])
+        for batch in batches:
+            for record in batch.to_pylist():
+                row += 1
+                yield row, record, None, 0
 
 
 def batch_sizes(path: str, layout: str) -> list[tuple[int, int]]:

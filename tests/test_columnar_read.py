@@ -425,3 +425,100 @@ def test_a_plugin_builder_for_a_built_in_type_gets_rows_whole(monkeypatch: Any) 
     monkeypatch.setattr(gpu_prep.format, "_BUILDERS", dict(gpu_prep.format._BUILDERS))
     gpu_prep.format.register("text")(lambda record, config: gpu_prep.format.get_builder("instruction")(record, config))
     assert columnar_reader(config, Backend("cpu", np)) is None
+
+
+# Parquet on the GPU backend: the columns that hold text are decoded by cuDF (read_groups), the others by
+# pyarrow, and the rows are pyarrow's. The stand-in answers as cuDF's to_arrow does, with large strings.
+def _large_strings(kind: pa.DataType) -> pa.DataType:
+    if pa.types.is_string(kind):
+        return pa.large_string()
+    if pa.types.is_list(kind):
+        return pa.list_(_large_strings(kind.value_type))
+    if pa.types.is_struct(kind):
+        return pa.struct([(kind.field(i).name, _large_strings(kind.field(i).type)) for i in range(kind.num_fields)])
+    return kind
+
+
+def _groups_like_cudf(asked: list[tuple[int, ...]]) -> Any:
+    import pyarrow.parquet as pq
+
+    def read_groups(path: str, groups: list[int], columns: list[str]) -> pa.Table:
+        asked.append((*groups, *columns))
+        table = pq.ParquetFile(path).read_row_groups(groups, columns=columns, use_pandas_metadata=False)
+        return table.cast(pa.schema([(f.name, _large_strings(f.type)) for f in table.schema]))
+    return read_groups
+
+
+def _mixed_parquet(path: Path, rows: int = 300, group_rows: int = 70) -> Path:
+    import pyarrow.parquet as pq
+
+    records = [{"id": i, "text": None if i % 17 == 0 else f"row {i}: é, 日本",
+                "messages": None if i % 23 == 0 else [{"role": "user", "content": f"q{i}", "turn": 1},
+                                                      None if i % 29 == 0 else {"role": "assistant", "turn": 2,
+                                                                                "content": None if i % 7 == 0 else f"a{i}"}],
+                "tags": [f"t{i % 3}"] * (i % 4), "blob": bytes([i % 256]) * 3, "score": i / 7,
+                "kind": f"k{i % 2}"} for i in range(rows)]
+    table = pa.Table.from_pylist(records)
+    table = table.set_column(table.schema.get_field_index("kind"), "kind", table.column("kind").dictionary_encode())
+    pq.write_table(table, path, row_group_size=group_rows)
+    return path
+
+
+def _in_order(rows: Any) -> list[str]:
+    """Rows compared with their keys' order (a rejects file writes them so)."""
+    return [repr(row) for row in rows]
+
+
+def test_parquet_text_columns_read_on_the_device_give_pyarrows_rows(tmp_path: Path) -> None:
+    from gpu_prep.sources import batch_rows, parquet_rows
+
+    path = _mixed_parquet(tmp_path / "mixed.parquet")
+    asked: list[tuple[int, ...]] = []
+    got = list(parquet_rows(str(path), _groups_like_cudf(asked)))
+    assert _in_order(got) == _in_order(batch_rows(str(path), "parquet"))
+    assert [list(r[1]) for r in got[:1]] == [["id", "text", "messages", "tags", "blob", "score", "kind"]]
+    # Each of the 5 row groups once, for the columns with strings in them (not the dictionary, bytes, numbers).
+    assert asked == [(g, "text", "messages", "tags") for g in range(5)]
+    # Row groups [2, 4) as a cluster's part reads them, numbered on from its first row.
+    assert _in_order(parquet_rows(str(path), _groups_like_cudf([]), 2, 4, 141)) == \
+        _in_order(batch_rows(str(path), "parquet", 2, 4, 141))
+
+
+@pytest.mark.parametrize("answer", ["none", "short", "renamed", "reordered", "retyped"])
+def test_a_row_group_the_device_reads_otherwise_is_read_by_pyarrow(tmp_path: Path, answer: str) -> None:
+    from gpu_prep.sources import batch_rows, parquet_rows
+
+    path = _mixed_parquet(tmp_path / "mixed.parquet")
+    cudf_like = _groups_like_cudf([])
+
+    def odd(path: str, groups: list[int], columns: list[str]) -> pa.Table | None:
+        table = cudf_like(path, groups, columns)
+        if groups != [1]:
+            return table
+        messages = table.column("messages")
+        return {"none": None, "short": table.slice(1),
+                "renamed": table.rename_columns(["text", "messages", "labels"]),
+                "reordered": table.set_column(1, "messages", messages.cast(pa.list_(pa.struct(
+                    [("content", pa.string()), ("role", pa.string()), ("turn", pa.int64())])))),
+                "retyped": table.set_column(1, "messages", pa.array([None] * len(table), pa.list_(pa.string())))}[answer]
+
+    assert _in_order(parquet_rows(str(path), odd)) == _in_order(batch_rows(str(path), "parquet"))
+
+
+def test_a_gpu_run_reads_parquet_text_on_the_device_and_writes_what_pyarrow_gives(tmp_path: Path, monkeypatch: Any,
+                                                                                 fast_tokenizer: Any) -> None:
+    # The whole run, chat rows from Parquet with a column of another type beside: the same shards, totals
+    # and rejects with the device's reader as with pyarrow's, and the device asked for every row group.
+    path = _mixed_parquet(tmp_path / "chat.parquet")
+    asked: list[tuple[int, ...]] = []
+    config = parse_config({"input": {"type": "chat"}, "mask": {"assistant": "train"},
+                           "preprocessing": {"min_chars": 1}})
+    results = {}
+    for reader in ("pyarrow", "device"):
+        if reader == "device":
+            monkeypatch.setattr(Backend, "parquet_reader", lambda self: _groups_like_cudf(asked))
+        manifest = run(config, [str(path)], tmp_path / reader, Options(rejects=tmp_path / f"{reader}.rejects.jsonl"))
+        shards = {d: [s["sha256"] for s in m["shards"]] for d, m in manifest["domains"].items()}
+        results[reader] = (shards, manifest["totals"], (tmp_path / f"{reader}.rejects.jsonl").read_bytes())
+    assert results["device"] == results["pyarrow"] and len(asked) == 5
+    assert results["pyarrow"][1]["rows_written"] > 100 and results["pyarrow"][2]

@@ -185,3 +185,25 @@ def test_the_cudf_range_reader_asks_for_chat_messages_as_a_list_of_structs(monke
                     "on_bad_lines": "recover",
                     "dtype": {"source": "str", "messages": ("list", ("struct", {"role": "str", "content": "str"}))}}
     assert read_json_range("/data/chat.jsonl", 100, 100, columns) is None
+
+
+def test_the_cudf_parquet_reader_asks_for_row_groups_without_an_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    # read_parquet_groups' own code: the row groups and columns are passed on, pandas metadata is not read
+    # (an index a writer stored would come back as a column) nor an index written out, and a read cuDF
+    # refuses is None (sources.parquet_rows then reads the group with pyarrow).
+    from gpu_prep.backend import read_parquet_groups
+
+    seen: dict[str, Any] = {}
+    rows = [{"text": "hello"}]
+
+    def read_parquet(path: str, **options: Any) -> Any:
+        seen.update(options, path=path)
+        if options["row_groups"] != [0]:
+            raise RuntimeError("cuDF could not read this row group")
+        return types.SimpleNamespace(to_arrow=lambda **kw: seen.update(to_arrow=kw) or pa.Table.from_pylist(rows))
+
+    monkeypatch.setitem(sys.modules, "cudf", types.SimpleNamespace(read_parquet=read_parquet))
+    assert read_parquet_groups("/data/a.parquet", [0], ["text"]).to_pylist() == rows
+    assert seen == {"path": "/data/a.parquet", "columns": ["text"], "row_groups": [0], "use_pandas_metadata": False,
+                    "to_arrow": {"preserve_index": False}}
+    assert read_parquet_groups("/data/a.parquet", [1], ["text"]) is None

@@ -113,6 +113,33 @@ def test_cudf_reader_reads_chat_rows_as_columns(tmp_path: Path, monkeypatch: pyt
     assert sum(read_by_cudf) >= 300, read_by_cudf
 
 
+def test_cudf_reads_parquet_text_columns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # cudf.read_parquet decodes the text columns (strings, lists of structs with nulls in them) of each row
+    # group, pyarrow the others (numbers, bytes, a dictionary); the same shards and rejects as pyarrow alone.
+    # Row groups cuDF read are counted, so a reader that always fell back cannot pass for one that works.
+    pytest.importorskip("cudf")
+    import gpu_prep.backend as backend
+    from test_columnar_read import _mixed_parquet
+
+    read_by_cudf: list[int] = []
+
+    def counting(*args: Any) -> Any:
+        table = reading(*args)
+        read_by_cudf.append(0 if table is None else table.num_rows)
+        return table
+
+    reading = backend.read_parquet_groups
+    monkeypatch.setattr(backend, "read_parquet_groups", counting)
+    config = parse_config({"input": {"type": "chat"}, "mask": {"assistant": "train"}, "preprocessing": {"min_chars": 1}})
+    data = _mixed_parquet(tmp_path / "chat.parquet", rows=3000, group_rows=700)
+    cpu = run(config, [str(data)], tmp_path / "cpu", Options(device="cpu", rejects=tmp_path / "cpu.jsonl"))
+    gpu = run(config, [str(data)], tmp_path / "gpu", Options(device="gpu", rejects=tmp_path / "gpu.jsonl"))
+    assert gpu["device"] == "gpu"
+    _assert_same(cpu, gpu)
+    assert (tmp_path / "cpu.jsonl").read_bytes() == (tmp_path / "gpu.jsonl").read_bytes()
+    assert read_by_cudf == [700] * 4 + [200], read_by_cudf
+
+
 def test_dask_cuda_cluster_matches_the_cpu(tmp_path: Path) -> None:
     # --cluster local with the GPU backend: dask-cuda workers, one per GPU, each reading byte ranges with
     # cuDF and hashing on its GPU; the output is the single CPU process's.

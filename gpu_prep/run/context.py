@@ -294,18 +294,20 @@ def datasets_of(config: PipelineConfig, files: list[InputFile], dataset_files: l
 
 
 def columnar_reader(config: PipelineConfig, backend: Backend) -> Columnar | None:
-    """What reads JSON Lines as columns on this backend (gpu.reader cudf, the default, on the GPU backend
-    with cuDF, which scans the bytes with its xp) where every dataset's rows are built from the same columns
-    and no data handler reads rows whole; None: line by line."""
-    read_range = backend.json_range_reader() if config.gpu.reader == "cudf" else None
-    if read_range is None:
+    """What reads as columns on this backend (gpu.reader cudf, the default, on the GPU backend with cuDF):
+    Parquet's text columns; JSON Lines (scanned with the backend's xp) where every dataset's rows are built
+    from the same columns and no data handler reads rows whole. None: pyarrow, and line by line."""
+    if config.gpu.reader != "cudf":
         return None
+    read_range, read_groups = backend.json_range_reader(), backend.parquet_reader()
     specs = config.datasets or []
     schemas = {columnar_schema(config)} | {columnar_schema(config.dataset_config(k)) for k in range(len(specs))}
     if len(schemas) != 1 or None in schemas or any(spec.data_handlers for spec in specs):
-        return None
+        read_range = None
+    if read_range is None:
+        return Columnar(read_groups=read_groups) if read_groups is not None else None
     (fields, messages), = schemas
-    return Columnar(fields, read_range, messages, backend.xp)
+    return Columnar(fields, read_range, messages, backend.xp, read_groups)
 
 
 def dataset_handlers(spec: Any) -> list[tuple[Any, dict[str, Any], str, Any]]:
