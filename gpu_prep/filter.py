@@ -147,6 +147,17 @@ class Deduplicator:
         return added
 
 
+def length_drops(backend: Backend, chars: np.ndarray, is_pretraining: np.ndarray, min_chars: int,
+                 max_chars: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows the length rules drop, as (too short, too long) row indices, a row in one at most: compared
+    as columns on the backend's device (min_chars holds for pretraining text only)."""
+    xp = backend.xp
+    chars, pretraining = backend.asarray(chars), backend.asarray(is_pretraining)
+    too_short = pretraining & (chars < min_chars)
+    too_long = (chars > max_chars) & ~too_short
+    return backend.to_host(xp.nonzero(too_short)[0]), backend.to_host(xp.nonzero(too_long)[0])
+
+
 def filter_rows(backend: Backend, chars: np.ndarray, keys: list[str], is_pretraining: np.ndarray, config: Any,
                 dedup: Deduplicator | None) -> list[str | None]:
     """A drop reason, or None, for each row; rows are checked in order so dedup keeps first occurrences.
@@ -156,11 +167,10 @@ def filter_rows(backend: Backend, chars: np.ndarray, keys: list[str], is_pretrai
     rules = config.preprocessing
     digests = backend.digests(keys, rules.dedup_prefix_chars) if dedup is not None else []
     reasons: list[str | None] = [None] * len(chars)
-    too_short = is_pretraining & (chars < rules.min_chars)
-    too_long = chars > rules.max_chars
-    for i in np.nonzero(too_short)[0]:
+    too_short, too_long = length_drops(backend, chars, is_pretraining, rules.min_chars, rules.max_chars)
+    for i in too_short.tolist():
         reasons[i] = Drop.TOO_SHORT
-    for i in np.nonzero(too_long & ~too_short)[0]:
+    for i in too_long.tolist():
         reasons[i] = Drop.TOO_LONG
     if dedup is not None:
         candidates = [i for i, r in enumerate(reasons) if r is None]

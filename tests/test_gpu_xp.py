@@ -75,3 +75,18 @@ def test_the_json_byte_scan_decides_on_cupy_as_on_numpy() -> None:
         assert scan(cupy, line + b"\n", rows, values) == scan(np, line + b"\n", rows, values), line[:80]
     block = b"\n".join(chats) + b"\n"
     assert scan(cupy, block, len(chats), values) == scan(np, block, len(chats), values) is not None
+
+
+def test_the_length_rules_drop_the_same_rows_on_cupy() -> None:
+    import cupy
+
+    from gpu_prep.backend import CPU, GpuBackend
+    from gpu_prep.filter import length_drops
+
+    rng = np.random.default_rng(3)
+    chars, pretraining = rng.integers(0, 400, size=20_000), rng.random(20_000) < 0.5
+    device = GpuBackend("gpu", cupy, strings=False)
+    for rules in ((0, 10**9), (50, 300), (200, 100)):
+        want = length_drops(CPU, chars, pretraining, *rules)
+        got = length_drops(device, chars, pretraining, *rules)
+        assert all(isinstance(g, np.ndarray) and (g == w).all() for g, w in zip(got, want)), rules
