@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-NEWLINE, SPACE, QUOTE, BACKSLASH, COLON, COMMA = 10, 32, 34, 92, 58, 44
+NEWLINE, SPACE, QUOTE, BACKSLASH, COLON, COMMA, TAB, RETURN = 10, 32, 34, 92, 58, 44, 9, 13
 LBRACE, RBRACE, LBRACKET, RBRACKET = 123, 125, 91, 93
 ATOM = ord("a")  # a number or a literal, in the stream of tokens
 MAX_DEPTH = 1000  # the strict parser refuses nesting past 1024 levels
@@ -38,11 +38,15 @@ def scan(xp: Any, data: bytes, rows: int, values: dict[str, tuple[int, bool]]) -
     b = xp.asarray(np.frombuffer(data, np.uint8))
     if b.size == 0:
         return 0
-    if _any((b < SPACE) & (b != NEWLINE)) or not valid_utf8(xp, b):
-        return None  # raw tab, CR and control characters, as whitespace or in strings
+    control = b < SPACE
+    blank = (b == TAB) | (b == RETURN)
+    if _any(control & ~blank & (b != NEWLINE)) or not valid_utf8(xp, b):
+        return None  # control characters other than JSON's whitespace
     inside, opens, closes = _strings(xp, b)
-    if inside is None or _any(inside & (b == NEWLINE)):
-        return None  # a string left open or running past its line, or an escape JSON does not have
+    if inside is None or _any(inside & control):
+        return None  # a string left open or running past its line, an escape JSON does not have, a raw tab
+    if _any(blank):
+        b = xp.where(blank, SPACE, b)  # tabs and carriage returns (CRLF lines) between tokens: whitespace
     if _any(~inside & ~_table(xp, _STRUCTURE + _NUMBER + _LETTERS)[b]):
         return None  # NaN, Infinity, a stray backslash or byte order mark: nothing a JSON value holds
     keys = _keys(xp, b, opens, closes, rows, values)
