@@ -153,6 +153,8 @@ def length_drops(backend: Backend, chars: np.ndarray, is_pretraining: np.ndarray
     as columns on the backend's device (min_chars holds for pretraining text only)."""
     xp = backend.xp
     chars, pretraining = backend.asarray(chars), backend.asarray(is_pretraining)
+    top = int(np.iinfo(np.int64).max)  # CuPy refuses Python ints past int64 (the config allows them)
+    min_chars, max_chars = min(min_chars, top), min(max_chars, top)
     too_short = pretraining & (chars < min_chars)
     too_long = (chars > max_chars) & ~too_short
     return backend.to_host(xp.nonzero(too_short)[0]), backend.to_host(xp.nonzero(too_long)[0])

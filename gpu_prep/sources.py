@@ -647,6 +647,25 @@ def _holds_text(kind: Any) -> bool:
     return None not in found and any(pa.types.is_string(k) or pa.types.is_large_string(k) for k in found)
 
 
+def _same_shape(got: Any, want: Any) -> bool:
+    """Whether a column decoded as `got` is one of the file's type `want` up to what cuDF changes in it:
+    large strings for strings, list element names, and the null type for what holds nulls alone. (A cast
+    alone would not do: it fills a struct's missing or renamed fields with nulls.)"""
+    import pyarrow as pa
+
+    types = pa.types
+    if types.is_null(got):
+        return True
+    if types.is_list(want) or types.is_large_list(want):
+        return (types.is_list(got) or types.is_large_list(got)) and _same_shape(got.value_type, want.value_type)
+    if types.is_struct(want):
+        return types.is_struct(got) and [f.name for f in got] == [f.name for f in want] and \
+            all(_same_shape(g.type, w.type) for g, w in zip(got, want))
+    if types.is_string(want) or types.is_large_string(want):
+        return types.is_string(got) or types.is_large_string(got)
+    return got == want
+
+
 def parquet_rows(path: str, read_groups: ReadGroups, start: int = 0, stop: int | None = None,
                  first: int = 1) -> Iterator[Row]:
     """The rows of a local Parquet file's row groups [start, stop), as batch_rows gives them, with the
@@ -662,27 +681,34 @@ def parquet_rows(path: str, read_groups: ReadGroups, start: int = 0, stop: int |
         yield from batch_rows(path, "parquet", start, stop, first)
         return
     host = [name for name in schema.names if name not in device]
+    target = pa.schema([schema.field(name) for name in device])
     row = first - 1
     for group in range(start, meta.num_row_groups if stop is None else stop):
-        batches = None
-        table = read_groups(path, [group], device)
-        if table is not None and table.num_rows == meta.row_group(group).num_rows:
-            try:  # the file's own types (cuDF gives large strings): a struct or list it read otherwise fails
-                table = table.select(device).cast(pa.schema([schema.field(name) for name in device]))
-            except (pa.ArrowException, KeyError, ValueError, TypeError):
-                table = None
-            if table is not None:
-                rest = parquet.read_row_group(group, columns=host) if host else None
-                columns = {name: table.column(name) for name in device} | \
-                          ({name: rest.column(name) for name in host} if rest is not None else {})
-                whole = pa.Table.from_arrays([columns[name] for name in schema.names], schema=schema)
-                batches = whole.to_batches(max_chunksize=BATCH_ROWS)
-        if batches is None:
+        table = _as_decoded(read_groups(path, [group], device), target, meta.row_group(group).num_rows)
+        if table is None:
             batches = parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=[group])
+        else:
+            rest = parquet.read_row_group(group, columns=host)
+            columns = [table.column(name) if name in target.names else rest.column(name) for name in schema.names]
+            batches = pa.Table.from_arrays(columns, schema=schema).to_batches(max_chunksize=BATCH_ROWS)
         for batch in batches:
             for record in batch.to_pylist():
                 row += 1
                 yield row, record, None, 0
+
+
+def _as_decoded(table: Any, target: Any, rows: int) -> Any:
+    """The device's table of a row group in the file's own types (target), or None where it is not one
+    (other rows, columns or types) or cannot be cast back."""
+    import pyarrow as pa
+
+    if table is None or table.num_rows != rows or table.column_names != target.names or \
+            not all(_same_shape(got.type, want.type) for got, want in zip(table.schema, target)):
+        return None
+    try:  # cuDF gives large strings, and the null type for children that hold nulls alone
+        return table.cast(target)
+    except (pa.ArrowException, ValueError, TypeError):
+        return None
 
 
 def batch_sizes(path: str, layout: str) -> list[tuple[int, int]]:

@@ -500,7 +500,8 @@ def test_parquet_text_columns_read_on_the_device_give_pyarrows_rows(tmp_path: Pa
         _in_order(batch_rows(str(path), "parquet", 2, 4, 141))
 
 
-@pytest.mark.parametrize("answer", ["none", "short", "renamed", "reordered", "retyped"])
+@pytest.mark.parametrize("answer", ["none", "short", "renamed", "reordered", "retyped", "child renamed",
+                                    "child dropped"])
 def test_a_row_group_the_device_reads_otherwise_is_read_by_pyarrow(tmp_path: Path, answer: str) -> None:
     from gpu_prep.sources import batch_rows, parquet_rows
 
@@ -516,7 +517,12 @@ def test_a_row_group_the_device_reads_otherwise_is_read_by_pyarrow(tmp_path: Pat
                 "renamed": table.rename_columns(["text", "messages", "labels"]),
                 "reordered": table.set_column(1, "messages", messages.cast(pa.list_(pa.struct(
                     [("content", pa.string()), ("role", pa.string()), ("turn", pa.int64())])))),
-                "retyped": table.set_column(1, "messages", pa.array([None] * len(table), pa.list_(pa.string())))}[answer]
+                "retyped": table.set_column(1, "messages", pa.array([None] * len(table), pa.list_(pa.string()))),
+                # A cast alone would fill a struct's missing or renamed field with nulls.
+                "child renamed": table.set_column(1, "messages", messages.cast(pa.list_(pa.struct(
+                    [("role", pa.string()), ("Content", pa.string()), ("turn", pa.int64())])))),
+                "child dropped": table.set_column(1, "messages", messages.cast(pa.list_(pa.struct(
+                    [("role", pa.string()), ("turn", pa.int64())]))))}[answer]
 
     assert _in_order(parquet_rows(str(path), odd)) == _in_order(batch_rows(str(path), "parquet"))
 
