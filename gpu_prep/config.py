@@ -662,14 +662,35 @@ def _override(data: Any, override: str, path: Path) -> Any:
     except yaml.YAMLError as exc:
         raise ConfigError(f"--set {override!r}: the value is not YAML: {exc}") from None
     data = dict(data) if isinstance(data, dict) else {}
-    node = data
+    node: Any = data
     *parents, last = key.strip().split(".")
-    for name in parents:
-        child = node.get(name)
-        node[name] = dict(child) if isinstance(child, dict) else ({"name": child} if name == "tokenizer" and child else {})
-        node = node[name]
-    node[last] = value
+    for depth, name in enumerate(parents):
+        slot = _slot(node, name, override, parents[:depth])
+        child = node[slot] if isinstance(node, list) else node.get(slot)
+        if isinstance(child, (dict, list)):
+            child = type(child)(child)  # a copy: the parsed file is not changed in place
+        else:
+            child = {"name": child} if name == "tokenizer" and child else {}
+        node[slot] = child
+        node = child
+    node[_slot(node, last, override, parents)] = value
     return data
+
+
+def _slot(node: Any, name: str, override: str, above: list[str]) -> Any:
+    """Where `name` points in node: a key of a mapping; in a list (datasets), an index from 0 or the name of
+    the entry whose `name` it is."""
+    if not isinstance(node, list):
+        return name
+    if name.isdigit() and int(name) < len(node):
+        return int(name)
+    named = [k for k, entry in enumerate(node) if isinstance(entry, dict) and entry.get("name") == name]
+    if named:
+        return named[0]
+    where = ".".join(above)
+    names = [entry["name"] for entry in node if isinstance(entry, dict) and isinstance(entry.get("name"), str)]
+    raise ConfigError(f"--set {override!r}: {where} is a list of {len(node)}; give an index from 0 to {len(node) - 1}"
+                      + (f" or a name ({', '.join(names)})" if names else ""))
 
 
 def _from_folder(data: Any, folder: Path) -> Any:

@@ -273,6 +273,22 @@ def test_paths_in_a_config_are_the_config_files(tmp_path: Path) -> None:
         os.chdir(moved)
 
 
+def test_set_reaches_into_the_datasets_list_by_index_or_name() -> None:
+    # --set datasets.1.weight=... or datasets.web.sampling_ratio=...: a list is indexed from 0 or by an entry's
+    # name; anything else names the list and what it takes, instead of replacing the list with a mapping.
+    path = REPO / "configs" / "mix.yaml"
+    loaded = load_config(path, ["datasets.1.sampling=0.25", "datasets.chat.sampling=0.55",
+                                "datasets.web.input.text_key=body", "datasets.alpaca.data_handlers.0.arguments.fn_kwargs.max_length=99"])
+    assert [d.sampling for d in loaded.datasets] == [0.55, 0.25, 0.2]
+    assert loaded.datasets[2].input["text_key"] == "body" and loaded.datasets[2].input["type"] == "text"
+    assert loaded.datasets[1].data_handlers[0].arguments["fn_kwargs"] == {"column_name": "output", "max_length": 99}
+    assert [d.sampling for d in load_config(path).datasets] == [0.5, 0.3, 0.2]  # the file's, untouched
+    for wrong in ("datasets.7.sampling=1", "datasets.nope.sampling=1"):
+        with pytest.raises(ConfigError, match=r"datasets is a list of 3; give an index from 0 to 2 or a name "
+                                              r"\(chat, alpaca, web\)"):
+            load_config(path, [wrong])
+
+
 def test_the_shipped_dataset_configs_run_from_anywhere(tmp_path: Path) -> None:
     loaded = load_config(REPO / "configs" / "mix.yaml")
     assert all(Path(p).is_absolute() for d in loaded.datasets for p in d.data_paths)
