@@ -295,3 +295,17 @@ def test_a_row_that_is_no_object_is_named_so_before_any_handler_runs(tmp_path: P
     manifest = _run(data, _config(data, None), tmp_path / "out")
     qa_counts = next(d for d in manifest["datasets"] if d["name"] == "qa")["rows_dropped"]
     assert qa_counts == {"not_an_object": 2}, qa_counts
+
+
+def test_a_mixs_progress_never_goes_back(tmp_path: Path, data: Path) -> None:
+    # A mix's chunks end in whichever dataset's file came last: the share shown never goes back, and it is
+    # the bytes read, not "every file before this one" (which jumped to the last file's start at once).
+    from gpu_prep.pipeline import Options
+
+    shown: list[int] = []
+    config = parse_config(_config(data, (0.5, 0.3, 0.2), "all_exhausted"))
+    options = Options(chunk_rows=3, progress=lambda rows, tokens, done, total: shown.append(done))
+    run(config, [], tmp_path / "out", options)
+    assert len(shown) > 5 and shown == sorted(shown), shown
+    total = sum(p.stat().st_size for p in data.iterdir())
+    assert shown[0] < total / 4 and shown[-1] <= total

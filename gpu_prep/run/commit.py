@@ -32,7 +32,7 @@ class Committer:
         """near: preprocessing.fuzzy_dedup's index of the rows written so far (None: off)."""
         self.run, self.acct, self.writer, self.checkpoints = run, acct, writer, checkpoints
         self.decisions, self.progress, self.near = decisions, progress, near
-        self.rows = self.read_bytes = 0
+        self.rows = self.read_bytes = self.shown_bytes = 0
         self.bytes_before = np.cumsum([0] + [f.size_bytes for f in run.files]).tolist()  # by file index
         self.total_bytes = self.bytes_before[-1]
 
@@ -58,8 +58,10 @@ class Committer:
         self.read_bytes += chunk.size
         if not self.total_bytes or not len(chunk):
             return None
-        before = self.bytes_before[chunk.file_index[-1]]
-        return min(self.total_bytes, max(self.read_bytes, before))
+        # A mix's chunks draw on all its files at once: the files before the current one say nothing there.
+        before = self.bytes_before[chunk.file_index[-1]] if self.run.datasets is None else 0
+        self.shown_bytes = min(self.total_bytes, max(self.shown_bytes, self.read_bytes, before))  # never backwards
+        return self.shown_bytes
 
     def account_and_write(self, prepared: Prepared, mask: MaskResult | None, clock: Stopwatch) -> None:
         acct, chunk = self.acct, prepared.chunk
