@@ -267,6 +267,21 @@ def test_a_datasets_domain_is_its_name_unless_it_names_one(tmp_path: Path, data:
     assert set(gpu_prep.open_dataset(tmp_path / "out")) == {"chat", "qa", "web"}
 
 
+def test_a_datasets_domain_holds_its_rows_that_name_none_under_the_domain_key(tmp_path: Path, data: Path) -> None:
+    # output.domain_key names a row's domain; a row without that field goes to its dataset's domain (its
+    # name by default), not to __default__.
+    qa = data / "qa" / "part-0.jsonl"
+    rows = [json.loads(line) for line in qa.read_text().splitlines()]
+    _write(qa, [{**row, "topic": "trivia"} if row["id"] % 2 else row for row in rows])
+    config = _config(data, None)
+    config["output"] = {"domain_key": "topic"}
+    config["datasets"][1].pop("domain", None)
+    _run(data, config, tmp_path / "out")
+    written = gpu_prep.open_dataset(tmp_path / "out")
+    assert set(written) == {"chat", "qa", "mixed", "trivia"}
+    assert len(written["trivia"]) == 2 and len(written["qa"]) == SIZES["qa"] - 2
+
+
 def test_a_dataset_weighted_zero_is_no_problem_for_the_run(tmp_path: Path, data: Path) -> None:
     # Weighted 0 on purpose, it reads nothing and writes nothing: the run is still a useful one (exit 0).
     from gpu_prep.run.manifest import run_problems
