@@ -575,9 +575,9 @@ def hub_rows(arguments: dict[str, Any]) -> Iterator[Row]:
 
 
 def locator(path: str, layout: str, number: int, batches: dict[str, list[int]]) -> str:
-    """Where row `number` (as the reader numbers it) is, in the terms of its format: a line, an array
-    element, a row group and row (Parquet), a record batch and row (Arrow), both counted from 0 as pyarrow
-    counts them. batches caches each file's batch sizes."""
+    """Where row `number` (as the reader numbers it, from 1) is, in the terms of its format: a line; an
+    array's index, a hub dataset's row, a row group and row (Parquet), a record batch and row (Arrow), all
+    counted from 0 as Python and pyarrow index them. batches caches each file's batch sizes."""
     if layout in ("parquet", "arrow-file", "arrow-stream"):
         sizes = batches.setdefault(path, [rows for rows, _ in batch_sizes(path, layout)])
         row = number - 1
@@ -586,9 +586,9 @@ def locator(path: str, layout: str, number: int, batches: dict[str, list[int]]) 
                 return f"{'row group' if layout == 'parquet' else 'record batch'} {k}, row {row}"
             row -= size
     if layout == "json":
-        return f"element {number}"
+        return f"array index {number - 1}"
     if layout == "hub":
-        return f"row {number}"
+        return f"row {number - 1}"
     return f"line {number}"
 
 

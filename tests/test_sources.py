@@ -347,7 +347,7 @@ def test_a_dropped_columnar_row_is_located_by_row_group_or_record_batch(tmp_path
     rows[41] = {"text": None}  # a null text: wrong_type
     files = _parquet(rows, tmp_path) + _arrow(True, ".arrow")(rows, tmp_path) + _json_array(rows, tmp_path)
     config = parse_config({"input": {"type": "text"}, "preprocessing": {"min_chars": 1}})
-    for path, where in zip(files, ["row group 1, row 4", "record batch 1, row 12", "element 42"]):
+    for path, where in zip(files, ["row group 1, row 4", "record batch 1, row 12", "array index 41"]):
         out = tmp_path / f"out-{Path(path).name}"
         rejects = tmp_path / f"{Path(path).name}.rejects.jsonl"
         manifest = run(config, [path], out, Options(rejects=rejects))
