@@ -242,7 +242,7 @@ def sharegpt_keys(config: PipelineConfig) -> tuple[str, str, str]:
 
 
 def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: str,
-                  config: PipelineConfig) -> Conversation:
+                  config: PipelineConfig, system_field: bool = True) -> Conversation:
     if key not in record:
         raise RowError(Drop.MISSING_FIELD, f"field {key!r} is missing")
     raw = record[key]
@@ -299,12 +299,32 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
         elif reasoning is not None:
             extra["reasoning_content"] = reasoning
         messages.append({**extra, "role": role, "content": content})
+    if system_field:
+        messages = _with_system_field(record, messages, config, notes)
     tools, parsed = _tools(record)
     documents = record.get("documents")
     if documents is not None and not (isinstance(documents, list) and all(isinstance(d, dict) for d in documents)):
         raise RowError(Drop.WRONG_TYPE, f"field 'documents' must be a list of objects, got {_type_name(documents)}")
     return Conversation(messages, tools=tools, documents=documents or None,
                         notes=(*notes, *["tools_parsed_from_string"] * parsed))
+
+
+def _with_system_field(record: dict[str, Any], messages: list[dict[str, Any]], config: PipelineConfig,
+                       notes: list[str]) -> list[dict[str, Any]]:
+    """The messages, opened by the row's system prompt field (input.field_system, LLaMA-Factory's `system`
+    column) where the row has a non-empty one and the conversation opens with no system message of its own
+    (which wins, as in LLaMA-Factory)."""
+    key = config.input.field_system
+    system = record.get(key) if key is not None else None
+    if system is None or system == "":
+        return messages
+    if not isinstance(system, str):
+        raise RowError(Drop.WRONG_TYPE, f"field {key!r} (the system prompt) must be a string, got {_type_name(system)}")
+    if messages[0]["role"] == "system":
+        notes.append("system_field_not_used")
+        return messages
+    notes.append("system_from_field")
+    return [{"role": "system", "content": system}, *messages]
 
 
 THINK_BLOCK = re.compile(r"\s*<think>(.*?)</think>\s*", re.DOTALL)  # an inline reasoning block
@@ -522,7 +542,7 @@ def _preference_part(record: dict[str, Any], key: str, config: PipelineConfig,
     if isinstance(value, list) and not value and allow_empty:
         return []
     inp = config.input
-    return _conversation(record, key, inp.role_key, inp.content_key, config).messages
+    return _conversation(record, key, inp.role_key, inp.content_key, config, system_field=False).messages
 
 
 def _shared_prompt(chosen: list[dict[str, Any]] | str, rejected: list[dict[str, Any]] | str) -> tuple[Any, Any, Any]:

@@ -276,3 +276,37 @@ def test_reasoning_the_template_drops_by_design_is_not_counted(tmp_path: Path) -
                          {"role": "assistant", "content": "4", "reasoning_content": "two and two " * 40}]}
     _, _, manifest = _qwen3_run(tmp_path, [long], think_max_tokens=4)
     assert manifest["totals"]["parse_report"]["reasoning_not_rendered"] == 0
+
+
+def test_a_rows_system_field_opens_a_conversation_without_one(tmp_path: Path, qwen: Any) -> None:
+    # LLaMA-Factory's sharegpt rows keep the system prompt in a `system` column beside the conversation: it
+    # opens the rendering in place of the template's default system prompt; a system message of the
+    # conversation's own wins; input.field_system null reads none; a system field that is no string is a drop.
+    import json
+
+    from gpu_prep.config import parse_config
+    from gpu_prep.pipeline import Options, run
+
+    talk = [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello."}]
+    rows = [{"conversations": talk, "system": "You are a pirate."},
+            {"conversations": [{"from": "system", "value": "Own prompt."}, *talk], "system": "Not used."},
+            {"conversations": talk, "system": ""},
+            {"conversations": talk, "system": ["not", "text"]}]
+    data = tmp_path / "sg.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def rendered(field: Any) -> tuple[list[str], dict]:
+        config = {"input": {"type": "sharegpt", "field_system": field}, "mask": {"assistant": "train"},
+                  "preprocessing": {"deduplicate": False}}
+        out = tmp_path / f"out-{field}"
+        manifest = run(parse_config(config), [str(data)], out, Options(rejects=tmp_path / f"{field}.jsonl"))
+        return [qwen.decode(ids) for ids, _ in samples(out)], manifest["totals"]
+
+    texts, totals = rendered("system")
+    assert "You are a pirate." in texts[0] and "You are Qwen" not in texts[0]
+    assert "Own prompt." in texts[1] and "Not used." not in texts[1]
+    assert "You are Qwen" in texts[2]  # an empty field: the template's default, as with no field
+    assert totals["parse_report"]["system_from_field"] == 1 and totals["parse_report"]["system_field_not_used"] == 1
+    assert totals["rows_dropped"] == {"wrong_type": 1}
+    texts, totals = rendered(None)
+    assert "You are a pirate." not in texts[0] and totals["rows_written"] == 4
