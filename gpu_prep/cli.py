@@ -212,6 +212,8 @@ def run(
         load_plugins(plugin or [])
         cfg = load_config(config, set_ or [])
         check_registered(cfg, str(config))
+        for warning in [] if quiet else cfg.warnings():
+            err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
         with Reporter(quiet, progress_interval) as report:
             announce = None if quiet else lambda link: err.print(f"Dask dashboard: {link}", highlight=False)
             options = Options(tokenizer=tokenizer, device=device, chunk_rows=chunk_rows, workers=workers,
@@ -299,7 +301,7 @@ def validate(
         report = check_sample(cfg, data or [], sample)
         if not report.errors:
             run_sample(cfg, data or [], sample, report)
-        for warning in report.warnings:
+        for warning in [*cfg.warnings(), *report.warnings]:
             err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
         for error in report.errors:
             err.print(f"[bold red]error:[/] {escape(error)}", highlight=False)

@@ -531,6 +531,19 @@ class PipelineConfig(_Frozen):
         ratios = [d.sampling for d in self.datasets or []]
         return ratios if ratios and None not in ratios else None
 
+    def warnings(self) -> list[str]:
+        """What this config does that its author may not mean (printed before a run and by validate)."""
+        rules = self.preprocessing
+        dedup = [name for name, on in (("deduplicate", rules.deduplicate), ("fuzzy_dedup", rules.fuzzy_dedup)) if on]
+        ratios = self.sampling_ratios()
+        if ratios is None or self.dataprocessor.sampling_stopping_strategy != "all_exhausted" or not dedup \
+                or sum(r > 0 for r in ratios) < 2:
+            return []
+        return [f"the mix (all_exhausted) draws again the rows of the datasets that run out first, and "
+                f"preprocessing.{' and '.join(dedup)} drops each row drawn again as a duplicate, so no dataset comes "
+                "out larger than it is: to oversample, turn dedup off (the mix's repeats are then kept), or set "
+                "sampling_stopping_strategy first_exhausted to draw no row twice"]
+
     @field_validator("chat_template")
     @classmethod
     def _known_template(cls, value: str) -> str:

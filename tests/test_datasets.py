@@ -324,3 +324,23 @@ def test_a_mixs_progress_never_goes_back(tmp_path: Path, data: Path) -> None:
     assert len(shown) > 5 and shown == sorted(shown), shown
     total = sum(p.stat().st_size for p in data.iterdir())
     assert shown[0] < total / 4 and shown[-1] <= total
+
+
+def test_a_mix_that_would_drop_its_own_repeats_is_warned_about(tmp_path: Path, data: Path) -> None:
+    # all_exhausted draws rows again; dedup drops every row drawn again, which undoes the weights: said
+    # before the run starts (and by validate), and the warning's claim holds (no row written twice).
+    from helpers import gpu_prep_cli
+
+    config = _config(data, (0.2, 0.2, 0.6), "all_exhausted")
+    assert parse_config(config).warnings() == []  # dedup off: the repeats are kept
+    config["preprocessing"] = {**config["preprocessing"], "deduplicate": True}
+    assert "drops each row drawn again" in " ".join(parse_config(config).warnings())
+    first = {**config, "dataprocessor": {**config["dataprocessor"], "sampling_stopping_strategy": "first_exhausted"}}
+    assert parse_config(first).warnings() == []
+    path = tmp_path / "mix.json"
+    path.write_text(json.dumps(config))
+    result = gpu_prep_cli("run", "-c", path, "-o", tmp_path / "out")
+    assert "warning:" in result.stderr and "drawn again" in result.stderr, result.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    web = next(d for d in manifest["datasets"] if d["name"] == "web")
+    assert web["rows_read"] > SIZES["web"] and web["rows_written"] == SIZES["web"]
