@@ -69,6 +69,9 @@ class Dataset:
     name: str
     files: list[InputFile]
     handlers: list[tuple[Handler, dict[str, Any], str, Any]]  # function, fn_kwargs, name, remove_columns
+    # About how many times a weighted mix reads it through (its draws over its rows), once the mix has
+    # counted the rows: what the run's progress takes as its share of the input.
+    passes: float = 1.0
 
     def count(self, max_row_bytes: int) -> int:
         """Its rows, handlers not run (a handler drops a row as a whole, so the count is the same)."""
@@ -109,6 +112,11 @@ def mixed_rows(datasets: list[Dataset], ratios: list[float] | None, seed: int, s
             yield from dataset.rows(columnar, max_row_bytes)
         return
     lengths = [d.count(max_row_bytes) for d in datasets]
+    # Draws expected: until the last (all_exhausted) or the first (first_exhausted) dataset is through.
+    drawn = [n / r for n, r in zip(lengths, ratios) if r > 0 and n]
+    total = (max if strategy == "all_exhausted" else min)(drawn) if drawn else 0
+    for dataset, n, r in zip(datasets, lengths, ratios):
+        dataset.passes = total * r / n if n else 1.0
     streams = [d.rows(columnar, max_row_bytes) for d in datasets]
     for k in dataset_order(lengths, ratios, seed, strategy):
         row = next(streams[k], None)

@@ -56,6 +56,8 @@ class Committer:
         """How far through the input the run is, in bytes: those of the rows read (JSON text), or of the
         files before the current one, whichever says more (None: the inputs' sizes are not known)."""
         self.read_bytes += chunk.size
+        if self.run.datasets is not None:  # a mix reads a dataset about `passes` times through
+            self.total_bytes = round(sum(f.size_bytes * d.passes for d in self.run.datasets for f in d.files))
         if not self.total_bytes or not len(chunk):
             return None
         # A mix's chunks draw on all its files at once: the files before the current one say nothing there.
