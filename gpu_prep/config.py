@@ -511,9 +511,9 @@ class PipelineConfig(_Frozen):
             data["mask_default"] = spec.mask_default
         try:
             return PipelineConfig.model_validate(data)
-        except ValidationError as exc:
-            raise ValueError(f"datasets[{k}] ({spec.name}): {exc.errors()[0]['msg']} at "
-                             f"{'.'.join(str(x) for x in exc.errors()[0]['loc'])}") from None
+        except ValidationError as exc:  # the dataset's own input or mask settings, named as the file has them
+            found = [_describe({**e, "loc": e["loc"] or ("input",)}) for e in exc.errors(include_url=False)]
+            raise ValueError("; ".join(f"datasets.{k}.{line}" for line in found)) from None
 
     def all_configs(self) -> list[PipelineConfig]:
         """The configs the run's rows are formatted with: this one, or each dataset's own."""
@@ -621,6 +621,8 @@ def _describe(error: dict[str, Any]) -> str:
     value = error.get("input")
     kind = error["type"]
     ctx = error.get("ctx") or {}
+    if kind == "value_error" and not error["loc"]:  # a rule across sections: its message names its keys
+        return str(ctx.get("error", error["msg"]))
     if kind == "extra_forbidden":
         known = _known_keys(error["loc"])
         key = str(error["loc"][-1])

@@ -351,3 +351,18 @@ def test_a_mix_that_would_drop_its_own_repeats_is_warned_about(tmp_path: Path, d
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     web = next(d for d in manifest["datasets"] if d["name"] == "web")
     assert web["rows_read"] > SIZES["web"] and web["rows_written"] == SIZES["web"]
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"text_kee": "body"}, "datasets.2.input.text_kee: unknown key; did you mean 'text_key'? allowed keys here: type,"),
+    ({"messages_key": 5}, "datasets.2.input.messages_key: 5 is invalid: Input should be a valid string"),
+    ({"think_mode": "skip"}, "datasets.2.input.think_mode: 'skip' is not allowed; allowed: 'keep' or 'drop'"),
+])
+def test_a_datasets_own_input_settings_are_checked_as_the_top_levels_are(data: Path, setting: dict, message: str) -> None:
+    # Named by their place in the file, with the same help (the nearest key, the keys allowed) as a mistake in
+    # the top-level input section gets.
+    config = _config(data, None)
+    config["datasets"][2]["input"] = {**config["datasets"][2].get("input", {}), **setting}
+    with pytest.raises(ConfigError) as caught:
+        parse_config(config)
+    assert message in str(caught.value) and "(top level)" not in str(caught.value), caught.value
