@@ -679,11 +679,16 @@ def _override(data: Any, override: str, path: Path) -> Any:
     data = dict(data) if isinstance(data, dict) else {}
     node: Any = data
     *parents, last = key.strip().split(".")
+    path_ = [*parents, last]
     for depth, name in enumerate(parents):
         slot = _slot(node, name, override, parents[:depth])
         child = node[slot] if isinstance(node, list) else node.get(slot)
         if isinstance(child, (dict, list)):
             child = type(child)(child)  # a copy: the parsed file is not changed in place
+        elif path_[depth + 1].isdigit():
+            where = ".".join(path_[:depth + 1])
+            raise ConfigError(f"--set {override!r}: the config has no list {where} to index; give it whole, "
+                              f"e.g. --set '{where}=[...]'")
         else:
             child = {"name": child} if name == "tokenizer" and child else {}
         node[slot] = child
@@ -703,7 +708,8 @@ def _slot(node: Any, name: str, override: str, above: list[str]) -> Any:
     if named:
         return named[0]
     where = ".".join(above)
-    names = [entry["name"] for entry in node if isinstance(entry, dict) and isinstance(entry.get("name"), str)]
+    names = [entry["name"] for entry in node if isinstance(entry, dict) and isinstance(entry.get("name"), str)
+             and "." not in entry["name"]]  # a name with a dot in it is reached by its index
     raise ConfigError(f"--set {override!r}: {where} is a list of {len(node)}; give an index from 0 to {len(node) - 1}"
                       + (f" or a name ({', '.join(names)})" if names else ""))
 

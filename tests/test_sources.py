@@ -283,6 +283,9 @@ def test_set_reaches_into_the_datasets_list_by_index_or_name() -> None:
     assert loaded.datasets[2].input["text_key"] == "body" and loaded.datasets[2].input["type"] == "text"
     assert loaded.datasets[1].data_handlers[0].arguments["fn_kwargs"] == {"column_name": "output", "max_length": 99}
     assert [d.sampling for d in load_config(path).datasets] == [0.5, 0.3, 0.2]  # the file's, untouched
+    with pytest.raises(ConfigError, match=r"the config has no list datasets\.chat\.data_handlers to index; give it "
+                                          r"whole, e\.g\. --set 'datasets\.chat\.data_handlers=\[\.\.\.\]'"):
+        load_config(path, ["datasets.chat.data_handlers.0.name=skip_large_text"])
     for wrong in ("datasets.7.sampling=1", "datasets.nope.sampling=1"):
         with pytest.raises(ConfigError, match=r"datasets is a list of 3; give an index from 0 to 2 or a name "
                                               r"\(chat, alpaca, web\)"):
