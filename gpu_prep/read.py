@@ -29,7 +29,7 @@ from gpu_prep.errors import ConfigError, Drop, InputError
 from gpu_prep.jsonscan import LBRACKET, QUOTE
 from gpu_prep.sources import (KNOWN, READ_ERRORS, batch_rows, batch_sizes, column_names, csv_rows, dataset_folder_files,
                               file_size, hub_rows, inspect_file, is_url, json_array_rows, open_bytes, parquet_rows, remote_files,
-                              split_name, text_rows)
+                              split_name, text_rows, text_size)
 
 # A JSON Lines chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so
 # memory stays bounded whatever the rows' sizes (Parquet and JSON-array rows count rows only).
@@ -54,6 +54,7 @@ class InputFile:
     text_per_line: bool = False  # .txt: a row per line (else the file is one row)
     hub: str | None = None  # layout "hub": the datasets.load_dataset arguments, as JSON
     encoding: str | None = None  # a text file's encoding when its BOM says UTF-16 or UTF-32 (None: UTF-8)
+    text_bytes: int | None = None  # about how much text it holds, decompressed (sources.text_size; progress)
 
 
 @dataclass(frozen=True)
@@ -130,8 +131,9 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
             raise ConfigError(f"input {path!r}: not a format gpu-prep reads by its name (it reads {KNOWN}); "
                               "rename it, or name its format with a dataset's builder")
         layout, encoding = inspect_file(path, fmt, compression)
-        files.append(InputFile(first_index + len(files), path, file_size(path), layout, compression,
-                               how.text_key, how.text_per_line, encoding=encoding))
+        size = file_size(path)
+        files.append(InputFile(first_index + len(files), path, size, layout, compression, how.text_key,
+                               how.text_per_line, encoding=encoding, text_bytes=text_size(path, compression, size)))
     return files
 
 

@@ -140,6 +140,32 @@ def remote_files(pattern: str) -> list[str]:
     return sorted(fs.unstrip_protocol(p) for p in found if not fs.isdir(p))
 
 
+def text_size(path: str, compression: str | None, size: int) -> int | None:
+    """About how many bytes of text the file holds, for progress: its size uncompressed; a gzip file's
+    from its trailer, a zstd file's from its first frame's header (None where neither says, or a URL)."""
+    if compression is None:
+        return size
+    if is_url(path) or compression not in ("gzip", "zstd") or size < 18:
+        return None
+    with open(path, "rb") as handle:
+        if compression == "gzip":  # ISIZE: the text's size modulo 2**32 (of the last member)
+            handle.seek(-4, os.SEEK_END)
+            text = int.from_bytes(handle.read(4), "little")
+            return text if text >= size else None  # wrapped past 4 GiB, or several members: unknown
+        head = handle.read(18)
+    # A zstd frame: magic, a descriptor byte, then the window, dictionary id and content size fields.
+    if head[:4] != b"\x28\xb5\x2f\xfd":
+        return None
+    flags = head[4]
+    single, size_flag, dict_flag = flags >> 5 & 1, flags >> 6, flags & 3
+    width = (1, 2, 4, 8)[size_flag] if size_flag or single else 0
+    start = 5 + (0 if single else 1) + (0, 1, 2, 4)[dict_flag]
+    if not width:
+        return None
+    value = int.from_bytes(head[start:start + width], "little")
+    return value + 256 if width == 2 else value
+
+
 def file_size(path: str) -> int:
     if is_url(path):
         fs, inner = filesystem(path)

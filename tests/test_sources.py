@@ -468,3 +468,26 @@ def test_malformed_csv_rows_keep_their_numbers_across_blocks_and_beside_long_cel
     long = tmp_path / "long.csv"
     long.write_text('prompt,response\n"only one field"\n"hello","' + "x" * 200_000 + '"\n"ok","fine"\n')
     assert [(n, record is None) for n, record, _, _ in csv_rows(str(long), None, ",")] == [(2, True), (3, False), (4, False)]
+
+
+def test_progress_counts_a_compressed_file_by_its_text(tmp_path: Path, fast_tokenizer: None) -> None:
+    # Reading counts the text it reads, decompressed: a .jsonl.gz counted by its compressed size was at 100%
+    # a fifth of the way in. gzip's trailer and a zstd frame's header say how much text the file holds.
+    from gpu_prep.sources import text_size
+
+    rows = [{"text": f"row {i}: " + "the same words again and again " * 8} for i in range(6000)]
+    text = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    path = tmp_path / "big.jsonl.gz"
+    path.write_bytes(gzip.compress(text))
+    assert text_size(str(path), "gzip", path.stat().st_size) == len(text) > 5 * path.stat().st_size
+    header = b"\x28\xb5\x2f\xfd" + bytes([0xA0]) + (123456).to_bytes(4, "little") + b"\0" * 16  # single segment
+    (tmp_path / "a.zst").write_bytes(header)
+    assert text_size(str(tmp_path / "a.zst"), "zstd", len(header)) == 123456
+    streamed = b"\x28\xb5\x2f\xfd" + bytes([0x00, 0x58]) + b"\0" * 16  # no content size: unknown
+    (tmp_path / "b.zst").write_bytes(streamed)
+    assert text_size(str(tmp_path / "b.zst"), "zstd", len(streamed)) is None
+    shares: list[float] = []
+    options = Options(chunk_rows=500, progress=lambda rows, tokens, done, total: shares.append(done / total))
+    run(parse_config({"input": {"type": "text"}, "preprocessing": {"min_chars": 1, "deduplicate": False}}),
+        [str(path)], tmp_path / "out", options)
+    assert len(shares) >= 10 and shares[len(shares) // 2] < 0.7 and shares[-1] > 0.9, shares

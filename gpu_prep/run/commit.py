@@ -16,11 +16,18 @@ from gpu_prep.errors import Drop, InputError
 from gpu_prep.fuzzy import NO_ROW, NearIndex
 from gpu_prep.output.writer import DatasetWriter
 from gpu_prep.ragged import offsets_from_lengths, reorder, row_of
+from gpu_prep.read import InputFile
 from gpu_prep.run.accounting import PIECES, Accounting
 from gpu_prep.run.checkpoint import Checkpointer
 from gpu_prep.run.context import Decisions, RunContext
 from gpu_prep.run.overlap import Stopwatch
 from gpu_prep.run.stages import Done, Dropped, MaskResult, Prepared, row_keys
+
+
+def progress_bytes(file: InputFile) -> int:
+    """What a file counts for in the run's progress: its text, decompressed, where that is known (reading
+    counts the text it reads), else its size."""
+    return file.text_bytes or file.size_bytes
 
 
 class Committer:
@@ -33,7 +40,7 @@ class Committer:
         self.run, self.acct, self.writer, self.checkpoints = run, acct, writer, checkpoints
         self.decisions, self.progress, self.near = decisions, progress, near
         self.rows = self.read_bytes = self.shown_bytes = 0
-        self.bytes_before = np.cumsum([0] + [f.size_bytes for f in run.files]).tolist()  # by file index
+        self.bytes_before = np.cumsum([0] + [progress_bytes(f) for f in run.files]).tolist()  # by file index
         self.total_bytes = self.bytes_before[-1]
 
     def state(self) -> dict[str, Any]:
@@ -57,7 +64,7 @@ class Committer:
         files before the current one, whichever says more (None: the inputs' sizes are not known)."""
         self.read_bytes += chunk.size
         if self.run.datasets is not None:  # a mix reads a dataset about `passes` times through
-            self.total_bytes = round(sum(f.size_bytes * d.passes for d in self.run.datasets for f in d.files))
+            self.total_bytes = round(sum(progress_bytes(f) * d.passes for d in self.run.datasets for f in d.files))
         if not self.total_bytes or not len(chunk):
             return None
         # A mix's chunks draw on all its files at once: the files before the current one say nothing there.
