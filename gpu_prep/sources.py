@@ -423,19 +423,33 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
                                 convert_options=options)
         # The parser reads ahead: `bad` may hold rows of later blocks, so a row is taken from it only at its
         # own number; what is left at the end (where the two readers disagree on a row) comes last.
+        read = 0
         for batch in reader:
             if bad and ragged is None:
                 ragged = deque(_ragged_records(path, compression, delimiter, encoding, len(header)))
-            for record in batch.to_pylist():
+            records = batch.to_pylist()
+            # The text read for the batch, shared among its rows: what a chunk's size and progress count.
+            now = _position(handle, read)
+            share, first = divmod(now - read, max(1, len(records)))
+            read = now
+            for k, record in enumerate(records):
                 row += 1
                 while bad and ragged and ragged[0] == row:  # the skipped rows before this one, in their places
                     ragged.popleft()
                     yield malformed(row, bad.popleft())
                     row += 1
-                yield row, record, None, 0
+                yield row, record, None, share + (first if k == 0 else 0)
         for invalid in bad:
             row += 1
             yield malformed(row, invalid)
+
+
+def _position(handle: Any, otherwise: int) -> int:
+    """How far into its (decompressed) text a file object is; `otherwise` where it cannot say."""
+    try:
+        return handle.tell()
+    except (OSError, ValueError):  # io.UnsupportedOperation is both
+        return otherwise
 
 
 def _ragged_records(path: str, compression: str | None, delimiter: str, encoding: str | None, cells: int) -> list[int]:

@@ -491,3 +491,21 @@ def test_progress_counts_a_compressed_file_by_its_text(tmp_path: Path, fast_toke
     run(parse_config({"input": {"type": "text"}, "preprocessing": {"min_chars": 1, "deduplicate": False}}),
         [str(path)], tmp_path / "out", options)
     assert len(shares) >= 10 and shares[len(shares) // 2] < 0.7 and shares[-1] > 0.9, shares
+
+
+def test_a_csv_files_rows_carry_the_text_they_were_read_from(tmp_path: Path, fast_tokenizer: None) -> None:
+    # So chunks of CSV close by size as JSON Lines chunks do, and progress has a share to show.
+    from gpu_prep.sources import csv_rows
+
+    path = tmp_path / "qa.csv"
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["prompt", "response"])
+        for i in range(40_000):
+            writer.writerow([f"question {i}: " + "why? " * 6, f"answer {i}: " + "because. " * 6])
+    assert sum(size for *_, size in csv_rows(str(path), None, ",")) == path.stat().st_size
+    shares: list[float] = []
+    options = Options(chunk_rows=100_000, progress=lambda rows, tokens, done, total: shares.append(done / total))
+    run(parse_config({"input": {"type": "instruction"}, "preprocessing": {"deduplicate": False}}), [str(path)],
+        tmp_path / "out", options)
+    assert len(shares) >= 4 and shares == sorted(shares) and shares[0] < 0.5 and shares[-1] == 1.0, shares
