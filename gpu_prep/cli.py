@@ -189,7 +189,7 @@ def run(
     cluster: Annotated[Optional[str], typer.Option(help="Run on Dask: local:N starts N local workers (dask-cuda workers, one per GPU, with the GPU backend); tcp://host:port uses a running scheduler. The output is the same as without.")] = None,
     part_mb: Annotated[float, typer.Option(min=0.001, help="With --cluster: JSON Lines files are cut into parts of about this many MB; output does not depend on it.")] = 64.0,
     progress_interval: Annotated[float, typer.Option(min=0.1, help="Off a terminal: seconds between plain progress lines.")] = 10.0,
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: --set preprocessing.max_seq_len=4096 (the value is YAML: numbers, true, [a, b], {k: v}; a list entry by index or name: datasets.web.sampling=0.2); repeatable, checked like the file.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: --set preprocessing.max_seq_len=4096 (the value is YAML: numbers, true, \\[a, b], {k: v}; a list entry by index or name: datasets.web.sampling=0.2); repeatable, checked like the file.")] = None,
 ) -> None:
     """Run the pipeline described by CONFIG over INPUTS into OUTPUT."""
     import shutil

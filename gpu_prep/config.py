@@ -513,7 +513,7 @@ class PipelineConfig(_Frozen):
             return PipelineConfig.model_validate(data)
         except ValidationError as exc:  # the dataset's own input or mask settings, named as the file has them
             found = [_describe({**e, "loc": e["loc"] or ("input",)}) for e in exc.errors(include_url=False)]
-            raise ValueError("; ".join(f"datasets.{k}.{line}" for line in found)) from None
+            raise ValueError("\n  ".join(f"datasets.{k}.{line}" for line in found)) from None
 
     def all_configs(self) -> list[PipelineConfig]:
         """The configs the run's rows are formatted with: this one, or each dataset's own."""
@@ -708,6 +708,8 @@ def _slot(node: Any, name: str, override: str, above: list[str]) -> Any:
     if named:
         return named[0]
     where = ".".join(above)
+    if not node:
+        raise ConfigError(f"--set {override!r}: {where} is an empty list; give it whole, e.g. --set '{where}=[...]'")
     names = [entry["name"] for entry in node if isinstance(entry, dict) and isinstance(entry.get("name"), str)
              and "." not in entry["name"]]  # a name with a dot in it is reached by its index
     raise ConfigError(f"--set {override!r}: {where} is a list of {len(node)}; give an index from 0 to {len(node) - 1}"

@@ -312,15 +312,15 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
 def _with_system_field(record: dict[str, Any], messages: list[dict[str, Any]], config: PipelineConfig,
                        notes: list[str]) -> list[dict[str, Any]]:
     """The messages, opened by the row's system prompt field (input.field_system, LLaMA-Factory's `system`
-    column) where the row has a non-empty one and the conversation opens with no system message of its own
-    (which wins, as in LLaMA-Factory)."""
+    column) where the row has a non-empty one and the conversation has no system message of its own (which
+    wins, as in LLaMA-Factory)."""
     key = config.input.field_system
     system = record.get(key) if key is not None else None
     if system is None or system == "":
         return messages
     if not isinstance(system, str):
         raise RowError(Drop.WRONG_TYPE, f"field {key!r} (the system prompt) must be a string, got {_type_name(system)}")
-    if messages[0]["role"] == "system":
+    if any(m["role"] == "system" for m in messages):
         notes.append("system_field_not_used")
         return messages
     notes.append("system_from_field")

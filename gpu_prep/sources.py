@@ -413,7 +413,7 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
 
     def malformed(number: int, invalid: Any) -> Row:
         return number, None, (Drop.MALFORMED_ROW, f"{invalid.actual_columns} cells where the header has "
-                              f"{invalid.expected_columns}", invalid.text[:REJECT_TEXT]), len(invalid.text)
+                              f"{invalid.expected_columns}", invalid.text[:REJECT_TEXT]), 0  # in its batch's bytes
 
     row, ragged = 1, None  # ragged: the numbers of the rows with too few or too many cells, once one is met
     with open_bytes(path, compression, encoding) as handle:
@@ -429,7 +429,7 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
                 ragged = deque(_ragged_records(path, compression, delimiter, encoding, len(header)))
             records = batch.to_pylist()
             # The text read for the batch, shared among its rows: what a chunk's size and progress count.
-            now = _position(handle, read)
+            now = _position(handle, read + batch.nbytes)
             share, first = divmod(now - read, max(1, len(records)))
             read = now
             for k, record in enumerate(records):
@@ -445,7 +445,8 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
 
 
 def _position(handle: Any, otherwise: int) -> int:
-    """How far into its (decompressed) text a file object is; `otherwise` where it cannot say."""
+    """How far into its (decompressed) text a file object is; `otherwise` where it cannot say (a zstd stream,
+    a transcoded UTF-16 file)."""
     try:
         return handle.tell()
     except (OSError, ValueError):  # io.UnsupportedOperation is both

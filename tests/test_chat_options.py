@@ -291,7 +291,8 @@ def test_a_rows_system_field_opens_a_conversation_without_one(tmp_path: Path, qw
     rows = [{"conversations": talk, "system": "You are a pirate."},
             {"conversations": [{"from": "system", "value": "Own prompt."}, *talk], "system": "Not used."},
             {"conversations": talk, "system": ""},
-            {"conversations": talk, "system": ["not", "text"]}]
+            {"conversations": talk, "system": ["not", "text"]},
+            {"conversations": [*talk, {"from": "system", "value": "Later own prompt."}], "system": "Not used either."}]
     data = tmp_path / "sg.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -306,7 +307,8 @@ def test_a_rows_system_field_opens_a_conversation_without_one(tmp_path: Path, qw
     assert "You are a pirate." in texts[0] and "You are Qwen" not in texts[0]
     assert "Own prompt." in texts[1] and "Not used." not in texts[1]
     assert "You are Qwen" in texts[2]  # an empty field: the template's default, as with no field
-    assert totals["parse_report"]["system_from_field"] == 1 and totals["parse_report"]["system_field_not_used"] == 1
+    assert "Not used either." not in texts[3]  # a system message of its own anywhere: no second one
+    assert totals["parse_report"]["system_from_field"] == 1 and totals["parse_report"]["system_field_not_used"] == 2
     assert totals["rows_dropped"] == {"wrong_type": 1}
     texts, totals = rendered(None)
-    assert "You are a pirate." not in texts[0] and totals["rows_written"] == 4
+    assert "You are a pirate." not in texts[0] and totals["rows_written"] == 5

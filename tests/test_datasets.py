@@ -272,7 +272,8 @@ def test_a_datasets_domain_holds_its_rows_that_name_none_under_the_domain_key(tm
     # name by default), not to __default__.
     qa = data / "qa" / "part-0.jsonl"
     rows = [json.loads(line) for line in qa.read_text().splitlines()]
-    _write(qa, [{**row, "topic": "trivia"} if row["id"] % 2 else row for row in rows])
+    _write(qa, [{**row, "topic": "trivia"} if row["id"] % 2 else {**row, "topic": ""} if row["id"] == 2 else row
+                for row in rows])
     config = _config(data, None)
     config["output"] = {"domain_key": "topic"}
     config["datasets"][1].pop("domain", None)
@@ -359,6 +360,7 @@ def test_a_mix_that_would_drop_its_own_repeats_is_warned_about(tmp_path: Path, d
     ({"think_mode": "skip"}, "datasets.2.input.think_mode: 'skip' is not allowed; allowed: 'keep' or 'drop'"),
 ])
 def test_a_datasets_own_input_settings_are_checked_as_the_top_levels_are(data: Path, setting: dict, message: str) -> None:
+    # (Several mistakes: one line each.)
     # Named by their place in the file, with the same help (the nearest key, the keys allowed) as a mistake in
     # the top-level input section gets.
     config = _config(data, None)
@@ -366,3 +368,13 @@ def test_a_datasets_own_input_settings_are_checked_as_the_top_levels_are(data: P
     with pytest.raises(ConfigError) as caught:
         parse_config(config)
     assert message in str(caught.value) and "(top level)" not in str(caught.value), caught.value
+
+
+def test_several_mistakes_in_a_datasets_settings_are_a_line_each(data: Path) -> None:
+    config = _config(data, None)
+    config["datasets"][2]["input"] = {**config["datasets"][2].get("input", {}), "text_kee": "x", "think_mode": "skip"}
+    with pytest.raises(ConfigError) as caught:
+        parse_config(config)
+    lines = [line.strip() for line in str(caught.value).splitlines()]
+    assert any(line.startswith("datasets.2.input.text_kee: unknown key") for line in lines)
+    assert any(line.startswith("datasets.2.input.think_mode: 'skip' is not allowed") for line in lines)

@@ -286,6 +286,8 @@ def test_set_reaches_into_the_datasets_list_by_index_or_name() -> None:
     with pytest.raises(ConfigError, match=r"the config has no list datasets\.chat\.data_handlers to index; give it "
                                           r"whole, e\.g\. --set 'datasets\.chat\.data_handlers=\[\.\.\.\]'"):
         load_config(path, ["datasets.chat.data_handlers.0.name=skip_large_text"])
+    with pytest.raises(ConfigError, match=r"datasets\.alpaca\.data_handlers is an empty list; give it whole"):
+        load_config(path, ["datasets.alpaca.data_handlers=[]", "datasets.alpaca.data_handlers.0.name=x"])
     for wrong in ("datasets.7.sampling=1", "datasets.nope.sampling=1"):
         with pytest.raises(ConfigError, match=r"datasets is a list of 3; give an index from 0 to 2 or a name "
                                               r"\(chat, alpaca, web\)"):

@@ -176,7 +176,8 @@ def format_rows(chunk: RawChunk, base: PipelineConfig, sources: Sources | None =
             record = {sharegpt_keys(config)[0] if sharegpt else config.input.messages_key: record}
         try:
             domain = domain_of(record, config.output.domain_key)
-            if own_domain is not None and (config.output.domain_key is None or record.get(config.output.domain_key) is None):
+            if own_domain is not None and (config.output.domain_key is None
+                                           or record.get(config.output.domain_key) in (None, "")):
                 domain = own_domain  # a dataset's own domain, where the row names none
             if auto:
                 schema = auto_schema(record, config)
