@@ -663,11 +663,20 @@ def _batches(path: str, layout: str, start: int = 0, stop: int | None = None) ->
 def batch_rows(path: str, layout: str, start: int = 0, stop: int | None = None, first: int = 1) -> Iterator[Row]:
     """The rows of Parquet row groups or Arrow record batches [start, stop) (all by default), numbered
     from first."""
-    row = first - 1
+    row, share = first - 1, _byte_share(path, layout)
     for batch in _batches(path, layout, start, stop):
         for record in batch.to_pylist():
             row += 1
-            yield row, record, None, 0
+            yield row, record, None, share(row)
+
+
+def _byte_share(path: str, layout: str) -> Any:
+    """Row n's share of the file's bytes (the shares of all its rows sum to its size): what a chunk's size
+    and the run's progress count for rows of a columnar file. An Arrow stream's rows, uncounted before they
+    are read, count 0."""
+    rows = 0 if layout == "arrow-stream" else sum(n for n, _ in batch_sizes(path, layout))
+    size = file_size(path) if rows else 0
+    return lambda n: n * size // rows - (n - 1) * size // rows if rows else 0
 
 
 def _holds_text(kind: Any) -> bool:
@@ -723,7 +732,7 @@ def parquet_rows(path: str, read_groups: ReadGroups, start: int = 0, stop: int |
         return
     host = [name for name in schema.names if name not in device]
     target = pa.schema([schema.field(name) for name in device])
-    row = first - 1
+    row, share = first - 1, _byte_share(path, "parquet")
     for group in range(start, meta.num_row_groups if stop is None else stop):
         table = _as_decoded(read_groups(path, [group], device), target, meta.row_group(group).num_rows)
         if table is None:
@@ -735,7 +744,7 @@ def parquet_rows(path: str, read_groups: ReadGroups, start: int = 0, stop: int |
         for batch in batches:
             for record in batch.to_pylist():
                 row += 1
-                yield row, record, None, 0
+                yield row, record, None, share(row)
 
 
 def _as_decoded(table: Any, target: Any, rows: int) -> Any:

@@ -511,3 +511,24 @@ def test_a_csv_files_rows_carry_the_text_they_were_read_from(tmp_path: Path, fas
     run(parse_config({"input": {"type": "instruction"}, "preprocessing": {"deduplicate": False}}), [str(path)],
         tmp_path / "out", options)
     assert len(shares) >= 4 and shares == sorted(shares) and shares[0] < 0.5 and shares[-1] == 1.0, shares
+
+
+def test_a_parquet_files_rows_share_its_bytes(tmp_path: Path, fast_tokenizer: None) -> None:
+    # A columnar file's rows carry their share of its size: its chunks close by size, and a run of one
+    # Parquet file shows its share climbing to 100% (it showed 0% to the end).
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from gpu_prep.sources import batch_rows
+
+    path = tmp_path / "docs.parquet"
+    import hashlib
+
+    texts = [" ".join(hashlib.sha256(f"{i}.{k}".encode()).hexdigest()[:9] for k in range(30)) for i in range(20_000)]
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=4000)  # hardly compressible: 6 MB
+    assert sum(size for *_, size in batch_rows(str(path), "parquet")) == path.stat().st_size
+    shares: list[float] = []
+    options = Options(chunk_rows=100_000, progress=lambda rows, tokens, done, total: shares.append(done / total))
+    run(parse_config({"input": {"type": "text"}, "preprocessing": {"min_chars": 1, "deduplicate": False}}),
+        [str(path)], tmp_path / "out", options)
+    assert len(shares) >= 3 and shares == sorted(shares) and 0 < shares[0] < 0.5 and shares[-1] == 1.0, shares
