@@ -77,7 +77,8 @@ class RawChunk:
     line: list[int] = field(default_factory=list)
     records: list[dict[str, Any] | None] = field(default_factory=list)
     errors: dict[int, tuple[str, str, Any]] = field(default_factory=dict)  # reason, detail, the row as read
-    size: int = 0  # bytes of JSON text its rows were read from (0 for the columnar formats): for progress
+    size: int = 0  # bytes of text its rows were read from (a columnar file's: their share of its bytes)
+    skipped: int = 0  # bytes of the rows read past before it (those a resumed run had done): for progress
 
     def __len__(self) -> int:
         return len(self.records)
@@ -491,6 +492,7 @@ def read_chunks(files: list[InputFile], chunk_rows: int, max_items: int | None =
             break
         seen += 1
         if seen <= skip:
+            chunk.skipped += nbytes
             continue
         chunk.add(file_index, line, record, error)
         size += nbytes

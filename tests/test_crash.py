@@ -177,3 +177,20 @@ def test_resume_keeps_to_the_interrupted_runs_rejects_file(reference: dict[str, 
     assert killed.returncode == -9
     refused = gpu_prep_cli(*[other if a == out else a for a in base], "--resume", "--rejects", tmp_path / "late.jsonl")
     assert refused.returncode == 2 and "the interrupted run wrote no rejects file" in refused.stderr, refused.stderr
+
+
+def test_a_resumed_runs_progress_counts_on_from_the_rows_done(reference: dict[str, Any], tmp_path: Path) -> None:
+    # The rows a resumed run reads past are counted, as rows and bytes: it went on from 0 rows and 0% and
+    # never reached 100%.
+    config, _, _ = reference["bin"]
+    out = tmp_path / "out"
+    killed = gpu_prep_cli("run", reference["data"], "-c", config, "-o", out, "-q", "--chunk-rows", CHUNK_ROWS,
+                          "--checkpoint-every", 0, env={"GPU_PREP_FAILPOINT": "shard_append:6"})
+    assert killed.returncode == -9, killed.stderr
+    seen: list[tuple[int, float]] = []
+    options = Options(resume=True, chunk_rows=CHUNK_ROWS,
+                      progress=lambda rows, tokens, read, total: seen.append((rows, read / total)))
+    run(parse_config(json.loads(config.read_text())), [str(reference["data"])], out, options)
+    assert seen[-1] == (411, 1.0), seen[-3:]
+    first_rows, first_share = seen[0]
+    assert first_rows > CHUNK_ROWS and first_share > first_rows / 411 / 2, seen[:3]

@@ -39,7 +39,7 @@ class Committer:
         """near: preprocessing.fuzzy_dedup's index of the rows written so far (None: off)."""
         self.run, self.acct, self.writer, self.checkpoints = run, acct, writer, checkpoints
         self.decisions, self.progress, self.near = decisions, progress, near
-        self.rows = self.read_bytes = self.shown_bytes = 0
+        self.rows, self.read_bytes, self.shown_bytes = checkpoints.rows_done, 0, 0  # a resumed run counts on
         self.bytes_before = np.cumsum([0] + [progress_bytes(f) for f in run.files]).tolist()  # by file index
         self.total_bytes = self.bytes_before[-1]
 
@@ -62,7 +62,7 @@ class Committer:
     def _bytes_read(self, chunk: Any) -> int | None:
         """How far through the input the run is, in bytes: those of the rows read (JSON text), or of the
         files before the current one, whichever says more (None: the inputs' sizes are not known)."""
-        self.read_bytes += chunk.size
+        self.read_bytes += chunk.size + chunk.skipped
         if self.run.datasets is not None:  # a mix reads a dataset about `passes` times through
             self.total_bytes = round(sum(progress_bytes(f) * d.passes for d in self.run.datasets for f in d.files))
         if not self.total_bytes or not len(chunk):
