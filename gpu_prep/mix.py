@@ -104,6 +104,15 @@ class Dataset:
         return record, None
 
 
+def set_passes(datasets: list[Dataset], lengths: list[int], ratios: list[float], strategy: str) -> None:
+    """Each dataset's passes, from its rows and the draws expected: until the last (all_exhausted) or the
+    first (first_exhausted) dataset is through."""
+    drawn = [n / r for n, r in zip(lengths, ratios) if r > 0 and n]
+    total = (max if strategy == "all_exhausted" else min)(drawn) if drawn else 0
+    for dataset, n, r in zip(datasets, lengths, ratios):
+        dataset.passes = total * r / n if n else 1.0
+
+
 def mixed_rows(datasets: list[Dataset], ratios: list[float] | None, seed: int, strategy: str,
                columnar: Columnar | None, max_row_bytes: int) -> Iterator[FileRow]:
     """Every row of the run, datasets mixed as the config says."""
@@ -112,11 +121,7 @@ def mixed_rows(datasets: list[Dataset], ratios: list[float] | None, seed: int, s
             yield from dataset.rows(columnar, max_row_bytes)
         return
     lengths = [d.count(max_row_bytes) for d in datasets]
-    # Draws expected: until the last (all_exhausted) or the first (first_exhausted) dataset is through.
-    drawn = [n / r for n, r in zip(lengths, ratios) if r > 0 and n]
-    total = (max if strategy == "all_exhausted" else min)(drawn) if drawn else 0
-    for dataset, n, r in zip(datasets, lengths, ratios):
-        dataset.passes = total * r / n if n else 1.0
+    set_passes(datasets, lengths, ratios, strategy)
     streams = [d.rows(columnar, max_row_bytes) for d in datasets]
     for k in dataset_order(lengths, ratios, seed, strategy):
         row = next(streams[k], None)

@@ -176,6 +176,21 @@ def test_mixed_datasets(tmp_path: Path, corpus: dict[str, Path], scheduler: str,
         assert datasets["two"]["rows_read"] > 265
 
 
+def test_a_mixs_progress_on_a_cluster_counts_what_the_mix_reads(tmp_path: Path, corpus: dict[str, Path],
+                                                                 scheduler: str) -> None:
+    # The driver plans the mix from the parts' row counts: the datasets' passes come from there, so the share
+    # climbs through the run as it does in one process (it sat at 100% from a quarter of the way).
+    process, rules = MIXES["all-exhausted-dedup"]
+    config = {**BASE, "preprocessing": {**BASE["preprocessing"], **rules, "deduplicate": False},
+              "dataprocessor": process,
+              "datasets": [{"name": "one", "data_paths": [str(corpus["one"])], "sampling": 0.2},
+                           {"name": "two", "data_paths": [str(corpus["two"])], "sampling": 0.8}]}
+    shares: list[float] = []
+    run(parse_config(config), [], tmp_path / "out", Options(chunk_rows=CHUNK_ROWS, cluster=scheduler,
+        part_bytes=PART_BYTES, progress=lambda rows, tokens, done, total: shares.append(done / total)))
+    assert shares == sorted(shares) and shares[len(shares) // 2] < 0.8 and shares[-1] > 0.7, shares
+
+
 def test_a_worker_killed_mid_run_is_survived(tmp_path: Path, corpus: dict[str, Path],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     # The workers of this local cluster start with a failpoint: the first of them to tokenize a third

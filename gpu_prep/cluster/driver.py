@@ -18,12 +18,13 @@ from itertools import islice
 from typing import Any
 
 from gpu_prep.backend import gpu_missing_reason
-from gpu_prep.cluster.plan import PART_BYTES, Job, Plan, cut, first_lines, positions_and_ranges
+from gpu_prep.cluster.plan import PART_BYTES, Job, Plan, cut, first_lines, mixed, positions_and_ranges
 from gpu_prep.cluster.shuffle import bucket_of, first_occurrences, scan, scan_counts, seen_in
 from gpu_prep.cluster.worker import process_range, range_rows
 from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError, Interrupted
 from gpu_prep.filter import Deduplicator
+from gpu_prep.mix import set_passes
 from gpu_prep.read import read_chunks
 from gpu_prep.run.context import Decisions, Options, RunContext
 from gpu_prep.run.local import decide
@@ -169,6 +170,9 @@ def _drive(run: RunContext, dedup: Deduplicator | None, decisions: Decisions, ro
         info["device"] = counts[0][2]
         target = max(1, -(-sum(rows) // max(1, len(parts))))
         positions, ranges, rest = positions_and_ranges(job, rows, config, rows_done, target)
+        if run.datasets is not None and mixed(config):  # what the mix reads, for progress
+            set_passes(run.datasets, [sum(rows[p] for p in stream) for stream in job.streams],
+                       config.sampling_ratios(), config.dataprocessor.sampling_stopping_strategy)
         found = []  # the dedup shuffle, under way while the driver decides below
         # Held to the end of the run (digests only: small): a worker that dies holding a bucket's result
         # has it recomputed from these, where a released key would be "already forgotten".
