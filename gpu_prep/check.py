@@ -20,6 +20,7 @@ from gpu_prep.builders import BuilderTokenizer, build_row
 from gpu_prep.config import TEMPLATE_ROLES, PipelineConfig
 from gpu_prep.errors import Drop
 from gpu_prep.format import Conversation, RowError, detect_schema, registered
+from gpu_prep.mix import mixed_rows
 from gpu_prep.read import read_chunks
 from gpu_prep.run.context import DEFAULT_TOKENIZER, run_inputs
 from gpu_prep.tokenizer import load_tokenizer
@@ -43,15 +44,19 @@ def check_sample(config: PipelineConfig, inputs: list[str], sample: int) -> Samp
     """What the first `sample` rows say of the config."""
     report = SampleReport()
     files, datasets = run_inputs(config, inputs)
-    # Each file's rows are built with its dataset's own config; a dataset's data handlers reshape rows first,
-    # so those rows are left to the sample run, which runs the handlers.
+    # Each file's rows are built with its dataset's own config, in the order the run takes them (a mix's,
+    # with the datasets' data handlers run), so the sample is the sample run's.
     own = {f.index: config.dataset_config(k) for k, d in enumerate(datasets or []) for f in d.files}
-    handled = {f.index for d in datasets or [] if d.handlers for f in d.files}
+    mixed = None
+    if datasets is not None:
+        process = config.dataprocessor
+        mixed = mixed_rows(datasets, config.sampling_ratios(), process.seed, process.sampling_stopping_strategy, None,
+                           config.input.max_row_bytes)
     tokenizers: dict[str, BuilderTokenizer | None] = {}
-    for chunk in read_chunks(files, 256, max_items=sample):
+    for chunk in read_chunks(files, 256, max_items=sample, rows=mixed):
         for i, (record, error) in enumerate(zip(chunk.records, (chunk.errors.get(i) for i in range(len(chunk))))):
             report.rows += 1
-            if record is None or error is not None or chunk.file_index[i] in handled:
+            if record is None or error is not None:
                 continue
             cfg = own.get(chunk.file_index[i], config)
             kind = cfg.input.type

@@ -378,3 +378,15 @@ def test_several_mistakes_in_a_datasets_settings_are_a_line_each(data: Path) -> 
     lines = [line.strip() for line in str(caught.value).splitlines()]
     assert any(line.startswith("datasets.2.input.text_kee: unknown key") for line in lines)
     assert any(line.startswith("datasets.2.input.think_mode: 'skip' is not allowed") for line in lines)
+
+
+def test_validate_samples_a_mix_in_the_order_the_run_takes_it(data: Path) -> None:
+    # Its role counts describe the mixed sample the run would read, not the first file's first rows.
+    from gpu_prep.check import check_sample
+
+    ratios = (0.5, 0.3, 0.2)
+    report = check_sample(parse_config(_config(data, ratios)), [], 10)
+    first = reference_order(list(SIZES.values()), list(ratios), 42, "all_exhausted")[:10]
+    chats = sum(k == 0 for k, _ in first)
+    assert report.rows == 10 and 0 < chats < 10
+    assert report.roles == {"user": chats, "assistant": chats}
