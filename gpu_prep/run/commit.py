@@ -60,7 +60,7 @@ class Committer:
             self.progress(self.rows, self.acct.tokens, self._bytes_read(prepared.chunk), self.total_bytes)
 
     def _bytes_read(self, chunk: Any) -> int | None:
-        """How far through the input the run is, in bytes: those of the rows read (JSON text), or of the
+        """How far through the input the run is, in bytes: those of the rows read (their text), or of the
         files before the current one, whichever says more (None: the inputs' sizes are not known)."""
         self.read_bytes += chunk.size + chunk.skipped
         if self.run.datasets is not None:  # a mix reads a dataset about `passes` times through
