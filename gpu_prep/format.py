@@ -673,12 +673,13 @@ def fuzzy_text(shape: Shape) -> str:
     return source_text(shape) if isinstance(shape, (_Preference, Tokens)) else dedup_text(shape)
 
 
-def domain_of(record: dict[str, Any], domain_key: str | None) -> str:
-    if domain_key is None:
-        return DEFAULT_DOMAIN
-    value = record.get(domain_key)
-    if value is None:
-        return DEFAULT_DOMAIN
+def domain_of(record: dict[str, Any], domain_key: str | None, default: str | None = None) -> str:
+    """The row's output domain: its domain_key field; where that names none, `default` (a dataset's own
+    domain: for a field missing, null or empty) or __default__ (for a field missing or null; "" is then a
+    domain of its own, as any other value)."""
+    value = record.get(domain_key) if domain_key is not None else None
+    if value is None or (value == "" and default is not None):
+        return default or DEFAULT_DOMAIN
     if isinstance(value, (str, int)) and not isinstance(value, bool):
         return str(value)
     raise RowError(Drop.WRONG_TYPE, f"field {domain_key!r} (the domain) must be a string, got {_type_name(value)}")

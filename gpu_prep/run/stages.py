@@ -175,10 +175,7 @@ def format_rows(chunk: RawChunk, base: PipelineConfig, sources: Sources | None =
             sharegpt = config.input.type == "sharegpt" or (auto and all("role" not in m and "from" in m for m in record))
             record = {sharegpt_keys(config)[0] if sharegpt else config.input.messages_key: record}
         try:
-            domain = domain_of(record, config.output.domain_key)
-            if own_domain is not None and (config.output.domain_key is None
-                                           or record.get(config.output.domain_key) in (None, "")):
-                domain = own_domain  # a dataset's own domain, where the row names none
+            domain = domain_of(record, config.output.domain_key, own_domain)
             if auto:
                 schema = auto_schema(record, config)
             shape = build_row(schema, record, config, tokenizer)
