@@ -20,7 +20,7 @@ from gpu_prep.builders import BuilderTokenizer, build_row
 from gpu_prep.config import TEMPLATE_ROLES, PipelineConfig
 from gpu_prep.errors import Drop
 from gpu_prep.format import Conversation, RowError, detect_schema, registered
-from gpu_prep.mix import mixed_rows
+from gpu_prep.mix import config_rows
 from gpu_prep.read import read_chunks
 from gpu_prep.run.context import DEFAULT_TOKENIZER, run_inputs
 from gpu_prep.tokenizer import load_tokenizer
@@ -47,13 +47,8 @@ def check_sample(config: PipelineConfig, inputs: list[str], sample: int) -> Samp
     # Each file's rows are built with its dataset's own config, in the order the run takes them (a mix's,
     # with the datasets' data handlers run), so the sample is the sample run's.
     own = {f.index: config.dataset_config(k) for k, d in enumerate(datasets or []) for f in d.files}
-    mixed = None
-    if datasets is not None:
-        process = config.dataprocessor
-        mixed = mixed_rows(datasets, config.sampling_ratios(), process.seed, process.sampling_stopping_strategy, None,
-                           config.input.max_row_bytes)
     tokenizers: dict[str, BuilderTokenizer | None] = {}
-    for chunk in read_chunks(files, 256, max_items=sample, rows=mixed):
+    for chunk in read_chunks(files, 256, max_items=sample, rows=config_rows(config, datasets)):
         for i, (record, error) in enumerate(zip(chunk.records, (chunk.errors.get(i) for i in range(len(chunk))))):
             report.rows += 1
             if record is None or error is not None:

@@ -113,17 +113,22 @@ def set_passes(datasets: list[Dataset], lengths: list[int], ratios: list[float],
         dataset.passes = total * r / n if n else 1.0
 
 
-def mixed_rows(datasets: list[Dataset], ratios: list[float] | None, seed: int, strategy: str,
-               columnar: Columnar | None, max_row_bytes: int) -> Iterator[FileRow]:
-    """Every row of the run, datasets mixed as the config says."""
+def config_rows(config: Any, datasets: list[Dataset] | None, columnar: Columnar | None = None
+                ) -> Iterator[FileRow] | None:
+    """Every row of a config's datasets, mixed as it says; None without datasets (the inputs in order)."""
+    return None if datasets is None else _mixed_rows(config, datasets, columnar)
+
+
+def _mixed_rows(config: Any, datasets: list[Dataset], columnar: Columnar | None) -> Iterator[FileRow]:
+    ratios, process, max_row_bytes = config.sampling_ratios(), config.dataprocessor, config.input.max_row_bytes
     if ratios is None:
         for dataset in datasets:
             yield from dataset.rows(columnar, max_row_bytes)
         return
     lengths = [d.count(max_row_bytes) for d in datasets]
-    set_passes(datasets, lengths, ratios, strategy)
+    set_passes(datasets, lengths, ratios, process.sampling_stopping_strategy)
     streams = [d.rows(columnar, max_row_bytes) for d in datasets]
-    for k in dataset_order(lengths, ratios, seed, strategy):
+    for k in dataset_order(lengths, ratios, process.seed, process.sampling_stopping_strategy):
         row = next(streams[k], None)
         if row is None:  # this dataset ran out: it starts again from its first row
             streams[k] = datasets[k].rows(columnar, max_row_bytes)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from gpu_prep.filter import Deduplicator
-from gpu_prep.mix import mixed_rows
+from gpu_prep.mix import config_rows
 from gpu_prep.read import CHUNK_BYTES, RawChunk, read_chunks
 from gpu_prep.run.context import Decisions, RunContext
 from gpu_prep.run.overlap import Sink, Stopwatch, quick_handoffs
@@ -17,13 +17,9 @@ def run_chunks(run: RunContext, chunk_rows: int, rows_done: int) -> Iterator[Raw
     """The run's rows in chunks, in input order (or the datasets' mixed order), past the rows_done a
     resumed run has done already."""
     config = run.config
-    mixed = None
-    if run.datasets is not None:
-        process = config.dataprocessor
-        mixed = mixed_rows(run.datasets, config.sampling_ratios(), process.seed, process.sampling_stopping_strategy,
-                           run.columnar, config.input.max_row_bytes)
     return read_chunks(run.files, chunk_rows, config.preprocessing.max_items, CHUNK_BYTES * run.backend.chunk_scale,
-                       columnar=run.columnar, skip=rows_done, max_row_bytes=config.input.max_row_bytes, rows=mixed)
+                       columnar=run.columnar, skip=rows_done, max_row_bytes=config.input.max_row_bytes,
+                       rows=config_rows(config, run.datasets, run.columnar))
 
 
 def run_here(run: RunContext, chunks: Iterator[RawChunk], dedup: Deduplicator | None, decisions: Decisions,
