@@ -663,19 +663,17 @@ def _batches(path: str, layout: str, start: int = 0, stop: int | None = None) ->
 def batch_rows(path: str, layout: str, start: int = 0, stop: int | None = None, first: int = 1) -> Iterator[Row]:
     """The rows of Parquet row groups or Arrow record batches [start, stop) (all by default), numbered
     from first."""
-    row, share = first - 1, _byte_share(path, layout)
+    rows = 0 if layout == "arrow-stream" else sum(n for n, _ in batch_sizes(path, layout))  # unknown before read
+    row, share = first - 1, _byte_share(file_size(path), rows)
     for batch in _batches(path, layout, start, stop):
         for record in batch.to_pylist():
             row += 1
             yield row, record, None, share(row)
 
 
-def _byte_share(path: str, layout: str) -> Any:
-    """Row n's share of the file's bytes (the shares of all its rows sum to its size): what a chunk's size
-    and the run's progress count for rows of a columnar file. An Arrow stream's rows, uncounted before they
-    are read, count 0."""
-    rows = 0 if layout == "arrow-stream" else sum(n for n, _ in batch_sizes(path, layout))
-    size = file_size(path) if rows else 0
+def _byte_share(size: int, rows: int) -> Any:
+    """Row n's share (from 1) of a columnar file's `size` bytes over its `rows` rows, the shares summing to
+    its size: what a chunk's size and the run's progress count for it (0 where its rows are not known)."""
     return lambda n: n * size // rows - (n - 1) * size // rows if rows else 0
 
 
@@ -732,7 +730,7 @@ def parquet_rows(path: str, read_groups: ReadGroups, start: int = 0, stop: int |
         return
     host = [name for name in schema.names if name not in device]
     target = pa.schema([schema.field(name) for name in device])
-    row, share = first - 1, _byte_share(path, "parquet")
+    row, share = first - 1, _byte_share(file_size(path), meta.num_rows)
     for group in range(start, meta.num_row_groups if stop is None else stop):
         table = _as_decoded(read_groups(path, [group], device), target, meta.row_group(group).num_rows)
         if table is None:
