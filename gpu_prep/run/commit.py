@@ -41,7 +41,14 @@ class Committer:
         self.decisions, self.progress, self.near = decisions, progress, near
         self.rows, self.read_bytes, self.shown_bytes = checkpoints.rows_done, 0, 0  # a resumed run counts on
         self.bytes_before = np.cumsum([0] + [progress_bytes(f) for f in run.files]).tolist()  # by file index
-        self.total_bytes = self.bytes_before[-1]
+
+    @property
+    def total_bytes(self) -> int:
+        """What the run reads in all: its files, or what a mix's weights make it read (datasets drawn again
+        count again; their passes are known once the mix has counted their rows)."""
+        if self.run.datasets is None:
+            return self.bytes_before[-1]
+        return round(sum(progress_bytes(f) * d.passes for d in self.run.datasets for f in d.files))
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps besides the rows done and the dedup log."""
@@ -63,13 +70,12 @@ class Committer:
         """How far through the input the run is, in bytes: those of the rows read (their text), or of the
         files before the current one, whichever says more (None: the inputs' sizes are not known)."""
         self.read_bytes += chunk.size + chunk.skipped
-        if self.run.datasets is not None:  # a mix reads a dataset about `passes` times through
-            self.total_bytes = round(sum(progress_bytes(f) * d.passes for d in self.run.datasets for f in d.files))
-        if not self.total_bytes or not len(chunk):
+        total = self.total_bytes
+        if not total or not len(chunk):
             return None
         # A mix's chunks draw on all its files at once: the files before the current one say nothing there.
         before = self.bytes_before[chunk.file_index[-1]] if self.run.datasets is None else 0
-        self.shown_bytes = min(self.total_bytes, max(self.shown_bytes, self.read_bytes, before))  # never backwards
+        self.shown_bytes = min(total, max(self.shown_bytes, self.read_bytes, before))  # never backwards
         return self.shown_bytes
 
     def account_and_write(self, prepared: Prepared, mask: MaskResult | None, clock: Stopwatch) -> None:
