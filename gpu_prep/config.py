@@ -678,22 +678,21 @@ def _override(data: Any, override: str, path: Path) -> Any:
         raise ConfigError(f"--set {override!r}: the value is not YAML: {exc}") from None
     data = dict(data) if isinstance(data, dict) else {}
     node: Any = data
-    *parents, last = key.strip().split(".")
-    path_ = [*parents, last]
-    for depth, name in enumerate(parents):
-        slot = _slot(node, name, override, parents[:depth])
+    names = key.strip().split(".")
+    for depth, name in enumerate(names[:-1]):
+        slot = _slot(node, name, override, names[:depth])
         child = node[slot] if isinstance(node, list) else node.get(slot)
         if isinstance(child, (dict, list)):
             child = type(child)(child)  # a copy: the parsed file is not changed in place
-        elif path_[depth + 1].isdigit():
-            where = ".".join(path_[:depth + 1])
+        elif names[depth + 1].isdigit():
+            where = ".".join(names[:depth + 1])
             raise ConfigError(f"--set {override!r}: the config has no list {where} to index; give it whole, "
                               f"e.g. --set '{where}=[...]'")
         else:
             child = {"name": child} if name == "tokenizer" and child else {}
         node[slot] = child
         node = child
-    node[_slot(node, last, override, parents)] = value
+    node[_slot(node, names[-1], override, names[:-1])] = value
     return data
 
 
