@@ -45,6 +45,10 @@ PluginOpt = Annotated[Optional[list[str]], typer.Option("--plugin", help="A modu
 NOT_USEFUL, INTERRUPTED = 3, 130
 
 
+def _warn(message: str) -> None:
+    err.print(f"[yellow]warning:[/] {escape(message)}", highlight=False)
+
+
 def _fail(exc: GpuPrepError) -> typer.Exit:
     err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
     return typer.Exit(exc.exit_code)
@@ -149,23 +153,22 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
     out.print(table)
     for split, counts in totals.get("splits", {}).items():
         if counts["rows_written"] == 0:
-            err.print(f"[yellow]warning:[/] split {escape(repr(split))} (a {counts['share']:.0%} share) got none of the "
-                      f"{totals['rows_written']:,} rows written: it has no folder, and a loader asking for it will "
-                      "fail; raise its share or give the run more rows", highlight=False)
+            _warn(f"split {split!r} (a {counts['share']:.0%} share) got none of the {totals['rows_written']:,} rows "
+                  "written: it has no folder, and a loader asking for it will fail; raise its share or give the run "
+                  "more rows")
     for role, n in totals.get("parse_report", {}).get("unknown_roles", {}).items():
-        err.print(f"[yellow]warning:[/] {n:,} message(s) with role {escape(repr(role))}, which is not one of "
-                  f"{', '.join(TEMPLATE_ROLES)} (map it with input.roles)", highlight=False)
+        _warn(f"{n:,} message(s) with role {role!r}, which is not one of {', '.join(TEMPLATE_ROLES)} (map it with "
+              "input.roles)")
     for role, n in totals.get("messages_left_out_by_template", {}).items():
-        err.print(f"[yellow]warning:[/] the chat template left out the content of {n:,} message(s) with role "
-                  f"{escape(repr(role))} (a role it does not render); those rows were written without that text", highlight=False)
+        _warn(f"the chat template left out the content of {n:,} message(s) with role {role!r} (a role it does not "
+              "render); those rows were written without that text")
     if n := totals.get("parse_report", {}).get("reasoning_not_rendered"):
-        err.print(f"[yellow]warning:[/] the chat template wrote none of the reasoning of {n:,} row(s) (it shows no "
-                  "reasoning); those rows were written without it: use a template that shows it (qwen3), or "
-                  "input.think_mode: drop to leave it out knowingly", highlight=False)
+        _warn(f"the chat template wrote none of the reasoning of {n:,} row(s) (it shows no reasoning); those rows "
+              "were written without it: use a template that shows it (qwen3), or input.think_mode: drop to leave it "
+              "out knowingly")
     for role, n in totals.get("parse_report", {}).get("trained_roles_not_marked_by_template", {}).items():
-        err.print(f"[yellow]warning:[/] the mask rules train role {escape(repr(role))}, but the chat template's {{% generation %}} "
-                  f"markers never mark it ({n:,} message(s) left untrained); set input.mask_method: roles to train "
-                  "it by role spans", highlight=False)
+        _warn(f"the mask rules train role {role!r}, but the chat template's {{% generation %}} markers never mark "
+              f"it ({n:,} message(s) left untrained); set input.mask_method: roles to train it by role spans")
 
 
 @app.command()
@@ -213,7 +216,7 @@ def run(
         cfg = load_config(config, set_ or [])
         check_registered(cfg, str(config))
         for warning in [] if quiet else cfg.warnings():
-            err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+            _warn(warning)
         with Reporter(quiet, progress_interval) as report:
             announce = None if quiet else lambda link: err.print(f"Dask dashboard: {link}", highlight=False)
             options = Options(tokenizer=tokenizer, device=device, chunk_rows=chunk_rows, workers=workers,
@@ -302,7 +305,7 @@ def validate(
         if not report.errors:
             run_sample(cfg, data or [], sample, report)
         for warning in [*cfg.warnings(), *report.warnings]:
-            err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+            _warn(warning)
         for error in report.errors:
             err.print(f"[bold red]error:[/] {escape(error)}", highlight=False)
         if report.manifest is not None:
