@@ -467,7 +467,7 @@ def part_rows(part: Part, columnar: Columnar | None = None, max_row_bytes: int =
                                                     part.start, part.end, first_line))
     elif part.batches:
         yield from _guarded(part.file, batch_rows(part.file.path, part.file.layout, part.start, part.end, first_line))
-    elif columnar is not None and columnar.read_range is not None:
+    elif columnar is not None and columnar.jsonl(part.file):
         yield from _columnar_rows(part.file, columnar, max_row_bytes, part, first_line)
     else:
         lines = _bounded_lines(io.BytesIO(read_part(part) if data is None else data), max_row_bytes, first_line)
