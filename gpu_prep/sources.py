@@ -142,12 +142,15 @@ def remote_files(pattern: str) -> list[str]:
 
 def text_size(path: str, compression: str | None, size: int) -> int | None:
     """About how many bytes of text the file holds, for progress: its size uncompressed; a gzip file's
-    from its trailer, a zstd file's from its first frame's header (None where neither says, or a URL)."""
+    from its trailer, an xz file's from its streams' indexes, a zstd file's from its first frame's header
+    (None where none says, or a URL)."""
     if compression is None:
         return size
-    if is_url(path) or compression not in ("gzip", "zstd") or size < 18:
+    if is_url(path) or compression not in ("gzip", "xz", "zstd") or size < 18:
         return None
     with open(path, "rb") as handle:
+        if compression == "xz":
+            return _xz_text_size(handle, size)
         if compression == "gzip":  # ISIZE: the text's size modulo 2**32 (of the last member)
             handle.seek(-4, os.SEEK_END)
             text = int.from_bytes(handle.read(4), "little")
@@ -164,6 +167,47 @@ def text_size(path: str, compression: str | None, size: int) -> int | None:
         return None
     value = int.from_bytes(head[start:start + width], "little")
     return value + 256 if width == 2 else value
+
+
+def _xz_text_size(handle: Any, size: int) -> int | None:
+    """The text an xz file holds: the uncompressed sizes its streams' indexes list, walking the streams from
+    the end (each ends in a 12-byte footer giving its index's size; zero padding may follow a stream).
+    None where the file is not laid out so."""
+    end, text = size, 0
+    while end > 0:
+        handle.seek(end - 4)
+        if handle.read(4) == b"\0" * 4:  # stream padding
+            end -= 4
+            continue
+        if end < 24:
+            return None
+        handle.seek(end - 12)
+        footer = handle.read(12)
+        index_size = (int.from_bytes(footer[4:8], "little") + 1) * 4
+        start = end - 12 - index_size
+        if footer[10:] != b"YZ" or start < 12:
+            return None
+        handle.seek(start)
+        index, at = handle.read(index_size), 1
+        if index[:1] != b"\0":
+            return None
+        numbers: list[int] = []
+        while len(numbers) < 1 or len(numbers) < 1 + 2 * numbers[0]:  # the record count, then (unpadded, text) pairs
+            value = shift = 0
+            while at < len(index) and shift < 63:
+                byte = index[at]
+                value, shift, at = value | (byte & 0x7F) << shift, shift + 7, at + 1
+                if byte < 0x80:
+                    break
+            else:
+                return None
+            numbers.append(value)
+        blocks = sum(-(-unpadded // 4) * 4 for unpadded in numbers[1::2])
+        text += sum(numbers[2::2])
+        end = start - blocks - 12  # this stream's header
+        if end < 0:
+            return None
+    return text
 
 
 def file_size(path: str) -> int:

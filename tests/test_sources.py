@@ -488,6 +488,12 @@ def test_progress_counts_a_compressed_file_by_its_text(tmp_path: Path, fast_toke
     streamed = b"\x28\xb5\x2f\xfd" + bytes([0x00, 0x58]) + b"\0" * 16  # no content size: unknown
     (tmp_path / "b.zst").write_bytes(streamed)
     assert text_size(str(tmp_path / "b.zst"), "zstd", len(streamed)) is None
+    # An xz file's streams each end in an index of their blocks' sizes: two streams, padding between them.
+    xz = lzma.compress(text[:70000]) + b"\0" * 8 + lzma.compress(text[70000:], check=lzma.CHECK_SHA256)
+    (tmp_path / "c.xz").write_bytes(xz)
+    assert text_size(str(tmp_path / "c.xz"), "xz", len(xz)) == len(text)
+    (tmp_path / "d.xz").write_bytes(xz[:-13])  # cut short: unknown, not a guess
+    assert text_size(str(tmp_path / "d.xz"), "xz", len(xz) - 13) is None
     shares: list[float] = []
     options = Options(chunk_rows=500, progress=lambda rows, tokens, done, total: shares.append(done / total))
     run(parse_config({"input": {"type": "text"}, "preprocessing": {"min_chars": 1, "deduplicate": False}}),
