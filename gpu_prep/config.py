@@ -51,6 +51,10 @@ SHAREGPT_ROLES = {"user": ["human", "user"], "assistant": ["gpt", "model", "assi
 _NO_ROLE_NAMES: dict[str, str] = {}
 
 
+# Axolotl's dataset types and the input.type each is here.
+AXOLOTL_TYPES = {"completion": "text", "input_output": "segments", "chat_template": "chat", "": "pretokenized"}
+
+
 class InputConfig(_Frozen):
     # A registered input type (format.register; plugins add more): checked by plugins.check_registered once
     # plugins have loaded, not here.
@@ -176,6 +180,14 @@ class InputConfig(_Frozen):
         if not self.roles and self.type not in ("sharegpt", "auto"):
             return _NO_ROLE_NAMES
         return self._role_of
+
+    @model_validator(mode="before")
+    @classmethod
+    def _type_names(cls, data: Any) -> Any:
+        """Axolotl's names of the input types: an empty type is pre-tokenized rows."""
+        if isinstance(data, dict) and "type" in data and (data["type"] or "") in AXOLOTL_TYPES:
+            data = {**data, "type": AXOLOTL_TYPES[data["type"] or ""]}
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -386,6 +398,11 @@ class DatasetConfig(_Frozen):
     hub: HubDatasetConfig | None = None
     # The format of files without a known extension (a file with one must hold what it says).
     builder: Literal["jsonl", "json", "csv", "tsv", "txt", "parquet", "arrow", "feather"] | None = None
+
+    @field_validator("builder", mode="before")
+    @classmethod
+    def _text_builder(cls, value: Any) -> Any:
+        return "txt" if value == "text" else value  # the datasets library's name for it
     sampling: float | None = Field(None, ge=0.0, le=1.0)
     data_handlers: list[DataHandlerConfig] = []
     domain: str | None = None  # the domain of its rows when output.domain_key gives none (null: its name)
@@ -405,7 +422,10 @@ class DataprocessorConfig(_Frozen):
     @classmethod
     def _seed_alias(cls, data: Any) -> Any:
         if isinstance(data, dict) and "sampling_seed" in data:
-            data = {k: v for k, v in data.items() if k != "sampling_seed"} | {"seed": data["sampling_seed"]}
+            data = dict(data)
+            value = data.pop("sampling_seed")
+            if data.setdefault("seed", value) != value:
+                raise ValueError("dataprocessor.sampling_seed and dataprocessor.seed disagree (they name one setting)")
         return data
 
 
@@ -441,6 +461,20 @@ class PipelineConfig(_Frozen):
     def _qlora_keys(cls, data: Any) -> Any:
         """The QLoRA seed's flat keys (dataset_schema, max_length, ...) are other names of keys here."""
         return qlora_keys.resolve(data, TEMPLATE_ROLES)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _template_jinja(cls, data: Any) -> Any:
+        """Axolotl's chat_template_jinja (with chat_template absent or `jinja`) is the template chat_template
+        names: a Jinja string or a .jinja file."""
+        if not isinstance(data, dict) or "chat_template_jinja" not in data:
+            return data
+        data = dict(data)
+        value = data.pop("chat_template_jinja")
+        if data.setdefault("chat_template", value) not in (value, "jinja"):
+            raise ValueError("chat_template_jinja and chat_template disagree (they name one template: give one)")
+        data["chat_template"] = value
+        return data
 
     @model_validator(mode="after")
     def _ratios(self) -> PipelineConfig:
@@ -730,9 +764,10 @@ def _from_folder(data: Any, folder: Path) -> Any:
         data["datasets"] = [{**d, "data_paths": [here(p) for p in d["data_paths"]]}
                             if isinstance(d, dict) and isinstance(d.get("data_paths"), list) else d
                             for d in data["datasets"]]
-    template = data.get("chat_template")
-    if isinstance(template, str) and template.endswith((".jinja", ".j2")) and "{" not in template:
-        data["chat_template"] = here(template)
+    for key in ("chat_template", "chat_template_jinja"):
+        template = data.get(key)
+        if isinstance(template, str) and template.endswith((".jinja", ".j2")) and "{" not in template:
+            data[key] = here(template)
     tokenizer = data.get("tokenizer")
     name = tokenizer.get("name") if isinstance(tokenizer, dict) else tokenizer
     if isinstance(name, str) and not os.path.isabs(name) and (folder / name).is_dir():

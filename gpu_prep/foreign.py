@@ -15,7 +15,9 @@ FOREIGN_KEYS = {
     "path": "data_paths (a list)", "data_files": "data_paths (a list)", "dataset": "datasets (a list)",
     "type": "input.type (a dataset's own: input: {type: ...})", "formatting": "input.type",
     "dataset_prepared_path": "the output folder (gpu-prep run -o OUT)", "output_dir": "gpu-prep run -o OUT",
-    "assistant_only_loss": "mask (mask.assistant: train is the default for chat configs)",
+    "assistant_only_loss": "mask (mask: {assistant: train})",
+    "special_tokens": "input.end_of_turn_tokens (what ends a turn) and input.eod_token (what ends a document); "
+                      "the tokenizer's own special tokens are read from it",
     "completion_only_loss": "mask (mask.prompt: mask, mask.response: train)",
     # The QLoRA seed's keys, read at the top level of a config (gpu_prep/qlora_keys.py), found in a section.
     "dataset_schema": "input.type (the QLoRA seed's dataset_schema is read at the top level)",

@@ -99,6 +99,16 @@ def is_message_list(record: Any) -> bool:
     return isinstance(record, list) and bool(record) and all(isinstance(m, dict) for m in record)
 
 
+def _hub_hint(path: str) -> str:
+    """For a missing path that reads like a hub dataset id (ORG/NAME, no extension): where such ids go."""
+    parts = Path(path).parts
+    if len(parts) < 2 or split_name(path)[0] is not None or glob.has_magic(path):
+        return ""
+    name = "/".join(parts[-2:])
+    return (f"; if {name!r} is a hub dataset, a dataset reads it with `hub: {{name: {name}}}` (or the path "
+            f"hf://datasets/{name})")
+
+
 def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: int = 0) -> list[InputFile]:
     """Files, globs and folders -> input files in a fixed order (as given; globs and folders sorted), each
     checked to be what its name (or how.builder) says. A save_to_disk or DatasetDict folder is its Arrow
@@ -117,12 +127,12 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
         else:
             found = [pattern]
         if not found:
-            raise ConfigError(f"input {pattern!r}: no such file, or the pattern matches nothing")
+            raise ConfigError(f"input {pattern!r}: no such file, or the pattern matches nothing{_hub_hint(pattern)}")
         paths.extend(found)
     files = []
     for path in paths:
         if not is_url(path) and not os.path.isfile(path):
-            raise ConfigError(f"input {path!r}: no such file")
+            raise ConfigError(f"input {path!r}: no such file{_hub_hint(path)}")
         if not is_url(path) and not os.access(path, os.R_OK):
             raise ConfigError(f"input {path!r}: not readable")
         fmt, compression = split_name(path)

@@ -52,6 +52,8 @@ def check_choice(choice: str) -> str:
     """For the config: a known name, a template file's path, or a Jinja string."""
     if choice in CHOICES or _is_jinja(choice) or choice.endswith((".jinja", ".j2")):
         return choice
+    if choice == "jinja":
+        raise ValueError("chat_template 'jinja' takes its template from chat_template_jinja, which is not given")
     raise ValueError(f"chat_template {choice!r} is not known; allowed: {', '.join(CHOICES)}, "
                      "a .jinja file or a Jinja string")
 

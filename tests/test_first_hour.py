@@ -349,3 +349,43 @@ def test_a_split_that_gets_no_rows_is_warned_about(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "split 'validation' (a 1% share) got none of the" in result.stderr
     assert "split 'train'" not in result.stderr and not (tmp_path / "out" / "validation").exists()
+
+
+def test_axolotls_names_for_types_templates_and_builders_are_read_as_ours(tmp_path: Path) -> None:
+    # An Axolotl user copies its type names, chat_template_jinja and the datasets library's builder name
+    # `text`; each means one setting here. Two spellings of one setting that disagree are refused.
+    from gpu_prep.config import load_config
+    from gpu_prep.errors import ConfigError
+
+    (tmp_path / "tpl.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    (tmp_path / "rows.txt").write_text("a line\n")
+    for theirs, ours in [("completion", "text"), ("input_output", "segments"), ("chat_template", "chat"),
+                         ("", "pretokenized"), (None, "pretokenized")]:
+        path = tmp_path / "c.json"
+        path.write_text(json.dumps({"chat_template_jinja": "tpl.jinja", "input": {"type": theirs},
+                                    "datasets": [{"name": "d", "data_paths": ["rows.txt"], "builder": "text",
+                                                  "input": {"type": theirs}}]}))
+        config = load_config(path)
+        assert config.input.type == ours and config.dataset_config(0).input.type == ours
+        assert config.chat_template == str(tmp_path / "tpl.jinja") and config.datasets[0].builder == "txt"
+    inline = "{{ messages[0].content }}"
+    path.write_text(json.dumps({"chat_template": "jinja", "chat_template_jinja": inline}))
+    assert load_config(path).chat_template == inline
+    for wrong, said in [({"chat_template": "chatml", "chat_template_jinja": inline}, "chat_template_jinja and chat_template disagree"),
+                        ({"chat_template": "jinja"}, "takes its template from chat_template_jinja"),
+                        ({"dataprocessor": {"seed": 1, "sampling_seed": 2}}, "sampling_seed and dataprocessor.seed disagree")]:
+        path.write_text(json.dumps(wrong))
+        with pytest.raises(ConfigError, match=said):
+            load_config(path)
+    path.write_text(json.dumps({"dataprocessor": {"seed": 3, "sampling_seed": 3}}))
+    assert load_config(path).dataprocessor.seed == 3
+
+
+def test_a_missing_input_that_reads_like_a_hub_id_points_to_the_hub_key(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("datasets:\n  - name: u\n    data_paths: [HuggingFaceH4/ultrachat_200k]\n")
+    result = gpu_prep_cli("run", "-c", config, "-o", tmp_path / "out")
+    assert result.returncode == 2 and "no such file" in result.stderr
+    assert "hub: {name: HuggingFaceH4/ultrachat_200k}" in result.stderr, result.stderr
+    plain = gpu_prep_cli("run", "-c", REPO / "configs/sft.json", tmp_path / "missing.jsonl", "-o", tmp_path / "out")
+    assert plain.returncode == 2 and "no such file" in plain.stderr and "hub" not in plain.stderr
