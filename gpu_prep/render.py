@@ -30,7 +30,7 @@ import numpy as np
 from gpu_prep.affix import AffixTemplate
 from gpu_prep.chat_template import row_limits
 from gpu_prep.errors import ConfigError, Drop
-from gpu_prep.format import THINK_BLOCK, Conversation, Pair, RowError, Segments, Shape, Tokens, Unpaired
+from gpu_prep.format import Conversation, Pair, RowError, Segments, Shape, Tokens, Unpaired
 from gpu_prep.locate import locate_contents, render_marked, render_text
 
 if TYPE_CHECKING:
@@ -310,30 +310,37 @@ def _labels(conv: Conversation, ctx: RenderContext) -> list[str | bool]:
 
 
 def _locate(real: str, conv: Conversation, template: ChatTemplate, ctx: RenderContext) -> list[tuple[int, int, int]]:
-    """locate_contents; where that fails on contents that open with a <think> block (read as they are,
-    input.extract_think_tags off) the template may have moved the block out of the content, as Qwen3's does
-    in the last turn: the contents are then located with their blocks read as reasoning, and each such
-    content's region starts at its block's <think> tag again, so the content is trained as it was written."""
+    """locate_contents; where that fails on contents holding a </think> tag, the template may have moved
+    their reasoning out of the content, as Qwen3's and DeepSeek-R1's do in the last turn (the reasoning is
+    what stands before the first </think> after its <think>, the content what follows the last </think>;
+    text before <think> is not written): the contents are then located split so, and each such content's
+    region starts at its <think> tag again, so what the template wrote for it is trained as a whole."""
     try:
         return locate_contents(real, conv, template)
     except RowError as err:
-        split = {} if ctx.config.input.extract_think_tags else {
-            i: found for i, m in enumerate(conv.messages) if (found := THINK_BLOCK.match(m["content"]))}
+        split = {i: _split_think(m["content"]) for i, m in enumerate(conv.messages) if "</think>" in m["content"]}
         if not split:
             raise
-        messages = [{**m, "content": m["content"][split[i].end():], "reasoning_content": split[i].group(1).strip("\n")}
-                    if i in split else m for i, m in enumerate(conv.messages)]
+        messages = [{**m, "content": split[i][1], "reasoning_content": split[i][0]} if i in split else m
+                    for i, m in enumerate(conv.messages)]
         try:
             regions = locate_contents(real, dataclasses.replace(conv, messages=messages), template)
         except RowError:
-            raise RowError(err.reason, f"{err.detail}: a content opens with a <think> block the template rewrites; "
-                                       "input.extract_think_tags: true reads it as the turn's reasoning") from None
+            hint = "" if ctx.config.input.extract_think_tags else \
+                "; input.extract_think_tags: true reads a leading one as the turn's reasoning"
+            raise RowError(err.reason, f"{err.detail}: a content holds a <think> block the template rewrites{hint}") from None
     out, previous_end = [], 0
     for i, start, end in regions:
         tag = real.rfind("<think>", previous_end, start) if i in split else -1
         out.append((i, tag if tag >= 0 else start, end))
         previous_end = end
     return out
+
+
+def _split_think(content: str) -> tuple[str, str]:
+    """(reasoning, content) as the templates that move reasoning out of a content split it."""
+    return (content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n"),
+            content.split("</think>")[-1].lstrip("\n"))
 
 
 def _flag(message: dict[str, Any], key: str, index: int) -> bool:

@@ -249,7 +249,27 @@ def test_a_think_block_no_reading_can_place_says_what_to_set(tmp_path: Path) -> 
     out = run_rows(tmp_path, config, INLINE_THINK + [plain], name="hint")
     manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
     [example] = manifest["dropped_examples"]["template_error"]
-    assert example["detail"].endswith("input.extract_think_tags: true reads it as the turn's reasoning"), example
+    assert example["detail"].endswith("input.extract_think_tags: true reads a leading one as the turn's reasoning"), example
+
+
+MID_THINK = [{"messages": [{"role": "user", "content": "2+2?"},
+                           {"role": "assistant", "content": "Sure. <think>\nSimple addition.\n</think>4"}]}]
+
+
+@pytest.mark.parametrize("extract", [False, True])
+def test_qwen3_takes_a_think_block_after_other_text_as_its_template_writes_it(tmp_path: Path, extract: bool) -> None:
+    # Qwen3's template splits a last turn holding </think> wherever the block stands, and writes no text
+    # from before <think>: the row is trained as the template wrote it (it used to be dropped, as a
+    # template_error naming the user's message). extract_think_tags moves only a leading block.
+    qwen3, [(ids, mask)], manifest = _qwen3_run(tmp_path, MID_THINK, extract_think_tags=extract)
+    assert manifest["totals"]["rows_written"] == 1
+    assert qwen3.decode(ids[mask == 1]) == "<think>\nSimple addition.\n</think>\n\n4<|im_end|>"
+    from gpu_prep.bundled import bundled_tokenizer_dir
+    from reference import hf_tokenizer
+
+    reference = hf_tokenizer(bundled_tokenizer_dir("qwen3")).apply_chat_template(
+        MID_THINK[0]["messages"], tokenize=True, return_dict=True)["input_ids"]
+    assert ids.tolist() == list(reference)
 
 
 def test_reasoning_a_template_does_not_show_is_counted(tmp_path: Path) -> None:
