@@ -17,3 +17,7 @@ def main() -> None:
     from gpu_prep.cli import main as cli_main
 
     cli_main()
+
+
+if __name__ == "__main__":  # python -m gpu_prep.launch
+    main()

@@ -389,3 +389,14 @@ def test_a_missing_input_that_reads_like_a_hub_id_points_to_the_hub_key(tmp_path
     assert "hub: {name: HuggingFaceH4/ultrachat_200k}" in result.stderr, result.stderr
     plain = gpu_prep_cli("run", "-c", REPO / "configs/sft.json", tmp_path / "missing.jsonl", "-o", tmp_path / "out")
     assert plain.returncode == 2 and "no such file" in plain.stderr and "hub" not in plain.stderr
+
+
+@pytest.mark.parametrize("module", ["gpu_prep", "gpu_prep.launch"])
+def test_python_dash_m_runs_the_command(tmp_path: Path, module: str) -> None:
+    # `python -m gpu_prep.launch run ...` used to exit 0 having done nothing: a silent success.
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-m", module, "run", "-c", str(REPO / "configs/sft.json"),
+                             str(REPO / "examples/chat.jsonl"), "-o", str(out), "-q"],
+                            capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert (out / "manifest.json").is_file()
