@@ -34,7 +34,7 @@ Action = Literal["mask", "train"]
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
 
 ALPACA_FORMAT = ("Below is an instruction that describes a task, paired with an input that provides further "

@@ -400,3 +400,15 @@ def test_python_dash_m_runs_the_command(tmp_path: Path, module: str) -> None:
                             capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert (out / "manifest.json").is_file()
+
+
+def test_a_value_of_another_type_is_refused_not_converted() -> None:
+    # JSON's true used to be read as max_seq_len 1 (every sample its end token alone) and "no" as false.
+    from gpu_prep.config import parse_config
+    from gpu_prep.errors import ConfigError
+
+    for section, key, value in [("preprocessing", "max_seq_len", True), ("preprocessing", "deduplicate", "no"),
+                                ("output", "max_tokens_per_shard", True), ("preprocessing", "max_seq_len", "2048")]:
+        with pytest.raises(ConfigError, match=f"{section}.{key}: .* is invalid"):
+            parse_config({section: {key: value}})
+    assert parse_config({"preprocessing": {"max_drop_share": 1}}).preprocessing.max_drop_share == 1.0  # an int is a number
