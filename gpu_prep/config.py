@@ -682,6 +682,34 @@ def parse_config(data: Any, source: str = "<config>") -> PipelineConfig:
         raise ConfigError(f"{source}: invalid config\n  " + "\n  ".join(lines)) from None
 
 
+class _TwiceError(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refused where it names a key twice (the parser would keep the last silently)."""
+    data = dict(pairs)
+    if len(data) < len(pairs):
+        twice = next(k for k in data if sum(key == k for key, _ in pairs) > 1)
+        raise _TwiceError(f"key {twice!r} is given twice in one object; only one can hold")
+    return data
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that names a key twice (it would keep the last silently)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen = set()
+        for key_node, _ in node.value:  # as written (a merge key << brings keys that may be overridden)
+            if key_node.tag != "tag:yaml.org,2002:str":
+                continue
+            if key_node.value in seen:
+                raise _TwiceError(f"line {key_node.start_mark.line + 1}: key {key_node.value!r} is given twice in one "
+                                  "mapping; only one can hold")
+            seen.add(key_node.value)
+        return super().construct_mapping(node, deep)
+
+
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
     """The config file, with `key.path=value` overrides (values read as YAML) applied before it is checked."""
     path = Path(path)
@@ -693,9 +721,11 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: the config is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
-        data = yaml.safe_load(text) if is_yaml else json.loads(text)
+        data = yaml.load(text, Loader=_UniqueKeys) if is_yaml else json.loads(text, object_pairs_hook=_unique_keys)  # noqa: S506  a SafeLoader
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: not valid {'YAML' if is_yaml else 'JSON'}: {exc}") from None
+    except _TwiceError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     data = _from_folder(data, path.parent)  # the file's paths are its folder's; --set values are the command line's
     for override in overrides:
         data = _override(data, override, path)

@@ -412,3 +412,20 @@ def test_a_value_of_another_type_is_refused_not_converted() -> None:
         with pytest.raises(ConfigError, match=f"{section}.{key}: .* is invalid"):
             parse_config({section: {key: value}})
     assert parse_config({"preprocessing": {"max_drop_share": 1}}).preprocessing.max_drop_share == 1.0  # an int is a number
+
+
+def test_a_key_given_twice_in_a_config_is_refused(tmp_path: Path) -> None:
+    # Both parsers keep the last of two equal keys silently: a second max_seq_len further down a section
+    # would win unseen. A YAML merge key still brings keys that the mapping overrides.
+    from gpu_prep.config import load_config
+    from gpu_prep.errors import ConfigError
+
+    (tmp_path / "c.yaml").write_text("preprocessing:\n  max_seq_len: 4096\n  truncation: left\n  max_seq_len: 16\n")
+    (tmp_path / "c.json").write_text('{"input": {"type": "chat"}, "input": {"type": "text"}}')
+    with pytest.raises(ConfigError, match="line 4: key 'max_seq_len' is given twice"):
+        load_config(tmp_path / "c.yaml")
+    with pytest.raises(ConfigError, match="key 'input' is given twice"):
+        load_config(tmp_path / "c.json")
+    merged = tmp_path / "merge.yaml"  # a merge key's keys may be overridden: not a key given twice
+    merged.write_text("datasets:\n  - &d {name: a, data_paths: [x.jsonl], sampling: 0.5}\n  - <<: *d\n    name: b\n")
+    assert [d.name for d in load_config(merged).datasets] == ["a", "b"]
