@@ -21,7 +21,7 @@ from gpu_prep.config import TEMPLATE_ROLES, PipelineConfig
 from gpu_prep.errors import Drop
 from gpu_prep.format import Conversation, RowError, detect_schema, registered
 from gpu_prep.mix import config_rows
-from gpu_prep.read import read_chunks
+from gpu_prep.read import first_rows, read_chunks, sample_shares
 from gpu_prep.run.context import DEFAULT_TOKENIZER, run_inputs
 from gpu_prep.tokenizer import load_tokenizer
 
@@ -41,14 +41,17 @@ class SampleReport:
 
 
 def check_sample(config: PipelineConfig, inputs: list[str], sample: int) -> SampleReport:
-    """What the first `sample` rows say of the config."""
+    """What a sample of about `sample` rows says of the config (without datasets: the first rows of each
+    input, by its share of the input: read.sample_shares)."""
     report = SampleReport()
     files, datasets = run_inputs(config, inputs)
     # Each file's rows are built with its dataset's own config, in the order the run takes them (a mix's,
     # with the datasets' data handlers run), so the sample is the sample run's.
     own = {f.index: config.dataset_config(k) for k, d in enumerate(datasets or []) for f in d.files}
     tokenizers: dict[str, BuilderTokenizer | None] = {}
-    for chunk in read_chunks(files, 256, max_items=sample, rows=config_rows(config, datasets)):
+    rows = config_rows(config, datasets)
+    rows = first_rows(files, sample_shares(files, sample)) if rows is None else rows
+    for chunk in read_chunks(files, 256, max_items=sample, rows=rows):
         for i, (record, error) in enumerate(zip(chunk.records, (chunk.errors.get(i) for i in range(len(chunk))))):
             report.rows += 1
             if record is None or error is not None:
@@ -118,7 +121,8 @@ def run_sample(config: PipelineConfig, inputs: list[str], sample: int, report: S
 
     out = Path(tempfile.mkdtemp(prefix="gpu-prep-validate-")) / "out"
     limited = config.model_copy(update={"preprocessing": config.preprocessing.model_copy(update={"max_items": sample})})
-    report.manifest = run(limited, inputs, out, Options(overlap=False))
+    files, _ = run_inputs(config, inputs)
+    report.manifest = run(limited, inputs, out, Options(overlap=False, per_file=sample_shares(files, sample)))
     report.out_dir = out
     # What would make `run` fail on these rows fails the check too: no row written, or too many dropped.
     from gpu_prep.run.manifest import run_problems

@@ -157,7 +157,7 @@ def _process(run: RunContext, out_dir: Path, options: Options, checkpoints: Chec
             for done in run_on_cluster(run, dedup, decisions, checkpoints.rows_done, options, clock, outcome.cluster):
                 commit(done, clock)
         else:
-            chunks = run_chunks(run, options.chunk_rows, checkpoints.rows_done)
+            chunks = run_chunks(run, options.chunk_rows, checkpoints.rows_done, options.per_file)
             run_here(run, chunks, dedup, decisions, clock, commit, options.overlap)
     except BaseException as exc:
         acct.abort(keep=isinstance(exc, (KeyboardInterrupt, Interrupted)) or checkpoints.rows_saved is not None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import io
+import itertools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -55,6 +56,12 @@ class InputFile:
     hub: str | None = None  # layout "hub": the datasets.load_dataset arguments, as JSON
     encoding: str | None = None  # a text file's encoding when its BOM says UTF-16 or UTF-32 (None: UTF-8)
     text_bytes: int | None = None  # about how much text it holds, decompressed (sources.text_size; progress)
+
+    @property
+    def weight(self) -> int:
+        """What the file counts for in progress and in validate's sample: its text, decompressed, where
+        that is known (reading counts the text it reads), else its size."""
+        return self.text_bytes or self.size_bytes
 
 
 @dataclass(frozen=True)
@@ -482,6 +489,21 @@ def part_rows(part: Part, columnar: Columnar | None = None, max_row_bytes: int =
     else:
         lines = _bounded_lines(io.BytesIO(read_part(part) if data is None else data), max_row_bytes, first_line)
         yield from _exact_rows(lines, max_row_bytes)
+
+
+def sample_shares(files: list[InputFile], rows: int) -> list[int]:
+    """How many of its first rows each file gives a sample of about `rows` rows: a share by its size, at
+    least one, so that the sample reaches every input and weighs each as the run will."""
+    sizes = [f.weight for f in files]
+    total = sum(sizes) or 1
+    return [max(1, -(-rows * size // total)) for size in sizes]
+
+
+def first_rows(files: list[InputFile], shares: list[int], columnar: Columnar | None = None,
+               max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[FileRow]:
+    """The first rows of each file, as many as its share (sample_shares), in order."""
+    for file, share in zip(files, shares):
+        yield from ((file.index, *row) for row in itertools.islice(file_rows(file, columnar, max_row_bytes), share))
 
 
 def read_chunks(files: list[InputFile], chunk_rows: int, max_items: int | None = None,

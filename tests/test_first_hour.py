@@ -251,6 +251,25 @@ def test_validate_checks_a_config_against_a_sample_of_the_data(tmp_path: Path) -
     assert result.returncode == 2 and "the sample run: no rows were written (of 0 read)" in result.stderr
 
 
+def test_validate_samples_every_input_by_its_share(tmp_path: Path) -> None:
+    # The sample used to be the first rows of all inputs: a second file of the wrong shape was never
+    # reached, and validate said "ok" where run exits 3. Each input now gives rows by its share of the input.
+    good = write_jsonl(tmp_path / "good.jsonl", CHATS[:30])
+    other = write_jsonl(tmp_path / "other.jsonl", [{"conversations": [{"from": "human", "value": f"q{i}"},
+                                                                      {"from": "gpt", "value": f"a{i}"}]} for i in range(400)])
+    config = _config(tmp_path, {"input": {"type": "chat"}, "mask": {"assistant": "train"}}, "c.json")
+    ran = gpu_prep_cli("run", "-c", config, good, other, "-o", tmp_path / "out", "-q")
+    assert ran.returncode == 3
+    checked = gpu_prep_cli("validate", "-c", config, good, other, "--sample", 20)
+    assert checked.returncode == 2, checked.stdout
+    assert "other.jsonl:1: field 'messages' is missing" in checked.stdout
+    from gpu_prep.read import expand_inputs, sample_shares
+
+    files = expand_inputs([str(good), str(other)])
+    shares = sample_shares(files, 20)
+    assert shares[0] >= 1 and shares[1] > shares[0] and 20 <= sum(shares) <= 22
+
+
 def test_the_readme_names_every_drop_reason_the_code_has() -> None:
     from gpu_prep.errors import Drop
 

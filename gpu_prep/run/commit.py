@@ -16,18 +16,11 @@ from gpu_prep.errors import Drop, InputError
 from gpu_prep.fuzzy import NO_ROW, NearIndex
 from gpu_prep.output.writer import DatasetWriter
 from gpu_prep.ragged import offsets_from_lengths, reorder, row_of
-from gpu_prep.read import InputFile
 from gpu_prep.run.accounting import PIECES, Accounting
 from gpu_prep.run.checkpoint import Checkpointer
 from gpu_prep.run.context import Decisions, RunContext
 from gpu_prep.run.overlap import Stopwatch
 from gpu_prep.run.stages import Done, Dropped, MaskResult, Prepared, row_keys
-
-
-def progress_bytes(file: InputFile) -> int:
-    """What a file counts for in the run's progress: its text, decompressed, where that is known (reading
-    counts the text it reads), else its size."""
-    return file.text_bytes or file.size_bytes
 
 
 class Committer:
@@ -40,7 +33,7 @@ class Committer:
         self.run, self.acct, self.writer, self.checkpoints = run, acct, writer, checkpoints
         self.decisions, self.progress, self.near = decisions, progress, near
         self.rows, self.read_bytes, self.shown_bytes = checkpoints.rows_done, 0, 0  # a resumed run counts on
-        self.bytes_before = np.cumsum([0] + [progress_bytes(f) for f in run.files]).tolist()  # by file index
+        self.bytes_before = np.cumsum([0] + [f.weight for f in run.files]).tolist()  # by file index
 
     @property
     def total_bytes(self) -> int:
@@ -48,7 +41,7 @@ class Committer:
         count again; their passes are known once the mix has counted their rows)."""
         if self.run.datasets is None:
             return self.bytes_before[-1]
-        return round(sum(progress_bytes(f) * d.passes for d in self.run.datasets for f in d.files))
+        return round(sum(f.weight * d.passes for d in self.run.datasets for f in d.files))
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps besides the rows done and the dedup log."""

@@ -7,19 +7,21 @@ from collections.abc import Callable, Iterator
 
 from gpu_prep.filter import Deduplicator
 from gpu_prep.mix import config_rows
-from gpu_prep.read import CHUNK_BYTES, RawChunk, read_chunks
+from gpu_prep.read import CHUNK_BYTES, RawChunk, first_rows, read_chunks
 from gpu_prep.run.context import Decisions, RunContext
 from gpu_prep.run.overlap import Sink, Stopwatch, quick_handoffs
 from gpu_prep.run.stages import Done, Tokenizing, mask_chunk, prepare_and_tokenize
 
 
-def run_chunks(run: RunContext, chunk_rows: int, rows_done: int) -> Iterator[RawChunk]:
+def run_chunks(run: RunContext, chunk_rows: int, rows_done: int, per_file: list[int] | None = None) -> Iterator[RawChunk]:
     """The run's rows in chunks, in input order (or the datasets' mixed order), past the rows_done a
-    resumed run has done already."""
-    config = run.config
+    resumed run has done already; per_file: only the first rows of each input (validate's sample)."""
+    config, bound = run.config, run.config.input.max_row_bytes
+    rows = config_rows(config, run.datasets, run.columnar)
+    if rows is None and per_file is not None:
+        rows = first_rows(run.files, per_file, run.columnar, bound)
     return read_chunks(run.files, chunk_rows, config.preprocessing.max_items, CHUNK_BYTES * run.backend.chunk_scale,
-                       columnar=run.columnar, skip=rows_done, max_row_bytes=config.input.max_row_bytes,
-                       rows=config_rows(config, run.datasets, run.columnar))
+                       columnar=run.columnar, skip=rows_done, max_row_bytes=bound, rows=rows)
 
 
 def run_here(run: RunContext, chunks: Iterator[RawChunk], dedup: Deduplicator | None, decisions: Decisions,
