@@ -535,10 +535,13 @@ class PipelineConfig(_Frozen):
         """The config dataset k's rows are formatted and masked with: this one with its own input and
         mask settings over it."""
         spec = (self.datasets or [])[k]
-        if spec.input is None and spec.mask is None and spec.mask_default is None:
+        own = spec.input or {}
+        if any(h.name == "tokenize_and_apply_input_masking" for h in spec.data_handlers) and "type" not in own:
+            own = {**own, "type": "pretokenized"}  # the handler's rows are ids and labels
+        if not own and spec.mask is None and spec.mask_default is None:
             return self
         data = self.model_dump(exclude={"datasets"})
-        data["input"] = {**data["input"], **(spec.input or {})}
+        data["input"] = {**data["input"], **own}
         if spec.mask is not None:
             data["mask"] = spec.mask
         if spec.mask_default is not None:

@@ -215,8 +215,33 @@ def apply_tokenizer_chat_template(record: dict, tokenizer: Any, conversation_col
 _TEMPLATES: dict[Any, Any] = {}  # compiled chat templates, by their text and special tokens
 
 
+def tokenize_and_apply_input_masking(record: dict, tokenizer: Any, input_column_name: str | None = None,
+                                     output_column_name: str | None = None, add_eos_token: bool = True,
+                                     input_field_name: str | None = None, output_field_name: str | None = None,
+                                     tokenizer_kwargs: dict | None = None) -> dict:
+    """The row as pre-tokenized ids (input_ids, labels, attention_mask), as the seed's handler makes them:
+    input and output joined (a space between them where neither side has whitespace at the join, the
+    tokenizer's eos after), tokenized as one text; the labels are -100 over as many tokens as the input
+    alone tokenizes to. Its dataset reads them as input.type pretokenized. The older names
+    input_field_name / output_field_name are taken too; tokenizer_kwargs change nothing (no padding or
+    truncation here: max_seq_len and truncation rule the row)."""
+    names = (input_column_name or input_field_name, output_column_name or output_field_name)
+    if None in names:
+        raise RowError(Drop.HANDLER_ERROR, "needs input_column_name and output_column_name")
+    texts = [record.get(name) for name in names]
+    for name, text in zip(names, texts):
+        if not isinstance(text, str):
+            raise RowError(Drop.MISSING_FIELD if text is None else Drop.WRONG_TYPE, f"field {name!r} must be a string")
+    prompt, answer = texts
+    glue = "" if prompt.endswith((" ", "\n", "\t")) or answer.startswith((" ", "\n", "\t")) else " "
+    ids = tokenizer.encode(prompt + glue + answer + ((tokenizer.eos_token or "") if add_eos_token else ""))
+    masked = min(len(tokenizer.encode(prompt)), len(ids))
+    return {"input_ids": ids, "labels": [-100] * masked + ids[masked:], "attention_mask": [1] * len(ids)}
+
+
 for _fn in (rename_columns, select_columns, remove_columns, duplicate_column, skip_large_text,
-            apply_custom_data_formatting_template, apply_dataset_formatting, apply_tokenizer_chat_template):
+            apply_custom_data_formatting_template, apply_dataset_formatting, apply_tokenizer_chat_template,
+            tokenize_and_apply_input_masking):
     register_handler(_fn.__name__, _fn)
 
 

@@ -248,6 +248,33 @@ def test_handlers_that_use_the_tokenizer(tmp_path: Path, data: Path) -> None:
     assert web == f"A page called web-5.{tok.eos_text}"  # the handler's eos ends it already: not added twice
 
 
+def test_tokenize_and_apply_input_masking_gives_the_seeds_ids_and_labels(tmp_path: Path) -> None:
+    # The seed's handler: input and output joined (a space where neither has one at the join, the eos after),
+    # tokenized as one text, the labels -100 over the input's own token count. Its dataset reads the rows as
+    # pre-tokenized; the reference here is transformers' tokenizer over the same tokenizer.json.
+    from gpu_prep.bundled import bundled_tokenizer_dir
+    from reference import hf_tokenizer
+
+    rows = [{"q": "Question: is water wet? Answer:", "a": "Yes"}, {"q": "Say hi.\n", "a": "Hi there"},
+            {"q": "2+2=", "a": " 4"}]
+    path = _write(tmp_path / "qa.jsonl", rows)
+    handler = {"name": "tokenize_and_apply_input_masking",
+               "arguments": {"fn_kwargs": {"input_column_name": "q", "output_column_name": "a"}}}
+    config = {"preprocessing": {"min_chars": 0, "deduplicate": False},
+              "datasets": [{"name": "qa", "data_paths": [str(path)], "data_handlers": [handler]}]}
+    assert parse_config(config).dataset_config(0).input.type == "pretokenized"
+    run(parse_config(config), [], tmp_path / "out")
+    hf = hf_tokenizer(bundled_tokenizer_dir("qwen2.5"))
+    got = list(gpu_prep.open_dataset(tmp_path / "out")["qa"])
+    assert len(got) == len(rows)
+    for (ids, mask), row in zip(got, rows):
+        glue = "" if row["q"].endswith((" ", "\n")) or row["a"].startswith(" ") else " "
+        want = hf(row["q"] + glue + row["a"] + hf.eos_token)["input_ids"]
+        prompt = len(hf(row["q"])["input_ids"])
+        assert ids.tolist() == want
+        assert mask.tolist() == [0] * prompt + [1] * (len(want) - prompt)
+
+
 def test_the_shipped_mix_config_runs_on_the_examples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from helpers import REPO
 
