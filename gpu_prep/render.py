@@ -280,12 +280,20 @@ def _detail(message: dict, index: int, rendered: str, key: str | None) -> list[t
     return out
 
 
+EMPTY_THINK = re.compile(r"<think>\s*</think>\s*$")
+
+
 def _reasoning_start(real: str, message: dict, previous_end: int, start: int) -> int:
     """Where a trained turn's rendered reasoning begins (its <think> tag, where the template writes one
-    before it): the turn is trained from there. The content's start where the template shows none."""
+    before it): the turn is trained from there; a turn without reasoning, from the empty block the template
+    writes right before its content (Qwen3's last turn), so that the model learns to open and close it too.
+    The content's start where the template shows none."""
     reasoning = message.get("reasoning_content")
     text = reasoning.strip() if isinstance(reasoning, str) else ""
-    at = real.rfind(text, previous_end, start) if text else -1
+    if not text:
+        tag = real.rfind("<think>", previous_end, start)
+        return tag if tag >= 0 and EMPTY_THINK.match(real, tag, start) else start
+    at = real.rfind(text, previous_end, start)
     if at < 0:
         return start
     tag = real.rfind("<think>", previous_end, at)

@@ -155,6 +155,18 @@ def test_think_loss_trains_the_shown_reasoning_with_its_turn(tmp_path: Path, thi
     assert trained == want
 
 
+@pytest.mark.parametrize("think_loss", [False, True])
+def test_think_loss_trains_the_empty_block_the_template_writes_for_a_turn_without_reasoning(
+        tmp_path: Path, think_loss: bool) -> None:
+    # Qwen3 writes an empty <think></think> before the last turn's content when it has no reasoning; a
+    # model trained with think_loss on a mix of turns with and without reasoning must learn to open and
+    # close the block on both (as TRL's Qwen3 training template trains it).
+    row = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
+    qwen3, [(ids, mask)], _ = _qwen3_run(tmp_path, [row], think_loss=think_loss)
+    assert "<think>\n\n</think>" in qwen3.decode(ids)
+    assert qwen3.decode(ids[mask == 1]) == ("<think>\n\n</think>\n\n4<|im_end|>" if think_loss else "4<|im_end|>")
+
+
 def test_character_ranges_of_a_message_are_trained_or_masked_by_its_detail(tmp_path: Path, qwen: Any) -> None:
     answer = "I'm doing very well, thank you!"
     detail = [{"begin_offset": 0, "end_offset": 8, "train": False},  # "I'm doing", end included
