@@ -295,6 +295,8 @@ def validate(
     shown = cfg.model_dump(mode="json")
     shown["tokenizer"]["name"] = cfg.tokenizer.name or DEFAULT_TOKENIZER  # what a run resolves it to
     out.print_json(json.dumps(shown))
+    for warning in cfg.warnings():
+        _warn(warning)
     if not data and not cfg.datasets:
         out.print(f"[green]ok[/]: {escape(str(config))} is a valid config (sha256 {cfg.sha256()[:12]}); give data "
                   "to check it against a sample", highlight=False)
@@ -304,7 +306,7 @@ def validate(
         report = check_sample(cfg, data or [], sample)
         if not report.errors:
             run_sample(cfg, data or [], sample, report)
-        for warning in [*cfg.warnings(), *report.warnings]:
+        for warning in report.warnings:
             _warn(warning)
         for error in report.errors:
             err.print(f"[bold red]error:[/] {escape(error)}", highlight=False)

@@ -570,16 +570,22 @@ class PipelineConfig(_Frozen):
 
     def warnings(self) -> list[str]:
         """What this config does that its author may not mean (printed before a run and by validate)."""
-        rules = self.preprocessing
+        rules, found = self.preprocessing, []
         dedup = [name for name, on in (("deduplicate", rules.deduplicate), ("fuzzy_dedup", rules.fuzzy_dedup)) if on]
         ratios = self.sampling_ratios()
-        if ratios is None or self.dataprocessor.sampling_stopping_strategy != "all_exhausted" or not dedup \
-                or sum(r > 0 for r in ratios) < 2:
-            return []
-        return [f"the mix (all_exhausted) draws again the rows of the datasets that run out first, and "
-                f"preprocessing.{' and '.join(dedup)} drops each row drawn again as a duplicate, so no dataset comes "
-                "out larger than it is: to oversample, turn dedup off (the mix's repeats are then kept), or set "
-                "sampling_stopping_strategy first_exhausted to draw no row twice"]
+        if ratios is not None and self.dataprocessor.sampling_stopping_strategy == "all_exhausted" and dedup \
+                and sum(r > 0 for r in ratios) >= 2:
+            found.append(f"the mix (all_exhausted) draws again the rows of the datasets that run out first, and "
+                         f"preprocessing.{' and '.join(dedup)} drops each row drawn again as a duplicate, so no dataset "
+                         "comes out larger than it is: to oversample, turn dedup off (the mix's repeats are then kept), "
+                         "or set sampling_stopping_strategy first_exhausted to draw no row twice")
+        if self.output.storage_format == "megatron" and "truncation" not in rules.model_fields_set \
+                and self.input_types() & {"text", "pretokenized"}:
+            found.append(f"output.storage_format megatron: documents over preprocessing.max_seq_len ({rules.max_seq_len} "
+                         "tokens) are cut there (truncation 'right', the default), and Megatron makes its own samples "
+                         "across documents: set preprocessing.truncation to split to keep every token, or to right to "
+                         "say the cut is meant")
+        return found
 
     @field_validator("chat_template")
     @classmethod

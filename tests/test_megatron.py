@@ -114,3 +114,15 @@ def test_a_damaged_index_is_refused_by_name_and_inspect_says_so_in_a_line(tmp_pa
     count = len(gpu_prep.open(out)["__default__"])
     past = gpu_prep_cli("inspect", out, "--start", count)
     assert past.returncode == 2 and f"holds {count} samples" in past.stderr, past.stderr
+
+
+def test_megatron_output_that_would_cut_documents_by_default_is_warned_about() -> None:
+    # Megatron's preprocessing never cuts a document (its trainer makes samples across them): a run that
+    # would cut at max_seq_len only because truncation was left at its default says so before it starts.
+    from gpu_prep.config import parse_config
+
+    text = {"input": {"type": "text"}, "output": {"storage_format": "megatron"}}
+    assert "truncation to split to keep every token" in " ".join(parse_config(text).warnings())
+    for said in ("split", "right"):
+        assert parse_config({**text, "preprocessing": {"truncation": said}}).warnings() == []
+    assert parse_config({**text, "output": {"storage_format": "bin"}}).warnings() == []
