@@ -370,12 +370,19 @@ def build_prompt_response(record: dict[str, Any], config: PipelineConfig) -> Con
     """{"prompt": ..., "response": ...} (input.prompt_key / response_key) as a user turn and an assistant
     turn, rendered with the chat template like any conversation, as the QLoRA seed's prompt_response schema
     does: the model is trained on the layout it will be prompted with. (instruction rows of the same keys
-    are tokenized as they are, without a template.)"""
+    are tokenized as they are, without a template.) TRL's conversational prompt-completion rows, the prompt
+    and the completion each a list of messages, are those messages in turn."""
     inp = config.input
+    # TRL's prompt-completion rows name the response `completion`: read where the row has no response_key.
+    key = inp.completion_key if inp.response_key not in record and inp.completion_key in record else inp.response_key
+    if isinstance(record.get(inp.prompt_key), list) and isinstance(record.get(key), list):
+        # Conversational (TRL): the prompt's messages, then the completion's, as one conversation.
+        return _conversation({**record, "messages": [*record[inp.prompt_key], *record[key]]}, "messages",
+                             inp.role_key, inp.content_key, config)
     prompt = _string_field(record, inp.prompt_key)
-    response = _string_field(record, inp.response_key)
+    response = _string_field(record, key)
     if not response.strip():
-        raise RowError(Drop.EMPTY, f"field {inp.response_key!r} is empty")
+        raise RowError(Drop.EMPTY, f"field {key!r} is empty")
     turns = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
     # Through what every conversation goes through: think tags and reasoning keys, the row's tools.
     return _conversation({**record, "messages": turns}, "messages", "role", "content", config)
@@ -454,6 +461,8 @@ def detect_schema(record: dict[str, Any], config: PipelineConfig) -> str | None:
         return "kto"
     if inp.prompt_key in record and inp.response_key in record:
         return inp.auto_prompt_type
+    if isinstance(record.get(inp.prompt_key), list) and isinstance(record.get(inp.completion_key), list):
+        return "prompt_response"  # TRL's conversational prompt-completion row
     if inp.field_instruction in record and inp.field_output in record:
         return "alpaca"
     if inp.text_key in record:

@@ -186,19 +186,21 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
     spans: list[Span] = []
     previous_end = 0
     for (i, start, end), limit in zip(regions, bounds):
+        content = start  # a training detail's offsets count from here, whatever reasoning is trained before it
         if ctx.config.input.think_loss and i in trained:
             start = _reasoning_start(real, conv.messages[i], previous_end, start)
         previous_end = end
         match = eot.search(real, end, limit) if policy != "none" else None
         if match is not None and policy == "last" and (not trained or i != trained[-1]):
             match = None
-        detail = _detail(conv.messages[i], i, real[start:end], ctx.config.input.message_training_detail_key)
+        detail = _detail(conv.messages[i], i, real[content:end], ctx.config.input.message_training_detail_key)
         role = roles[i]  # the role a span's trained tokens are counted under
+        reasoning = [(start, content, labels[i], role)] if content > start else []
         if match is not None and policy == "all" and i not in trained:
-            spans.extend(_split(start, end, labels[i], role, detail))
+            spans.extend(reasoning + _split(content, end, labels[i], role, detail))
             spans.append((match.start(), match.end(), True, role))
         elif detail:
-            spans.extend(_split(start, end, labels[i], role, detail))
+            spans.extend(reasoning + _split(content, end, labels[i], role, detail))
             if match is not None:
                 spans.append((end, match.end(), labels[i], role))
         else:  # the content and its end-of-turn token as one span

@@ -46,6 +46,15 @@ def test_sharegpt_rows_give_the_openai_rows_samples(tmp_path: Path) -> None:
     assert _same(got, want)
 
 
+@pytest.mark.parametrize("input_type", ["prompt_response", "auto"])
+def test_trls_conversational_prompt_completion_rows_give_the_openai_rows_samples(tmp_path: Path, input_type: str) -> None:
+    # TRL's SFT prompt-completion rows: the prompt's messages, then the completion's (here the last turn).
+    want = samples(run_rows(tmp_path, CHAT, OPENAI, name="openai"))
+    rows = [{"prompt": r["messages"][:-1], "completion": r["messages"][-1:]} for r in OPENAI]
+    got = samples(run_rows(tmp_path, {**CHAT, "input": {"type": input_type}}, rows))
+    assert _same(got, want)
+
+
 def test_custom_keys_and_a_role_map_give_the_openai_rows_samples(tmp_path: Path) -> None:
     want = samples(run_rows(tmp_path, CHAT, OPENAI, name="openai"))
     rows = [{"dialogue": [{"speaker": {"system": "sys", "user": "person", "assistant": "bot"}[m["role"]],
