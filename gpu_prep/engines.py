@@ -13,7 +13,11 @@ tiktoken is built from the tokenizer.json: ranks are the vocabulary ids of each 
 pattern is the Split pre-tokenizer's regex, every added token is a special token, and an NFC normalizer is
 applied before encoding. fastokens builds from the file, or, for tokenizers tiktoken could run too, from
 such a ranks file (in about half the time: no merges list to parse), which the first run writes to the user
-cache dir under the tokenizer.json's sha256 and fastokens' version. Neither built engine can be saved, so
+cache dir under the tokenizer.json's sha256 and fastokens' version. Not every such vocabulary survives the
+trip (Llama-3 has tokens that no two ranked pieces make, and fastokens refuses the file): a rank file that
+fastokens refuses, or whose engine differs from HF, is dropped for good (refuse_ranks), and fastokens is
+built from the tokenizer.json as on a first run, so the cache never costs a run its engine. Neither built
+engine can be saved, so
 each is built once per process, in a thread of its own (both release the GIL) while the run reads its first
 rows.
 """
@@ -123,11 +127,26 @@ def rank_recipe(spec: dict[str, Any], path: Path) -> dict[str, Any] | None:
     """How fastokens builds this tokenizer.json's vocabulary from a rank file instead: the file (kept by an
     earlier run, see ranks_cache_path), the arguments from_tiktoken takes and the normal form applied first
     (FastokensEngine.build, and early.py from the hint it keeps). None where the tokenizer allows no rank
-    file (tiktoken_problem)."""
+    file (tiktoken_problem), or where one written for it was refused (refuse_ranks)."""
     if tiktoken_problem(spec) is not None:
         return None
-    return {"ranks": str(ranks_cache_path(path)), "pattern": _split_pattern(spec), "added": _added(spec),
-            "form": _form(spec)}
+    ranks = ranks_cache_path(path)
+    if _refusal(ranks).exists():
+        return None
+    return {"ranks": str(ranks), "pattern": _split_pattern(spec), "added": _added(spec), "form": _form(spec)}
+
+
+def _refusal(ranks: Path) -> Path:
+    return ranks.with_suffix(".refused")
+
+
+def refuse_ranks(ranks: Path, why: str) -> None:
+    """This rank file does not stand for its tokenizer.json: drop it, and keep why in its place, so that no
+    later run writes or builds from one for this file (rank_recipe); each builds from the tokenizer.json."""
+    from gpu_prep.bundled import keep_cache_file
+
+    keep_cache_file(_refusal(ranks), why.encode("utf-8"))
+    ranks.unlink(missing_ok=True)
 
 
 def _normalized(pieces: list[str], form: str | None) -> list[str]:
@@ -180,30 +199,39 @@ class TiktokenEngine:
 class FastokensEngine:
     """fastokens: ids come back as one flat buffer (no Python int per token); its own threads
     (FASTOKENS_BPE_THREADS, read when it first encodes) run the batch. Built from the tokenizer.json, or from
-    a ranks file cached by an earlier run (then `form` is the normal form gpu-prep applies first)."""
+    a ranks file cached by an earlier run (then `form` is the normal form gpu-prep applies first, and `ranks`
+    names the file). `note` says why a rank file was not used, where one was refused."""
 
     name = "fastokens"
 
-    def __init__(self, tokenizer: Any, form: str | None = None) -> None:
-        self.tokenizer, self.form = tokenizer, form
+    def __init__(self, tokenizer: Any, form: str | None = None, ranks: str | None = None,
+                 note: str | None = None) -> None:
+        self.tokenizer, self.form, self.ranks, self.note = tokenizer, form, ranks, note
 
     @classmethod
     def build(cls, spec: dict[str, Any], path: Path) -> FastokensEngine:
-        """From the cached ranks file where the tokenizer allows one (tiktoken_problem is None), else from the
-        tokenizer.json, writing the ranks file for the next run."""
+        """From the cached ranks file where the tokenizer allows one (rank_recipe), else from the
+        tokenizer.json, writing the ranks file for the next run. A ranks file fastokens refuses is dropped
+        (refuse_ranks) and the engine built from the tokenizer.json instead."""
         import fastokens
 
-        recipe = rank_recipe(spec, path)
+        recipe, note = rank_recipe(spec, path), None
         if recipe is not None and os.path.isfile(recipe["ranks"]):
-            tokenizer = fastokens.Tokenizer.from_tiktoken(recipe["ranks"], pattern=recipe["pattern"],
-                                                          special_tokens=recipe["added"])
-            return cls(tokenizer, recipe["form"])  # as early.py builds it from its hint
+            try:
+                tokenizer = fastokens.Tokenizer.from_tiktoken(recipe["ranks"], pattern=recipe["pattern"],
+                                                              special_tokens=recipe["added"])
+                return cls(tokenizer, recipe["form"], recipe["ranks"])  # as early.py builds it from its hint
+            except Exception as exc:  # noqa: BLE001
+                # fastokens rebuilds each token's merge from the ranks and names the token it could not.
+                note = f"fastokens refused the cached rank file ({_first_line(exc)}); built from tokenizer.json"
+                refuse_ranks(Path(recipe["ranks"]), note)
+                recipe = None
         tokenizer = fastokens.Tokenizer.from_file(str(path))
         tokenizer.no_truncation()  # lengths are the pipeline's job, as for HF (tokenizer.load_tokenizer)
         tokenizer.no_padding()
         if recipe is not None:
             _write_ranks(spec, Path(recipe["ranks"]))
-        return cls(tokenizer)
+        return cls(tokenizer, note=note)
 
     def with_threads(self, threads: int | None) -> FastokensEngine:
         if threads:
@@ -280,7 +308,11 @@ def _build(name: str, spec: dict[str, Any], path: Path) -> Any:
     except ImportError:
         raise Unusable("fastokens is not installed") from None
     except Exception as exc:  # noqa: BLE001  fastokens raises a bare ValueError/RuntimeError naming the part it lacks
-        raise Unusable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+        raise Unusable(_first_line(exc)) from None
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def in_thread(work: Callable[[], Any], name: str = "engine-build") -> Future:
@@ -355,7 +387,8 @@ def choose_engine(requested: str, spec: dict[str, Any], path: Path, hf: HfEngine
 
     A fast engine is used only if it equals HF on the first sample_size pieces (with none, as a resumed run
     restores the choice it made, it is taken as it is). HF encodes the sample in a thread of its own while
-    the fast engine encodes all the pieces, so the check adds HF's share of the work and nothing else."""
+    the fast engine encodes all the pieces, so the check adds HF's share of the work and nothing else. The
+    sentence also says why each engine tried before it was not taken."""
     if requested == "hf":
         return hf, "hf: requested", hf.encode(pieces)
     sample = pieces[:sample_size]
@@ -370,12 +403,24 @@ def choose_engine(requested: str, spec: dict[str, Any], path: Path, hf: HfEngine
                 reference = pool.submit(hf.encode, sample)
             fast = built.with_threads(threads)
             encoded = fast.encode(pieces)
+            if getattr(fast, "note", None):
+                reasons.append(fast.note)
             if reference is None:
-                return fast, f"{name}: chosen earlier in this run", encoded
+                return fast, "; ".join([f"{name}: chosen earlier in this run", *reasons]), encoded
             counts = encoded[1][:len(sample)]
             difference = first_difference((encoded[0][:int(counts.sum())], counts), reference.result(), sample)
             if difference is None:
-                return fast, f"{name}: identical to HF on a sample of {len(sample)} pieces of this input", encoded
+                return fast, "; ".join([f"{name}: identical to HF on a sample of {len(sample)} pieces of this input",
+                                        *reasons]), encoded
+            if getattr(fast, "ranks", None):
+                # Built from a cached rank file that is not this tokenizer (its ids are not in merge order):
+                # drop the file and choose again, fastokens now built from the tokenizer.json.
+                refuse_ranks(Path(fast.ranks), f"fastokens built from it differs from HF ({difference})")
+                with _BUILDS_LOCK:
+                    _BUILDS.pop((name, cache_key), None)
+                active, choice, encoded = choose_engine(requested, spec, path, hf, pieces, sample_size, threads,
+                                                        cache_key)
+                return active, f"{choice}; a cached rank file made fastokens differ from HF and was dropped", encoded
             reasons.append(f"{name} differs from HF on this input ({difference}); falling back")
     return hf, "hf: " + "; ".join(reasons), hf.encode(pieces)
 

@@ -48,9 +48,9 @@ def test_tiktoken_and_hf_write_identical_shards(tmp_path: Path, input_type: str)
     assert all(h == hashes[0] for h in hashes)
 
 
-def test_a_vocabulary_whose_ids_are_not_in_merge_order_falls_back_to_hf(tmp_path: Path) -> None:
-    # Same vocabulary, merges applied in reverse priority: valid BPE for HF, but tiktoken ranks merges by id,
-    # so the two disagree on ordinary words and the run must notice and use HF.
+def _reordered_qwen(tmp_path: Path) -> Path:
+    """Qwen's vocabulary with its merges applied in reverse priority: valid BPE for HF, but tiktoken (and a
+    rank file) ranks merges by id, so they disagree with HF on ordinary words."""
     source = bundled_tokenizer_dir("qwen2.5")
     target = tmp_path / "reordered"
     target.mkdir()
@@ -59,6 +59,11 @@ def test_a_vocabulary_whose_ids_are_not_in_merge_order_falls_back_to_hf(tmp_path
     spec["model"]["merges"].reverse()
     spec["model"]["ignore_merges"] = False  # otherwise words found whole in the vocabulary skip the merges
     (target / "tokenizer.json").write_text(json.dumps(spec))
+    return target
+
+
+def test_a_vocabulary_whose_ids_are_not_in_merge_order_falls_back_to_hf(tmp_path: Path) -> None:
+    target = _reordered_qwen(tmp_path)
     rows = [{"text": "Antidisestablishmentarianism, floccinaucinihilipilification and xqzvbnmlkjh."}]
     config = {"tokenizer": {"name": str(target), "engine": "tiktoken"}, "input": {"type": "text"},
               "preprocessing": {"min_chars": 1}}
@@ -191,6 +196,91 @@ def test_fastokens_built_from_the_cached_ranks_file_equals_hf(tmp_path: Path, mo
     texts = [m["content"] for c in sharegpt_chats(60) for m in c["messages"]] + adversarial_texts(random_count=500)
     texts.append("<|im_start|>user\ncafe\u0301 <|im_end|>")  # NFD, around added tokens
     assert first_difference(again.encode(texts), HfEngine(qwen.engine).encode(texts), texts) is None
+
+
+def _unreachable_token_tokenizer(folder: Path) -> Path:
+    """The smallest vocabulary with the Llama-3 property that matters here: a byte-level BPE tiktoken could run
+    (one regex Split, then ByteLevel) holding a token no merge makes ("xyz": no two ranked pieces spell it, so
+    fastokens refuses a rank file of this vocabulary), beside one merge ("ab") and an added token."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    from gpu_prep.bundled import byte_alphabet
+
+    vocab = {char: byte for byte, char in byte_alphabet().items()} | {"ab": 256, "xyz": 257}
+    tokenizer = Tokenizer(models.BPE(vocab, [("a", "b")]))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r" ?\w+| ?[^\s\w]+|\s+"), "isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(["<|end|>"])
+    folder.mkdir()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|end|>"}))
+    return folder
+
+
+def test_a_rank_file_fastokens_refuses_is_dropped_and_fastokens_built_from_the_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each use_engine stands for a run in a new process (no engine built yet). The first run writes the rank
+    # file; fastokens refuses it on the second, which builds from tokenizer.json instead (and says why), and
+    # no later run writes or reads a rank file for this tokenizer again.
+    from gpu_prep import engines
+
+    monkeypatch.setenv("GPU_PREP_CACHE", str(tmp_path / "cache"))
+    folder = _unreachable_token_tokenizer(tmp_path / "tok")
+    pieces = ["abxyz ab", "xyz<|end|>", "cab, xy z", "h\u00e9llo"]
+    ranks = engines.ranks_cache_path(folder / "tokenizer.json")
+    choices = []
+    for _ in range(3):
+        monkeypatch.setattr(engines, "_BUILDS", {})
+        tok = load_tokenizer(str(folder))
+        ids, counts = tok.use_engine("auto", pieces, len(pieces))
+        assert tok.active.name == "fastokens"
+        assert ids.tolist() == [i for p in pieces for i in tok.engine.encode(p, add_special_tokens=False).ids]
+        choices.append(tok.engine_choice)
+        if len(choices) == 1:
+            assert ranks.is_file()
+    assert "refused the cached rank file" in choices[1] and "did not decompose" in choices[1]
+    assert choices[2] == choices[0] and "rank file" not in choices[0]
+    assert not ranks.exists() and ranks.with_suffix(".refused").is_file()
+    assert engines.rank_recipe(tok.spec, folder / "tokenizer.json") is None
+
+
+def test_a_rank_file_whose_engine_differs_from_hf_is_dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # fastokens builds from this rank file, but ranks by id where HF applies the merges in their own order:
+    # the second run notices, drops the file and runs fastokens built from tokenizer.json, as the first did.
+    from gpu_prep import engines
+
+    monkeypatch.setenv("GPU_PREP_CACHE", str(tmp_path / "cache"))
+    target = _reordered_qwen(tmp_path)
+    rows = [{"text": "Antidisestablishmentarianism, floccinaucinihilipilification and xqzvbnmlkjh."}]
+    config = {"tokenizer": {"name": str(target)}, "input": {"type": "text"}, "preprocessing": {"min_chars": 1}}
+    identities, hashes = [], []
+    for run in range(2):
+        monkeypatch.setattr(engines, "_BUILDS", {})
+        out = run_rows(tmp_path, config, rows, name=f"run{run}")
+        identities.append(_engine(out))
+        hashes.append(_shard_hashes(out))
+    assert [i["engine"] for i in identities] == ["fastokens", "fastokens"]
+    assert "a cached rank file made fastokens differ from HF and was dropped" in identities[1]["engine_choice"]
+    ranks = engines.ranks_cache_path(target / "tokenizer.json")
+    assert not ranks.exists() and ranks.with_suffix(".refused").is_file()
+    assert hashes[0] == hashes[1]
+
+
+def test_the_engine_taken_says_why_the_one_tried_before_it_was_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu_prep import engines
+
+    def broken(spec: dict, path: Path) -> None:
+        raise RuntimeError("no such part\nmore detail")
+
+    monkeypatch.setattr(engines, "_BUILDS", {})
+    monkeypatch.setattr(engines.FastokensEngine, "build", staticmethod(broken))
+    tok = load_tokenizer("qwen2.5")  # not the session's: its engine is chosen here
+    tok.use_engine("auto", ["hello world"], 1)
+    assert tok.active.name == "tiktoken"
+    assert tok.engine_choice == ("tiktoken: identical to HF on a sample of 1 pieces of this input; "
+                                 "fastokens cannot run this tokenizer (no such part)")
 
 
 def test_a_warm_tokenizer_load_takes_its_outline_from_the_cache(tmp_path: Path,
