@@ -1,7 +1,8 @@
 """tokenize: text pieces -> flat token ids + per-piece counts, and where each token lies in the text.
 
-The tokenizer is a directory with tokenizer.json (run by HF tokenizers) and tokenizer_config.json (its
-chat_template and special tokens), or the name of a bundled one. What the run needs to know of it before
+The tokenizer is a directory with tokenizer.json (run by HF tokenizers) and, usually, tokenizer_config.json
+(its chat_template and special tokens; without it the tokenizer has neither, as HF loads it), or the name of
+a bundled one. What the run needs to know of it before
 it tokenizes (its outline: model, vocabulary, added tokens, what it puts around a text) is kept in the
 user cache dir under the tokenizer.json's sha256 and the tokenizers version; with it there, HF tokenizers
 loads in a thread of its own while the run starts reading (a warm load), else first and the outline is
@@ -383,6 +384,36 @@ def _added_around(engine: Any) -> tuple[list[int], list[int]]:
     return [], []
 
 
+# Files a tokenizer.json can be made from with transformers: what each is, the tokenizer_config.json
+# transformers needs beside it to know the class, and the packages the conversion needs.
+CONVERTIBLE = {
+    "tokenizer.model": ("a SentencePiece model", '{"tokenizer_class": "LlamaTokenizer", "legacy": false, '
+                        '"bos_token": "<s>", "eos_token": "</s>"} (its own class and tokens)',
+                        "transformers sentencepiece protobuf"),
+    "vocab.txt": ("a WordPiece vocabulary", '{"tokenizer_class": "BertTokenizer"} (add "do_lower_case": false '
+                  'for a cased one)', "transformers"),
+}
+
+
+def _conversion(path: Path, name: str) -> str:
+    """How to make a tokenizer.json from `path`, a file of the kind CONVERTIBLE names `name`."""
+    what, config, packages = CONVERTIBLE[name]
+    folder, named = (str(path.parent), "") if path.name == name else ("FOLDER", f" as {name}")
+    return (f"{path.name} is {what}; make a tokenizer.json from it with transformers (pip install {packages}): "
+            f"with it{named} in {folder} and a tokenizer_config.json such as {config}, run python -c \"from "
+            f"transformers import AutoTokenizer; AutoTokenizer.from_pretrained('{folder}').save_pretrained('OUT')\" "
+            "and give OUT as the tokenizer")
+
+
+def _file_given(spec: str, path: Path) -> str:
+    """What to give instead of a file (the tokenizer is a folder)."""
+    head = f"tokenizer {spec!r} is a file; give the folder that holds tokenizer.json and tokenizer_config.json"
+    if path.name == "tokenizer.json":
+        return f"{head}: {path.parent}"
+    kind = "tokenizer.model" if path.name.endswith(".model") or ".model." in path.name else path.name
+    return f"{head}. {_conversion(path, kind)}" if kind in CONVERTIBLE else head
+
+
 def load_tokenizer(spec: str, revision: str | None = None) -> Tokenizer:
     """A tokenizer directory, the name of a bundled tokenizer (gpu_prep.bundled), or a model id in the
     Hugging Face hub cache (at revision, else main)."""
@@ -390,6 +421,8 @@ def load_tokenizer(spec: str, revision: str | None = None) -> Tokenizer:
     from gpu_prep.engines import in_thread
 
     directory, source = Path(spec), spec
+    if directory.is_file():  # not a hub id, however it reads
+        raise ConfigError(_file_given(spec, directory))
     if not directory.is_dir():
         if spec in bundled_names():
             directory, source = bundled_tokenizer_dir(spec), f"bundled {spec}"
@@ -400,11 +433,13 @@ def load_tokenizer(spec: str, revision: str | None = None) -> Tokenizer:
             raise ConfigError(f"tokenizer {spec!r}: no such directory, not a bundled tokenizer "
                               f"({', '.join(bundled_names())}) and not a model id (organisation/name)")
     files = {name: directory / name for name in ("tokenizer.json", "tokenizer_config.json")}
-    for name, path in files.items():
-        if not path.is_file():
-            raise ConfigError(f"tokenizer {spec!r}: {name} is missing in {directory}")
+    if not files["tokenizer.json"].is_file():
+        source_file = next((name for name in CONVERTIBLE if (directory / name).is_file()), None)
+        hint = f"; {_conversion(directory / source_file, source_file)}" if source_file else ""
+        raise ConfigError(f"tokenizer {spec!r}: tokenizer.json is missing in {directory}{hint}")
     try:
-        config = orjson.loads(files["tokenizer_config.json"].read_bytes())
+        with_config = files["tokenizer_config.json"].is_file()  # without: no special tokens, as HF loads it
+        config = orjson.loads(files["tokenizer_config.json"].read_bytes()) if with_config else {}
         kept = _outline_path(files["tokenizer.json"])
     except (ValueError, OSError) as exc:
         raise ConfigError(f"tokenizer {spec!r}: cannot load {directory}: {exc}") from None

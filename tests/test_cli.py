@@ -116,6 +116,48 @@ def test_tokenizer_directory_without_its_files(tmp_path: Path) -> None:
     _assert_clear_error(_run_sft(tmp_path, "-o", tmp_path / "out", "--tokenizer", empty), "tokenizer.json is missing")
 
 
+def test_a_tokenizer_file_is_refused_saying_which_folder_to_give_or_how_to_make_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Relative, as users give them: "tok/tokenizer.json" reads like a hub id (organisation/name), and was
+    # looked up on the hub.
+    monkeypatch.chdir(tmp_path)
+    for folder, names in (("tok", ("tokenizer.json", "tokenizer_config.json")), ("sp", ("tokenizer.model",)),
+                          ("bert", ("vocab.txt",))):
+        (tmp_path / folder).mkdir()
+        for name in names:
+            (tmp_path / folder / name).write_text("{}")
+    run = lambda tokenizer: _run_sft(tmp_path, "-o", tmp_path / "out", "--tokenizer", tokenizer)  # noqa: E731
+    _assert_clear_error(run("tok/tokenizer.json"), "'tok/tokenizer.json' is a file",
+                        "give the folder that holds tokenizer.json and tokenizer_config.json: tok")
+    _assert_clear_error(run("sp/tokenizer.model"), "is a file", "tokenizer.model is a SentencePiece model",
+                        '"tokenizer_class": "LlamaTokenizer"', "pip install transformers sentencepiece protobuf",
+                        "AutoTokenizer.from_pretrained('sp').save_pretrained('OUT')")
+    _assert_clear_error(run("bert/vocab.txt"), "vocab.txt is a WordPiece vocabulary", '"BertTokenizer"',
+                        "AutoTokenizer.from_pretrained('bert')")
+    _assert_clear_error(run("sp"), "tokenizer.json is missing in sp", "tokenizer.model is a SentencePiece model",
+                        "AutoTokenizer.from_pretrained('sp')")
+
+
+def test_a_tokenizer_folder_without_tokenizer_config_json_loads_as_hf_loads_it(tmp_path: Path) -> None:
+    # No special tokens and no chat template then: a run that needs the eos token says which key gives it.
+    from gpu_prep.bundled import bundled_tokenizer_dir
+    from gpu_prep.tokenizer import load_tokenizer
+
+    folder = tmp_path / "only-json"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_bytes((bundled_tokenizer_dir("qwen2.5") / "tokenizer.json").read_bytes())
+    tok = load_tokenizer(str(folder))
+    assert tok.config == {} and tok.eos_text is None
+    assert tok.encode(["hello world"])[0].tolist() == tok.engine.encode("hello world").ids
+    pretrain = ("run", REPO / "examples" / "pretrain.jsonl", "-c", REPO / "configs" / "pretrain.json", "-q",
+                "--tokenizer", folder)
+    _assert_clear_error(_invoke(*pretrain, "-o", tmp_path / "out"), "has no eos token",
+                        "eos_token in its tokenizer_config.json", "input.eod_token")
+    done = _invoke(*pretrain, "-o", tmp_path / "told", "--set", "input.eod_token=<|endoftext|>")
+    assert done.exit_code == 0, done.stdout + done.stderr
+    assert gpu_prep.open(tmp_path / "told")["__default__"].meta["tokenizer"]["eod_id"] == 151643
+
+
 def test_missing_input_file(tmp_path: Path) -> None:
     missing = tmp_path / "missing.jsonl"
     _assert_clear_error(_run_sft(tmp_path, "-o", tmp_path / "out", inputs=missing), f"input '{missing}'",

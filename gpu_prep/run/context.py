@@ -203,7 +203,8 @@ def end_of_document(config: PipelineConfig, tok: Tokenizer) -> str | None:
     appends = any(c.input.type == "text" and c.input.append_eod for c in config.all_configs())
     if appends:
         raise ConfigError(f"input.append_eod: the tokenizer ({tok.source or tok.name}) has no eos token to end each "
-                          "document with: name one with input.eod_token, or set input.append_eod to false")
+                          "document with (eos_token in its tokenizer_config.json): name one with input.eod_token, "
+                          "or set input.append_eod to false")
     return None
 
 
