@@ -13,6 +13,7 @@ import pytest
 import gpu_prep
 from gpu_prep.config import parse_config
 from gpu_prep.errors import ConfigError
+from gpu_prep.verify import verify
 from helpers import run_rows, samples
 
 DOCS = [{"text": f"Document {i} says something about topic {i % 3}."} for i in range(12)]
@@ -46,8 +47,14 @@ def test_packed_documents_stay_apart(tmp_path: Path, fast_tokenizer: None) -> No
 
 
 def test_append_eod_false_and_the_old_name_add_eos(tmp_path: Path, fast_tokenizer: None) -> None:
-    plain = samples(run_rows(tmp_path, _text(append_eod=False), DOCS, name="off"))
+    off = run_rows(tmp_path, _with(_text(append_eod=False), storage_format="megatron"), DOCS, name="off")
+    plain = samples(off)
     assert all(IM_END not in ids for ids, _ in plain)
+    # No end-of-document id where no document ends with one; the eos token is still named as such.
+    meta = gpu_prep.open(off)["__default__"].meta["tokenizer"]
+    assert (meta["eod_id"], meta["eos_id"]) == (None, IM_END)
+    assert json.loads((off / "manifest.json").read_text(encoding="utf-8"))["tokenizer"]["eod_id"] is None
+    assert verify(off) == []
     with_eos = samples(run_rows(tmp_path, _text(add_eos=True), DOCS, name="alias"))
     assert [list(ids) + [IM_END] for ids, _ in plain] == [list(ids) for ids, _ in with_eos]
     with pytest.raises(ConfigError, match="add_eos and input.append_eod disagree"):
@@ -74,6 +81,10 @@ def test_bert_ends_each_text_with_its_own_sep_once(tmp_path: Path) -> None:
     out = run_rows(tmp_path, config, DOCS)
     sep = 102
     assert all(ids[-1] == sep and np.count_nonzero(ids == sep) == 1 for ids, _ in samples(out))
+    assert json.loads((out / "__default__" / "meta.json").read_text(encoding="utf-8"))["tokenizer"]["eod_id"] == sep
+    # Its [SEP] closes every text even where nothing is appended: still the id that ends each document.
+    out = run_rows(tmp_path, {**config, "input": {"type": "text", "append_eod": False}}, DOCS, name="off")
+    assert all(ids[-1] == sep for ids, _ in samples(out))
     assert json.loads((out / "__default__" / "meta.json").read_text(encoding="utf-8"))["tokenizer"]["eod_id"] == sep
 
 

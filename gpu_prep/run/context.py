@@ -132,8 +132,14 @@ class RunContext:
         return BuilderTokenizer(self.tok)
 
     def tokenizer_summary(self) -> dict[str, Any]:
-        """What meta.json and the manifest say of the tokenizer, with this run's end-of-document id."""
+        """What meta.json and the manifest say of the tokenizer, with this run's end-of-document id: null where
+        the run's text rows get none (input.append_eod false) and the tokenizer closes no text itself, so
+        that a trainer that finds documents by that id (Megatron's --reset-attention-mask) is not misled."""
         summary = self.tok.summary()
+        texts = [c.input for c in self.config.all_configs() if c.input.type == "text"]
+        if texts and not any(i.append_eod for i in texts):
+            closing = self.tok.suffix_text  # BERT's [SEP] still closes every text
+            return {**summary, "eod_id": self.tok.token_id(closing) if closing else None}
         eod = self.render.eod_text
         return summary if eod is None else {**summary, "eod_id": self.tok.token_id(eod)}
 
