@@ -811,4 +811,9 @@ def _from_folder(data: Any, folder: Path) -> Any:
     name = tokenizer.get("name") if isinstance(tokenizer, dict) else tokenizer
     if isinstance(name, str) and not os.path.isabs(name) and (folder / name).is_dir():
         data["tokenizer"] = {**tokenizer, "name": here(name)} if isinstance(tokenizer, dict) else here(name)
+    elif isinstance(name, str) and not os.path.isabs(name) and os.path.isdir(name) and folder.resolve() != Path.cwd():
+        # Read from here it would depend on where the command runs, not on where the config is.
+        seen = os.path.relpath(os.path.abspath(name), folder.resolve())
+        raise ConfigError(f"tokenizer {name!r}: a config's paths are its folder's, and {folder / name} is no folder "
+                          f"(./{name} from here is one): write it as the config's folder sees it, {seen!r}")
     return data

@@ -448,3 +448,21 @@ def test_a_key_given_twice_in_a_config_is_refused(tmp_path: Path) -> None:
     merged = tmp_path / "merge.yaml"  # a merge key's keys may be overridden: not a key given twice
     merged.write_text("datasets:\n  - &d {name: a, data_paths: [x.jsonl], sampling: 0.5}\n  - <<: *d\n    name: b\n")
     assert [d.name for d in load_config(merged).datasets] == ["a", "b"]
+
+
+def test_a_config_tokenizer_path_is_the_configs_folders_not_the_current_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A tokenizer folder missing beside the config but found from the current folder used to be taken from
+    # there: the same config then picked another tokenizer depending on where the command ran.
+    from gpu_prep.bundled import bundled_tokenizer_dir
+    from gpu_prep.config import load_config
+    from gpu_prep.errors import ConfigError
+    import shutil
+
+    shutil.copytree(bundled_tokenizer_dir("qwen2.5"), tmp_path / "ref" / "q")
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "wrong.json").write_text('{"tokenizer": "ref/q"}')
+    (tmp_path / "cfg" / "right.json").write_text('{"tokenizer": "../ref/q"}')
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="write it as the config's folder sees it, '../ref/q'"):
+        load_config(tmp_path / "cfg" / "wrong.json")
+    assert load_config(tmp_path / "cfg" / "right.json").tokenizer.name == str(tmp_path / "ref" / "q")
