@@ -175,17 +175,19 @@ def folder_files(folder: Path) -> list[str]:
     return sorted(found)
 
 
-def check_columns(files: list[InputFile], needed: tuple[str, ...]) -> None:
+def check_columns(files: list[InputFile], needed: tuple[str | tuple[str, ...], ...]) -> None:
     """A ConfigError, before anything is written, for a Parquet or Arrow file that lacks a column every
-    row needs (needed: the input type's fields): each of its rows would only be dropped as missing_field.
-    It names the file, the columns missing and those the file has. Its schema alone is read."""
+    row needs (needed: the input type's fields, a tuple where any of its names will do): each of its rows
+    would only be dropped as missing_field. It names the file, the columns missing and those the file has.
+    Its schema alone is read."""
     for file in files:
         if file.layout != "parquet" and not file.layout.startswith("arrow"):
             continue
         have = column_names(file.path, file.layout)
-        missing = [name for name in needed if name not in have]
+        missing = [" or ".join(map(repr, names)) for names in (n if isinstance(n, tuple) else (n,) for n in needed)
+                   if not any(name in have for name in names)]
         if missing:
-            raise ConfigError(f"input {file.path!r}: no column {', '.join(map(repr, missing))}, which every row needs; "
+            raise ConfigError(f"input {file.path!r}: no column {', '.join(missing)}, which every row needs; "
                               f"its columns are {', '.join(map(repr, have)) or 'none'}: set the input type or its keys "
                               "(input.*_key) to what the file holds")
 

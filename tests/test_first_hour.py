@@ -405,6 +405,7 @@ def test_a_missing_input_that_reads_like_a_hub_id_points_to_the_hub_key(tmp_path
     config.write_text("datasets:\n  - name: u\n    data_paths: [HuggingFaceH4/ultrachat_200k]\n")
     result = gpu_prep_cli("run", "-c", config, "-o", tmp_path / "out")
     assert result.returncode == 2 and "no such file" in result.stderr
+    assert "datasets.0 (u): input" in result.stderr  # which dataset's data_paths, in a config of several
     assert "hub: {name: HuggingFaceH4/ultrachat_200k}" in result.stderr, result.stderr
     plain = gpu_prep_cli("run", "-c", REPO / "configs/sft.json", tmp_path / "missing.jsonl", "-o", tmp_path / "out")
     assert plain.returncode == 2 and "no such file" in plain.stderr and "hub" not in plain.stderr

@@ -251,20 +251,25 @@ def run_inputs(config: PipelineConfig, inputs: list[str]) -> tuple[list[InputFil
         if spec.hub is not None:
             own = [hub_input(spec.hub.model_dump(), len(files))]
         else:
-            own = expand_inputs(spec.data_paths, read_as(config.dataset_config(k), spec.builder), len(files))
-            if spec.builder is None:
-                check_columns(own, needed_columns(config.dataset_config(k)))
+            try:
+                own = expand_inputs(spec.data_paths, read_as(config.dataset_config(k), spec.builder), len(files))
+                if spec.builder is None:
+                    check_columns(own, needed_columns(config.dataset_config(k)))
+            except ConfigError as exc:  # which dataset's data_paths, in a config of several
+                raise ConfigError(f"datasets.{k} ({spec.name}): {exc}") from None
         files.extend(own)
         datasets.append(Dataset(spec.name, own, dataset_handlers(spec)))
     return files, datasets
 
 
-def needed_columns(config: PipelineConfig) -> tuple[str, ...]:
+def needed_columns(config: PipelineConfig) -> tuple[str | tuple[str, ...], ...]:
     """The columns a Parquet or Arrow input must have for every row not to be dropped as missing_field:
-    those of the text, instruction and prompt_response types (chat rows may come in more than one shape)."""
+    those of the text, instruction and prompt_response types (chat rows may come in more than one shape; a
+    prompt_response row's answer may be under response_key or TRL's completion_key)."""
     inp = config.input
     pair = (inp.prompt_key, inp.response_key)
-    return {"text": (inp.text_key,), "instruction": pair, "prompt_response": pair}.get(inp.type, ())
+    answer = (inp.prompt_key, (inp.response_key, inp.completion_key))
+    return {"text": (inp.text_key,), "instruction": pair, "prompt_response": answer}.get(inp.type, ())
 
 
 def check_unchanged(files: list[InputFile], started: list[list[Any]]) -> None:
