@@ -161,10 +161,10 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
               "input.roles)")
     for role, n in totals.get("messages_left_out_by_template", {}).items():
         _warn(f"the chat template left out the content of {n:,} message(s) with role {role!r} (a role it does not "
-              "render); those rows were written without that text")
+              "render): their rows were rendered without that text")
     if n := totals.get("parse_report", {}).get("reasoning_not_rendered"):
-        _warn(f"the chat template wrote none of the reasoning of {n:,} row(s) (it shows no reasoning); those rows "
-              "were written without it: use a template that shows it (qwen3), or input.think_mode: drop to leave it "
+        _warn(f"the chat template wrote none of the reasoning of {n:,} row(s) (it shows no reasoning): they were "
+              "rendered without it: use a template that shows it (qwen3), or input.think_mode: drop to leave it "
               "out knowingly")
     for role, n in totals.get("parse_report", {}).get("trained_roles_not_marked_by_template", {}).items():
         _warn(f"the mask rules train role {role!r}, but the chat template's {{% generation %}} markers never mark "
