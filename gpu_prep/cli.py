@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -230,6 +231,7 @@ def run(
             err.print(f"resume it with: {escape(_resume_command())}", highlight=False)
         raise _fail(exc) from None
     except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run is over: another press would only print a traceback
         if stats_only:
             raise typer.Exit(INTERRUPTED) from None
         err.print(f"[yellow]interrupted[/]: what is done is kept; resume it with: {escape(_resume_command())}",

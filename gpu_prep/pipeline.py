@@ -17,8 +17,12 @@ The stages run in this process (run/local.py: in turn, or overlapping in threads
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,10 +120,11 @@ def _run(config: PipelineConfig, files: list[InputFile], datasets: Any, out_dir:
         failpoint("manifest")
         write_json_atomic(out_dir / MANIFEST, manifest)
     except BaseException as exc:
-        checkpoints.close()
-        resumable = isinstance(exc, (KeyboardInterrupt, Interrupted)) or checkpoints.rows_saved is not None
-        if not resumable:  # what a checkpoint refers to stays for --resume; else the temporaries go
-            remove_partial_files(out_dir)
+        with _uninterrupted(isinstance(exc, KeyboardInterrupt)):  # a second Ctrl-C waits for the cleanup
+            checkpoints.close()
+            resumable = isinstance(exc, (KeyboardInterrupt, Interrupted)) or checkpoints.rows_saved is not None
+            if not resumable:  # what a checkpoint refers to stays for --resume; else the temporaries go
+                remove_partial_files(out_dir)
         if isinstance(exc, OSError):
             raise WriteError(exc, checkpoints.rows_saved) from None
         raise
@@ -127,6 +132,20 @@ def _run(config: PipelineConfig, files: list[InputFile], datasets: Any, out_dir:
     for path in outcome.leftovers:  # a resume no longer needs them
         path.unlink(missing_ok=True)
     return manifest
+
+
+@contextlib.contextmanager
+def _uninterrupted(interrupted: bool) -> Iterator[None]:
+    """After a Ctrl-C, further ones are ignored while what was done is put in order (in the main thread,
+    where signals arrive), so a hurried second press cannot leave it half done or print a traceback."""
+    if not interrupted or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def _process(run: RunContext, out_dir: Path, options: Options, checkpoints: Checkpointer, resumed: dict[str, Any],

@@ -79,6 +79,34 @@ def test_ctrl_c_keeps_the_work_and_prints_the_command_that_resumes(tmp_path: Pat
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["totals"]["rows_written"] == 200
 
 
+def test_ctrl_c_pressed_again_and_again_ends_quietly_and_resumes(tmp_path: Path) -> None:
+    # Presses during the cleanup after the first used to interrupt it, printing a traceback ("Exception
+    # ignored in ... weakref_cb"); they now wait for it, and the run resumes to the same output.
+    import signal
+    import time
+
+    data = write_jsonl(tmp_path / "chat.jsonl", CHATS * 100)
+    config = _config(tmp_path, {"input": {"type": "chat"}, "mask": {"assistant": "train"},
+                                "preprocessing": {"deduplicate": False}})
+    script = Path(sys.executable).parent / "gpu-prep"
+    args = [str(script), "run", "-c", str(config), str(data), "-o", str(tmp_path / "out"), "--chunk-rows", "50",
+            "--checkpoint-every", "0", "--progress-interval", "0.1"]
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                               env={**os.environ, "COLUMNS": "200"})
+    assert process.stderr is not None
+    while "progress:" not in process.stderr.readline():  # rows are being written
+        assert process.poll() is None, process.stderr.read()
+    for _ in range(4):
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.03)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+    resumed = gpu_prep_cli(*args[1:], "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["totals"]["rows_written"] == len(CHATS) * 100
+
+
 def test_one_run_per_output_folder_and_a_stale_lock_is_taken_over(tmp_path: Path) -> None:
     data = write_jsonl(tmp_path / "chat.jsonl", CHATS)
     config = _config(tmp_path, {"input": {"type": "chat"}, "mask": {"assistant": "train"}})
