@@ -538,13 +538,16 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
     """A JSON array, element by element: the text is decoded block by block and each element's end found
     with the standard decoder, then the element parsed by `parse` (the strict parser). Memory holds a
     block and the largest element, not the file. An element over `cap` characters (input.max_row_bytes)
-    is a too_large row, not parsed; one whose end is not found within them (longer, or not JSON) also ends
-    the file, so garbage cannot fill memory. A file that is not an array is one row, parsed whole.
+    is a too_large row, not parsed. A file that is not an array is one row, parsed whole.
 
+    Where an element's end cannot be found, the elements after it could be neither read nor counted, so an
+    InputError stops the run naming the element: one that is not valid JSON (an error that more text could
+    not mend: see _ends_early), one whose end is not within `cap` characters (so garbage cannot fill memory),
+    a missing ',' or content after the closing ']'. A ',' before the ']' is refused as JSON readers refuse it.
     A file cut short keeps its whole elements; what follows the last one is one malformed_json row. Bytes
     that are not UTF-8 stop the file with a UnicodeDecodeError (never replaced: that would change the
     text silently), except a character cut by the file's end, which only a cut element can hold."""
-    from gpu_prep.errors import Drop
+    from gpu_prep.errors import Drop, InputError
 
     finder = json.JSONDecoder()
     decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
@@ -589,30 +592,34 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
                 pos += 1
                 skip(" \t\r\n")
                 if pos < len(buffer):  # more after the array ([...][...] from `cat a.json b.json`)
-                    raise _goes_on(path, f"after the array's closing ']' (element {index} the last)", buffer[pos:pos + 40])
+                    raise _goes_on(path, f"not one JSON array: after the array's closing ']' (array index {index - 1} the "
+                                   "last)", buffer[pos:pos + 40], "join the arrays into one, or write JSON Lines")
                 return
             while True:  # the element's end; a block boundary may cut it (or a number) short
                 try:
                     end: int | None = finder.raw_decode(buffer, pos)[1]
-                except json.JSONDecodeError:
+                except json.JSONDecodeError as exc:
+                    if not _ends_early(exc, buffer):  # more text cannot mend it, and its end is unknown
+                        raise _goes_on(path, f"array index {index} is not valid JSON ({exc.msg.removesuffix(' at')}, at character "
+                                       f"{exc.pos - pos} of it)", buffer[exc.pos:exc.pos + 40], "mend that element, "
+                                       "or write JSON Lines, where a bad row is dropped alone") from None
                     end = None
                 if end is not None and (end < len(buffer) or done):
                     break
                 if end is None and cap is not None and len(buffer) - pos > cap:
-                    yield index + 1, None, (Drop.TOO_LARGE, f"element {index + 1} of the array is over input."
-                                            f"max_row_bytes {cap:,} or not valid JSON; not parsed (the rest of "
-                                            "the file is not read)", None), len(buffer) - pos
-                    return
+                    raise _goes_on(path, f"array index {index} ({buffer[pos:pos + 20]!r}...) does not end within "
+                                   f"input.max_row_bytes ({cap:,} characters)", buffer[pos + cap:pos + cap + 40],
+                                   "it is longer: raise the setting; or a string in it is not closed: mend it")
                 if not more():
                     if end is not None:
                         break
-                    yield index + 1, None, (Drop.MALFORMED_JSON, f"element {index + 1} of the array is not valid "
-                                            "JSON (the rest of the file is not read)", buffer[pos:pos + 200]), 0
+                    yield index + 1, None, (Drop.MALFORMED_JSON, f"array index {index} is cut short: the file ends "
+                                            "inside it", buffer[pos:pos + 200]), 0
                     return
             index += 1
             text = buffer[pos:end]
             if cap is not None and len(text) > cap:
-                yield index, None, (Drop.TOO_LARGE, f"element {index} of the array is over input.max_row_bytes "
+                yield index, None, (Drop.TOO_LARGE, f"array index {index - 1} is over input.max_row_bytes "
                                     f"{cap:,}; not parsed", None), len(text)
             else:
                 record, error = parse(text.encode("utf-8"))
@@ -621,20 +628,42 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
             skip(" \t\r\n")
             if buffer.startswith(",", pos):
                 pos += 1
+                skip(" \t\r\n")
+                if buffer.startswith("]", pos):  # as json.load, and a JSON Lines row with such a comma, refuse it
+                    raise InputError(f"{path}: not valid JSON: a ',' after the last element (array index {index - 1}) "
+                                     "before the closing ']'; remove it, so the file is read as JSON readers read it")
             elif pos >= len(buffer):  # the file ends before the array closes: cut short, nothing after is lost
-                yield index + 1, None, (Drop.MALFORMED_JSON, f"the array is not closed: the file ends after element "
-                                        f"{index}", None), 0
+                yield index + 1, None, (Drop.MALFORMED_JSON, f"the array is not closed: the file ends after array "
+                                        f"index {index - 1}", None), 0
                 return
             elif not buffer.startswith("]", pos):
-                raise _goes_on(path, f"after element {index} of the array, with no ',' between", buffer[pos:pos + 40])
+                raise _goes_on(path, f"not one JSON array: after array index {index - 1}, with no ',' between",
+                               buffer[pos:pos + 40], "add the comma, or write JSON Lines")
 
 
-def _goes_on(path: str, where: str, rest: str) -> Exception:
+# What Python's json scanner has read when it stops at the end of its text: a string, a literal (its
+# position at the literal's start), a number's fraction or exponent (at the '.' or 'e' the number stops
+# before), a \uXXXX escape (at its 'u', with fewer than 4 digits after), or nothing left. More text may
+# complete these; an error anywhere else is where the text breaks a rule, and no text after it can mend it.
+_UNFINISHED = ("null", "true", "false", "NaN", "Infinity", "-Infinity", ".", "e+", "e-", "E+", "E-")
+
+
+def _ends_early(exc: json.JSONDecodeError, text: str) -> bool:
+    """Whether the decoder failed only because the text ended, so that more of it may make it valid."""
+    rest = text[exc.pos:]
+    if exc.msg.startswith("Unterminated string"):
+        return True
+    if exc.msg.startswith("Invalid \\uXXXX"):
+        return len(rest) <= 5
+    return any(word.startswith(rest) for word in _UNFINISHED)
+
+
+def _goes_on(path: str, problem: str, rest: str, fix: str) -> Exception:
     """The rows after this point could only be lost (not read, not counted): the run stops, saying so."""
     from gpu_prep.errors import InputError
 
-    return InputError(f"{path}: not one JSON array: {where} the file goes on with {rest!r}; the rows after it "
-                      "would be lost, so the run stops (join the arrays into one, or write JSON Lines)")
+    return InputError(f"{path}: {problem}, where the file goes on with {rest!r}; the rows after it would be "
+                      f"lost, so the run stops ({fix})")
 
 
 def hub_dataset(arguments: dict[str, Any]) -> Any:

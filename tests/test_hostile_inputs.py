@@ -1,7 +1,9 @@
 """Damaged and hostile input files: what can be read is read, what cannot stops the run naming the file.
 
 Rules under test:
-- a JSON array cut short keeps its whole elements; what follows them is one malformed_json row;
+- a JSON array cut short keeps its whole elements; what follows them is one malformed_json row; an
+  element whose end cannot be found (not valid JSON, or not ending within input.max_row_bytes) stops the
+  run naming its array index, as the elements after it could be neither read nor counted;
 - text is UTF-8, or UTF-16 / UTF-32 when a byte order mark says so (converted as it is read, so the
   shards are those of the same rows in UTF-8); a UTF-8 BOM is skipped;
 - a file whose first bytes are binary (a NUL byte) or not UTF-8 is refused before anything is written
@@ -103,14 +105,14 @@ def test_anything_after_a_json_array_stops_the_run_instead_of_being_lost(tmp_pat
     path = tmp_path / "joined.json"
     path.write_text(json.dumps([{"text": f"row {i}"} for i in range(5)]) + tail)
     with pytest.raises(InputError, match=r"joined\.json: not one JSON array: after the array's closing .*"
-                                         r"element 5 the last.*rows after it would be lost"):
+                                         r"array index 4 the last.*rows after it would be lost"):
         _run(tmp_path, path)
 
 
 def test_two_elements_without_a_comma_stop_the_run(tmp_path: Path, fast_tokenizer: None) -> None:
     path = tmp_path / "comma.json"
     path.write_text('[{"text": "one"}, {"text": "two"} {"text": "three"}]')
-    with pytest.raises(InputError, match=r"comma\.json: not one JSON array: after element 2 of the array, with no ','"):
+    with pytest.raises(InputError, match=r"comma\.json: not one JSON array: after array index 1, with no ','"):
         _run(tmp_path, path)
     path.write_text('[{"text": "one"}, {"text": "two"}]  \n\n')  # blank lines after the array are fine
     assert _run(tmp_path, path, name="ok")["totals"]["rows_written"] == 2
@@ -120,16 +122,53 @@ def test_two_elements_without_a_comma_stop_the_run(tmp_path: Path, fast_tokenize
 
 
 def test_an_unending_json_array_element_is_read_no_further_than_max_row_bytes(tmp_path: Path, fast_tokenizer: None) -> None:
+    """Its end unknown, the elements after it could not be counted: the run stops (it once dropped the one
+    element as too_large and read no further, exit 0)."""
     config = {**TEXT, "input": {"type": "text", "max_row_bytes": 1000}}
     big = json.dumps({"text": "x" * 3000})
     path = tmp_path / "big.json"
-    path.write_text(f'[{{"text": "first"}}, {big}, {{"text": "after a big one"}}, {{"text": "' + "y" * 50_000)
+    path.write_text(f'[{{"text": "first"}}, {big}, {{"text": "after a big one"}}]')
     manifest = _run(tmp_path, path, config)
-    totals = manifest["totals"]
-    assert totals["rows_written"] == 2  # the first and the one after the too-large one
-    assert totals["rows_dropped"] == {"too_large": 2}
-    details = [e["detail"] for e in manifest["dropped_examples"]["too_large"]]
-    assert any("the rest of the file is not read" in d for d in details), details
+    assert manifest["totals"]["rows_written"] == 2 and manifest["totals"]["rows_dropped"] == {"too_large": 1}
+    path.write_text(f'[{{"text": "first"}}, {{"text": "' + "y" * (3 << 20) + '"}, {"text": "after"}]')  # over a read block
+    with pytest.raises(InputError, match=r"big\.json: array index 1 .* does not end within input\.max_row_bytes "
+                                         r"\(1,000 characters\).*rows after it would be lost"):
+        _run(tmp_path, path, config, name="unending")
+
+
+@pytest.mark.parametrize("bad", ['{"text": "x",}', '{"text": "x\x01"}', '{"text": "a"b"}', '{"text": tru}'])
+@pytest.mark.parametrize("block", [7, 1 << 20])
+def test_a_bad_json_array_element_before_the_end_stops_the_run(tmp_path: Path, bad: str, block: int) -> None:
+    """Its end is not known, so neither are the elements after it: they were lost, the run going on with exit 0."""
+    from gpu_prep.read import _parse_line
+    from gpu_prep.sources import json_array_rows
+
+    path = tmp_path / "bad.json"
+    path.write_text("[" + ",\n".join([json.dumps({"text": f"row {i}"}) for i in range(3)] + [bad] + ['{"text": "z"}'] * 900) + "]")
+    read = []
+    with pytest.raises(InputError, match=r"bad\.json: array index 3 is not valid JSON .*rows after it would be lost"):
+        read.extend(json_array_rows(str(path), None, _parse_line, block=block))
+    assert len(read) == 3  # the elements before it, as read
+
+
+@pytest.mark.parametrize("cut", ['{"text": "ab', '{"text": tr', '{"text": 3.', '{"text": 3e-', '{"text": "\\u12', '{"te'])
+def test_an_array_cut_inside_its_last_element_keeps_the_others(tmp_path: Path, cut: str) -> None:
+    from gpu_prep.read import _parse_line
+    from gpu_prep.sources import json_array_rows
+
+    path = tmp_path / "cut.json"
+    path.write_text('[{"text": "a"}, {"text": "b"}, ' + cut)
+    for block in (5, 1 << 20):
+        rows = [(n, error and error[:2]) for n, _, error, _ in json_array_rows(str(path), None, _parse_line, block=block)]
+        assert rows == [(1, None), (2, None), (3, ("malformed_json", "array index 2 is cut short: the file ends inside it"))]
+
+
+def test_a_comma_before_a_json_arrays_closing_bracket_is_refused(tmp_path: Path, fast_tokenizer: None) -> None:
+    """json.load refuses it, as a JSON Lines row with such a comma is malformed_json; it was taken silently."""
+    path = tmp_path / "trailing.json"
+    path.write_text('[{"text": "one"}, {"text": "two"},\n]\n')
+    with pytest.raises(InputError, match=r"trailing\.json: not valid JSON: a ',' after the last element \(array index 1\)"):
+        _run(tmp_path, path)
 
 
 # ---------------------------------------------------------------- encodings
