@@ -434,11 +434,14 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
     header being 1 (the line, unless a quoted cell spans lines or blank lines come between). A row with
     more or fewer cells than the header is a malformed_row drop showing its text, in its place (the parser
     skips it without saying where it lay, so a first such row has the file read once more to number them);
-    a header naming a column twice refuses the file."""
+    a header naming a column twice refuses the file. A quote that opens a cell and never closes would take
+    the rest of the file into that cell: the parser is given one more record after the text (_END_RECORD,
+    with one cell too many, so it comes back as the last skipped row) and, when that record does not come
+    back whole, the text ended inside a quote and an InputError stops the run naming the record."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    from gpu_prep.errors import Drop
+    from gpu_prep.errors import Drop, InputError
 
     with open_bytes(path, compression, encoding) as handle:
         header = pacsv.open_csv(handle, parse_options=pacsv.ParseOptions(
@@ -450,9 +453,14 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
     types = {name: pa.string() for name in header}
     options = pacsv.ConvertOptions(column_types=types, strings_can_be_null=False, quoted_strings_can_be_null=False)
     bad: deque[Any] = deque()  # the parser's skipped rows, taken from the left
+    end = delimiter.join([_END_CELL] * (len(header) + 1))
+    ended = False  # whether the last skipped row is the end record, whole
 
     def keep_bad(invalid: Any) -> str:
-        bad.append(invalid)
+        nonlocal ended
+        ended = invalid.text == end
+        if not ended:
+            bad.append(invalid)
         return "skip"
 
     def malformed(number: int, invalid: Any) -> Row:
@@ -461,7 +469,7 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
 
     row, ragged = 1, None  # ragged: the numbers of the rows with too few or too many cells, once one is met
     with open_bytes(path, compression, encoding) as handle:
-        reader = pacsv.open_csv(handle, read_options=pacsv.ReadOptions(block_size=4 << 20),
+        reader = pacsv.open_csv(_Then(handle, f"\n{end}\n".encode()), read_options=pacsv.ReadOptions(block_size=4 << 20),
                                 parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True,
                                                                  invalid_row_handler=keep_bad),
                                 convert_options=options)
@@ -483,9 +491,57 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
                     yield malformed(row, bad.popleft())
                     row += 1
                 yield row, record, None, share + (first if k == 0 else 0)
+        if not ended:
+            last = row + len(bad)
+            raise InputError(f"{path}: the file ends inside a quoted cell: a '\"' opened in record {last} (the last, "
+                             f"starting on line {_record_line(path, compression, delimiter, encoding, last)}) never "
+                             "closes, so the rows after it were read into that cell and would be lost; the run stops "
+                             "(close the quote, and write a '\"' inside a quoted cell as '\"\"')")
         for invalid in bad:
             row += 1
             yield malformed(row, invalid)
+
+
+# The cells of the record csv_rows puts after a CSV's text: NUL bytes, so that no row of a text file is it.
+_END_CELL = "\x00gpu-prep: end of the text\x00"
+
+
+class _Then(io.RawIOBase):
+    """A file's bytes, then `tail`."""
+
+    def __init__(self, handle: Any, tail: bytes) -> None:
+        self.handle, self.tail = handle, tail
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.handle.read(len(buffer))
+        if not data:
+            data, self.tail = self.tail[:len(buffer)], self.tail[len(buffer):]
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _record_line(path: str, compression: str | None, delimiter: str, encoding: str | None, number: int) -> int:
+    """The line record `number` starts on (the header being 1, blank lines not counted, as pyarrow counts)."""
+    import csv
+    import sys
+
+    limit = csv.field_size_limit(sys.maxsize)
+    try:
+        with open_bytes(path, compression, encoding) as handle:
+            reader = csv.reader(io.TextIOWrapper(handle, encoding="utf-8-sig", errors="replace", newline=""),
+                                delimiter=delimiter)
+            line = records = 0
+            for record in reader:
+                records += bool(record)
+                if records == number:
+                    return line + 1
+                line = reader.line_num
+    finally:
+        csv.field_size_limit(limit)
+    return line + 1
 
 
 def _position(handle: Any, otherwise: int) -> int:

@@ -472,6 +472,30 @@ def test_malformed_csv_rows_keep_their_numbers_across_blocks_and_beside_long_cel
     assert [(n, record is None) for n, record, _, _ in csv_rows(str(long), None, ",")] == [(2, True), (3, False), (4, False)]
 
 
+@pytest.mark.parametrize(("name", "text"), [
+    # the rows after the quote went into its cell (exit 0, even under --strict), or, with other cell
+    # counts, into one malformed_row
+    ("big.csv", 'prompt,response\nSay hi,Hello\nx,"open quote never closed\n' + "".join(f"q{i},a{i}\n" for i in range(1000))),
+    ("ragged.csv", 'prompt,response\nSay hi,Hello\n"open quote never closed,foo\nrow3,bar\nrow4,baz\n'),
+    ("quote.tsv", 'prompt\tresponse\nSay hi\tHello\nQuote this\t"To be\nq3\ta3\nq4\ta4'),
+    ("late.csv.gz", "prompt,response\n" + "".join(f"q{i},a{i}\n" for i in range(2, 400_000)) + 'q,"open\nq,a\n'),
+])
+def test_a_quote_that_never_closes_stops_the_run_naming_its_record(tmp_path: Path, name: str, text: str) -> None:
+    from gpu_prep.errors import InputError
+    from gpu_prep.sources import csv_rows
+
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(text.encode()) if name.endswith(".gz") else text.encode())
+    fmt, compression = split_name(name)
+    record = 400_000 if name.startswith("late") else 3
+    with pytest.raises(InputError, match=rf"{name.replace('.', '[.]')}: the file ends inside a quoted cell: a '\"' "
+                                         rf"opened in record {record} \(the last, starting on line {record}\)"):
+        list(csv_rows(str(path), compression, "," if fmt == "csv" else "\t"))
+    closed = tmp_path / "closed.csv"
+    closed.write_text('prompt,response\n"closed ""at"" the end","a\nb"')  # closed at the very end: read
+    assert [r for _, r, _, _ in csv_rows(str(closed), None, ",")] == [{"prompt": 'closed "at" the end', "response": "a\nb"}]
+
+
 def test_progress_counts_a_compressed_file_by_its_text(tmp_path: Path, fast_tokenizer: None) -> None:
     # Reading counts the text it reads, decompressed: a .jsonl.gz counted by its compressed size was at 100%
     # a fifth of the way in. gzip's trailer and a zstd frame's header say how much text the file holds.
