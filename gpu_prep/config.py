@@ -157,6 +157,13 @@ class InputConfig(_Frozen):
 
     _role_of: dict[str, str] = PrivateAttr(default_factory=dict)
 
+    @field_validator("messages_key", "prompt_key", "response_key", "chosen_key", "rejected_key", "completion_key",
+                     "label_key", "text_key", "role_key", "content_key", "message_training_key",
+                     "message_training_detail_key", "field_instruction", "field_output")
+    @classmethod
+    def _names_a_field(cls, value: str | None) -> str | None:
+        return _field_name(value)
+
     @field_validator("roles")
     @classmethod
     def _one_role_each(cls, roles: dict[str, list[str]]) -> dict[str, list[str]]:
@@ -274,6 +281,13 @@ class PreprocessingConfig(_Frozen):
     truncation_mode: Literal["keep_start", "keep_end"] = "keep_end"
 
 
+def _field_name(value: str | None) -> str | None:
+    """A setting that names a row's field: an empty name would only have every row dropped as missing it."""
+    if value == "":
+        raise ValueError("is empty; it names a field of the rows (no row has a field named '')")
+    return value
+
+
 SPLIT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 
 
@@ -305,6 +319,11 @@ class OutputConfig(_Frozen):
     # whole sequence (what TRL's RewardTrainer takes without tokenizing again); dpo_legacy: prompt_input_ids,
     # chosen_input_ids, rejected_input_ids (TRL before 1.0).
     preference_columns: Literal["dpo", "reward", "dpo_legacy"] = "dpo"
+
+    @field_validator("domain_key")
+    @classmethod
+    def _names_a_field(cls, value: str | None) -> str | None:
+        return _field_name(value)
 
     @field_validator("splits")
     @classmethod

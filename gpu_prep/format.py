@@ -39,6 +39,19 @@ class RowError(Exception):
         self.detail = detail
 
 
+def missing(record: dict[str, Any], key: str, where: str = "") -> RowError:
+    """missing_field for `key` (in the row, or in its part `where`, e.g. "messages[2]."), naming the keys
+    there, so that a key set to the wrong name shows which it should be (the first few, each cut short)."""
+    keys = [repr(str(k)[:40]) for k in list(record)[:MISSING_KEYS_SHOWN + 1]]
+    more = ", ..." if len(keys) > MISSING_KEYS_SHOWN else ""
+    there = where.rstrip(".") or "the row"
+    has = f"the keys of {there} are {', '.join(keys[:MISSING_KEYS_SHOWN])}{more}" if keys else f"{there} has no keys"
+    return RowError(Drop.MISSING_FIELD, f"field {where}{key!r} is missing; {has}")
+
+
+MISSING_KEYS_SHOWN = 8
+
+
 @dataclass(frozen=True)
 class Conversation:
     messages: list[dict[str, Any]]
@@ -185,7 +198,7 @@ def get_builder(name: str) -> Builder:
 
 def _string_field(record: dict[str, Any], key: str, where: str = "") -> str:
     if key not in record:
-        raise RowError(Drop.MISSING_FIELD, f"field {where}{key!r} is missing")
+        raise missing(record, key, where)
     value = record[key]
     if not isinstance(value, str):
         raise RowError(Drop.WRONG_TYPE, f"field {where}{key!r} must be a string, got {_type_name(value)}")
@@ -244,7 +257,7 @@ def sharegpt_keys(config: PipelineConfig) -> tuple[str, str, str]:
 def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: str,
                   config: PipelineConfig, system_field: bool = True) -> Conversation:
     if key not in record:
-        raise RowError(Drop.MISSING_FIELD, f"field {key!r} is missing")
+        raise missing(record, key)
     raw = record[key]
     notes: list[str] = []
     if isinstance(raw, str) and raw.lstrip().startswith("["):  # JSON text (a CSV or Parquet column of it)
@@ -425,7 +438,7 @@ def build_segments(record: dict[str, Any], config: PipelineConfig) -> Segments:
     """Template-free rows: {"segments": [{"text": ..., "label": true | false}, ...]}, tokenized piece by
     piece and concatenated as they are; a segment labelled true is trained, false is masked."""
     if "segments" not in record:
-        raise RowError(Drop.MISSING_FIELD, "field 'segments' is missing")
+        raise missing(record, "segments")
     raw = record["segments"]
     if not isinstance(raw, list):
         raise RowError(Drop.WRONG_TYPE, f"field 'segments' must be a list, got {_type_name(raw)}")
@@ -531,7 +544,7 @@ def build_kto(record: dict[str, Any], config: PipelineConfig) -> Unpaired:
         raise RowError(Drop.WRONG_TYPE, f"fields {inp.prompt_key!r} and {inp.completion_key!r} must both be messages "
                                         "or both be strings")
     if inp.label_key not in record:
-        raise RowError(Drop.MISSING_FIELD, f"field {inp.label_key!r} is missing")
+        raise missing(record, inp.label_key)
     label = record[inp.label_key]
     if not isinstance(label, bool) and label not in (0, 1):
         raise RowError(Drop.WRONG_TYPE, f"field {inp.label_key!r} must be true or false, got {label!r}")
@@ -542,7 +555,7 @@ def build_kto(record: dict[str, Any], config: PipelineConfig) -> Unpaired:
 def _preference_part(record: dict[str, Any], key: str, config: PipelineConfig,
                      allow_empty: bool = False) -> list[dict[str, Any]] | str:
     if key not in record:
-        raise RowError(Drop.MISSING_FIELD, f"field {key!r} is missing")
+        raise missing(record, key)
     value = record[key]
     if isinstance(value, str) and not value.lstrip().startswith("["):
         if not value and not allow_empty:

@@ -28,8 +28,8 @@ from gpu_prep import jsonscan
 from gpu_prep.backend import ReadGroups, ReadRange
 from gpu_prep.errors import ConfigError, Drop, InputError
 from gpu_prep.jsonscan import LBRACKET, QUOTE
-from gpu_prep.sources import (KNOWN, READ_ERRORS, batch_rows, batch_sizes, column_names, csv_rows, dataset_folder_files,
-                              file_size, hub_rows, inspect_file, is_url, json_array_rows, open_bytes, parquet_rows, remote_files,
+from gpu_prep.sources import (KNOWN, READ_ERRORS, batch_rows, batch_sizes, column_names, csv_header, csv_rows,
+                              dataset_folder_files, file_size, hub_rows, inspect_file, is_url, json_array_rows, open_bytes, parquet_rows, remote_files,
                               split_name, text_rows, text_size)
 
 # A JSON Lines chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so
@@ -176,14 +176,20 @@ def folder_files(folder: Path) -> list[str]:
 
 
 def check_columns(files: list[InputFile], needed: tuple[str | tuple[str, ...], ...]) -> None:
-    """A ConfigError, before anything is written, for a Parquet or Arrow file that lacks a column every
-    row needs (needed: the input type's fields, a tuple where any of its names will do): each of its rows
-    would only be dropped as missing_field. It names the file, the columns missing and those the file has.
-    Its schema alone is read."""
+    """A ConfigError, before anything is written, for a Parquet, Arrow, CSV or TSV file that lacks a column
+    every row needs (needed: the input type's fields, a tuple where any of its names will do): each of its
+    rows would only be dropped as missing_field. It names the file, the columns missing and those the file
+    has. Its schema (or header row) alone is read."""
     for file in files:
-        if file.layout != "parquet" and not file.layout.startswith("arrow"):
+        if file.layout in ("csv", "tsv") and needed:
+            try:
+                have = csv_header(file.path, file.compression, "," if file.layout == "csv" else "\t", file.encoding)
+            except READ_ERRORS:  # an empty or unreadable file: its reader says so, where it reads it
+                continue
+        elif file.layout == "parquet" or file.layout.startswith("arrow"):
+            have = column_names(file.path, file.layout)
+        else:
             continue
-        have = column_names(file.path, file.layout)
         missing = [" or ".join(map(repr, names)) for names in (n if isinstance(n, tuple) else (n,) for n in needed)
                    if not any(name in have for name in names)]
         if missing:

@@ -443,9 +443,7 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
 
     from gpu_prep.errors import Drop, InputError
 
-    with open_bytes(path, compression, encoding) as handle:
-        header = pacsv.open_csv(handle, parse_options=pacsv.ParseOptions(
-            delimiter=delimiter, newlines_in_values=True, invalid_row_handler=lambda invalid: "skip")).schema.names
+    header = csv_header(path, compression, delimiter, encoding)
     twice = sorted({name for name in header if header.count(name) > 1})
     if twice:
         raise ConfigError(f"input {path!r}: its header names the column {', '.join(map(repr, twice))} more than once; "
@@ -542,6 +540,15 @@ def _record_line(path: str, compression: str | None, delimiter: str, encoding: s
     finally:
         csv.field_size_limit(limit)
     return line + 1
+
+
+def csv_header(path: str, compression: str | None, delimiter: str, encoding: str | None = None) -> list[str]:
+    """The column names a CSV or TSV file's header row gives (its first block alone is read)."""
+    import pyarrow.csv as pacsv
+
+    with open_bytes(path, compression, encoding) as handle:
+        return pacsv.open_csv(handle, parse_options=pacsv.ParseOptions(
+            delimiter=delimiter, newlines_in_values=True, invalid_row_handler=lambda invalid: "skip")).schema.names
 
 
 def _position(handle: Any, otherwise: int) -> int:

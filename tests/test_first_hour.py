@@ -245,7 +245,8 @@ def test_validate_checks_a_config_against_a_sample_of_the_data(tmp_path: Path) -
     wrong = _config(tmp_path, {"input": {"type": "instruction"}, "mask": {"response": "train"}}, "wrong.json")
     result = gpu_prep_cli("validate", "-c", wrong, data)
     assert result.returncode == 2
-    assert "input.type instruction: 40 of 40 sample rows cannot be read (missing_field: field 'prompt' is missing)" \
+    assert "input.type instruction: 40 of 40 sample rows cannot be read (missing_field: field 'prompt' is missing; " \
+        "the keys of the row are 'messages')" \
         "; their keys look like input.type 'chat'" in " ".join(result.stderr.split())
     good = _config(tmp_path, {"input": {"type": "chat"}, "mask": {"assistant": "train"}}, "good.json")
     result = gpu_prep_cli("validate", "-c", good, data, "--sample", 5)

@@ -353,10 +353,36 @@ def test_a_parquet_file_without_the_column_the_input_type_needs_writes_nothing(t
     assert done.returncode == 3 and "field 'messages' is missing" in done.stderr, done.stderr
 
 
+def test_a_missing_field_names_the_keys_the_row_has(tmp_path: Path, fast_tokenizer: None) -> None:
+    """So a key set to the wrong name shows the right one (the detail said only "field 'text' is missing")."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text(_jsonl([{"content": "a", "source": "web"}, {f"k{i}": i for i in range(20)}, {}]))
+    rejects = tmp_path / "rejects.jsonl"
+    _run(tmp_path, path, rejects=rejects)
+    assert [json.loads(line)["detail"] for line in rejects.read_text().splitlines()] == [
+        "field 'text' is missing; the keys of the row are 'content', 'source'",
+        "field 'text' is missing; the keys of the row are 'k0', 'k1', 'k2', 'k3', 'k4', 'k5', 'k6', 'k7', ...",
+        "field 'text' is missing; the row has no keys"]
+    path.write_text(_jsonl([{"messages": [{"role": "user", "content": "hi"}, {"from": "gpt", "value": "hello"}]}]))
+    _run(tmp_path, path, CHAT, name="chat", rejects=rejects)
+    assert json.loads(rejects.read_text())["detail"] == ("field messages[1].'role' is missing; the keys of messages[1] "
+                                                         "are 'from', 'value'")
+
+
+@pytest.mark.parametrize("setting", ["input.messages_key", "input.text_key", "input.role_key", "output.domain_key"])
+def test_an_empty_key_setting_is_a_config_error(setting: str) -> None:
+    """Every row was dropped as missing the field '' instead."""
+    section, key = setting.split(".")
+    with pytest.raises(ConfigError, match=rf"{setting}: is empty; it names a field of the rows"):
+        parse_config({section: {key: ""}})
+
+
 def test_check_columns_names_the_file_the_missing_columns_and_those_it_has(tmp_path: Path) -> None:
     _parquet(tmp_path / "texts.parquet", ROWS)
     (tmp_path / "texts.arrow").write_bytes(_arrow(ROWS, stream=True))
-    files = expand_inputs([str(tmp_path / "texts.parquet"), str(tmp_path / "texts.arrow")])
+    (tmp_path / "texts.csv").write_text(_csv(ROWS))  # a CSV's header is known before its rows too
+    (tmp_path / "texts.tsv.gz").write_bytes(gzip.compress(_csv(ROWS).encode()))
+    files = expand_inputs([str(tmp_path / f"texts.{ext}") for ext in ("parquet", "arrow", "csv", "tsv.gz")])
     check_columns(files, ("text",))
     for file in files:
         with pytest.raises(ConfigError, match=rf"{Path(file.path).name}'?: no column 'messages', which every row "
