@@ -167,6 +167,10 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
         _warn(f"the chat template wrote none of the reasoning of {n:,} row(s) (it shows no reasoning): they were "
               "rendered without it: use a template that shows it (qwen3), or input.think_mode: drop to leave it "
               "out knowingly")
+    if n := totals.get("preference", {}).get("generation_prompt_differs"):
+        _warn(f"the chat template renders the generation prompt of {n:,} row(s) otherwise than prompt + completion "
+              "begins (Gemma 4's empty thought channel, say); as TRL does, those prompts end where the two part, so "
+              "the model is trained on a context that differs from the one it sees at inference")
     for role, n in totals.get("parse_report", {}).get("trained_roles_not_marked_by_template", {}).items():
         _warn(f"the mask rules train role {role!r}, but the chat template's {{% generation %}} markers never mark "
               f"it ({n:,} message(s) left untrained); set input.mask_method: roles to train it by role spans")

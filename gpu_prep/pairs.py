@@ -1,13 +1,14 @@
 """Preference pairs (input.type preference): a prompt, a chosen and a rejected completion, as TRL trains them.
 
-A pair is rendered as two whole sequences, prompt + chosen and prompt + rejected (the prompt as the chat
-template renders it with its generation prompt, which must begin the whole conversation's rendering), each
-tokenized whole, as the SFT path tokenizes a conversation; the loss mask marks the completion's bytes. Here
-the two sequences are cut apart: the prompt is the tokens both sequences share at their start before their
-first trained token, and each completion is the rest. So prompt + completion is always exactly the whole
-sequence's tokenization. Where the first token of a completion takes in the prompt's last characters (a BPE
-merge across the boundary), that token belongs to the completion: the prompt ends before it (counted as
-prompt_merged), and the prompt may then be shorter than the prompt tokenized alone.
+A pair is rendered as prompt + chosen, prompt + rejected and the prompt alone (conversational: the prompt
+as the chat template renders it with its generation prompt), each tokenized whole, as the SFT path
+tokenizes a conversation. Here they are cut apart as TRL 1.x's DPO and KTO trainers cut them: the prompt
+is the tokens the prompt alone shares with every whole sequence at its start (common_prefix_length), and
+each completion is the rest of its sequence. So prompt + completion is always exactly the whole
+sequence's tokenization, and the prompt may be shorter than the prompt tokenized alone: where the first
+token of a completion takes in the prompt's last characters (a BPE merge across the boundary, counted as
+prompt_merged) or where the template renders its generation prompt otherwise before a completion
+(Gemma 4's empty thought channel, counted as generation_prompt_differs).
 
 Limits, as TRL names them (PreprocessingConfig): max_prompt_length keeps the prompt's first or last tokens
 (truncation_mode), max_completion_length a completion's first, and max_seq_len (max_length) cuts prompt +
@@ -37,7 +38,7 @@ PAIR_META = {
             "prompt": "the tokens before the first with loss_mask 1",
             "read": "gpu_prep.open_dataset(out)[domain].unpaired() gives (prompt, completion, label)"},
 }
-PAIR_COUNTS = ("prompt_merged", "prompt_truncated", "completion_truncated")
+PAIR_COUNTS = ("prompt_merged", "generation_prompt_differs", "prompt_truncated", "completion_truncated")
 
 
 def _shared(a: np.ndarray, b: np.ndarray) -> int:
@@ -53,29 +54,31 @@ def prompt_end(mask: np.ndarray) -> int:
     return int(trained[0]) if len(trained) else len(mask)
 
 
-def cut_pairs(masked: Masked, tokens_per_piece: np.ndarray, rules: Any, num_rows: int, merged: np.ndarray,
+def cut_pairs(masked: Masked, tokens_per_piece: np.ndarray, rules: Any, num_rows: int, differs: np.ndarray,
               sides_per_row: int = 2) -> tuple[Masked, list[tuple[int, str, str]], Counter, np.ndarray]:
-    """Each kept row's sequences (pieces, untruncated in masked: a pair's two, an unpaired row's one) -> its
-    samples, cut to TRL's limits. merged: per row, whether a completion's first token starts inside the
-    prompt. Returns the samples (sides_per_row a kept row), the rows dropped here (row, reason, detail), the
-    counts (PAIR_COUNTS) and the trained tokens of each row's spans (its completions as written)."""
-    ids, loss_mask, offsets = masked.ids, masked.loss_mask, masked.offsets
+    """Each kept row's sequences (pieces, untruncated in masked: a pair's two, an unpaired row's one, then
+    the prompt alone) -> its samples, cut to TRL's limits. differs: per row, whether the template renders
+    the generation prompt otherwise before a completion. Returns the samples (sides_per_row a kept row),
+    the rows dropped here (row, reason, detail), the counts (PAIR_COUNTS) and the trained tokens of each
+    row's spans (its completions as written)."""
+    ids, offsets = masked.ids, masked.offsets
     counts: Counter = Counter()
     trained_by_span = np.zeros(sides_per_row * num_rows, np.int64)
     drops: list[tuple[int, str, str]] = []
     out_ids, out_mask, lengths, kept, truncated = [], [], [], [], []
+    per_row = sides_per_row + 1
     for k, r in enumerate(masked.kept_rows.tolist()):
-        row_ids, row_mask = ids[offsets[k]:offsets[k + 1]], loss_mask[offsets[k]:offsets[k + 1]]
-        cuts = np.cumsum([0, *tokens_per_piece[sides_per_row * r:sides_per_row * (r + 1)]])
-        sides = [(row_ids[a:b], row_mask[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
-        ends = [prompt_end(m) for _, m in sides]
-        if min(len(s) - e for (s, _), e in zip(sides, ends)) == 0:
+        row_ids = ids[offsets[k]:offsets[k + 1]]
+        cuts = np.cumsum([0, *tokens_per_piece[per_row * r:per_row * (r + 1)]])
+        *sides, alone = (row_ids[a:b] for a, b in zip(cuts[:-1], cuts[1:]))
+        shared = min(_shared(alone, s) for s in sides)  # TRL's common_prefix_length, the least of the sides'
+        if min(map(len, sides)) == shared:
             drops.append((r, Drop.NO_TRAINED_TOKENS, "a completion holds no token of its own"))
             continue
-        shared = ends[0] if sides_per_row == 1 else _shared(sides[0][0][:ends[0]], sides[1][0][:ends[1]])
-        counts["prompt_merged"] += bool(merged[r]) or shared < max(ends)
-        prompt = sides[0][0][:shared]
-        completions = [s[shared:] for s, _ in sides]
+        if shared < len(alone):
+            counts["generation_prompt_differs" if differs[r] else "prompt_merged"] += 1
+        prompt = alone[:shared]
+        completions = [s[shared:] for s in sides]
         cut = False
         if rules.max_prompt_length is not None and len(prompt) > rules.max_prompt_length:
             n = rules.max_prompt_length

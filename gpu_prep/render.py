@@ -104,6 +104,9 @@ class RenderedRow:
     span_roles: list[str] = field(default_factory=list)  # the role each span's trained tokens count under
     given: tuple[np.ndarray, np.ndarray] | None = None  # a pre-tokenized row's ids and loss mask (one empty piece)
     label: bool | None = None  # an unpaired preference row's label (input.type kto)
+    # A pair's prompt as the template renders it with its generation prompt does not begin prompt +
+    # completion's rendering (Gemma 4's empty thought channel): counted as generation_prompt_differs.
+    generation_prompt_differs: bool = False
 
     @property
     def labelled(self) -> bool:
@@ -494,11 +497,13 @@ def _reasoning_not_shown(conv: Conversation, text: str) -> bool:
 
 
 def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
-    """A preference pair as two pieces, prompt + chosen and prompt + rejected (an unpaired row: one, prompt +
-    completion), each trained from the end of the prompt on (pairs.py cuts them apart once tokenized). Conversational: the prompt is the template's
-    rendering of the prompt messages with its generation prompt, which must begin the rendering of the
-    whole conversation; standard: the texts as they are between the tokenizer's own prefix and suffix, with
-    the eos token closing a completion that lacks it (as TRL adds it)."""
+    """A preference pair as three pieces, prompt + chosen, prompt + rejected and the prompt alone (an unpaired
+    row: prompt + completion and the prompt alone), the wholes trained from where they part from the prompt
+    (pairs.py cuts them apart once tokenized, as TRL does, where the prompt's tokens stop matching).
+    Conversational: the prompt is the template's rendering of the prompt messages with its generation
+    prompt; standard: the texts as they are between the tokenizer's own prefix and suffix, with the eos
+    token closing a completion that lacks it (as TRL adds it)."""
+    differs = False
     if pair.conversational:
         if ctx.template is None:
             raise ConfigError("conversational preference rows need a chat template: name one with chat_template")
@@ -508,31 +513,57 @@ def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
             try:
                 prompt = template.render(pair.prompt, pair.tools, None, add_generation_prompt=True)
                 wholes = [template.render([*pair.prompt, *c], pair.tools) for c in pair.completions]
+                start = min(_common_prefix(prompt, w) for w in wholes)
+                differs = start < len(prompt)
+                if differs:  # Gemma 4's empty thought channel: held to the generation prompt (_diverges_late)
+                    _diverges_late(template.render(pair.prompt, pair.tools, None), prompt, wholes, start)
             except jinja2.exceptions.TemplateError as exc:
                 if budget.exceeded is not None:
                     raise RowError(Drop.TEMPLATE_LIMIT, budget.exceeded) from None
                 raise RowError(Drop.TEMPLATE_ERROR, f"the chat template refused the row: {exc}") from None
-        if not all(w.startswith(prompt) for w in wholes):
-            raise RowError(Drop.TEMPLATE_ERROR, "the chat template's rendering of the prompt with its generation "
-                                                "prompt does not begin its rendering of the whole conversation")
+        alone = prompt
     else:
         prompt = ctx.prefix_text + pair.prompt
+        start, alone = len(prompt), prompt + ctx.suffix_text  # TRL tokenizes the prompt with special tokens
         end = ctx.eos_text or ""
         wholes = [prompt + c + ("" if c.endswith(end) else end) + ctx.suffix_text for c in pair.completions]
     pieces, spans, total, num_bytes = [], [], 0, 0  # total: in the spans' units (characters with offsets, else bytes)
-    for whole in wholes:
+    for whole in [*wholes, alone]:
+        trained = [(start, len(whole))] if whole is not alone else []
         if ctx.offsets:
-            text, span, width, size = whole, (len(prompt), len(whole)), len(whole), len(whole.encode("utf-8"))
+            text, span, width, size = whole, trained, len(whole), len(whole.encode("utf-8"))
         else:
-            text, ((a, b, _, _),), size = _to_bytes(whole, [(len(prompt), len(whole), True, "")], ctx.normalization)
-            span, width = (a, b), size
+            text, byte_spans, size = _to_bytes(whole, [(a, b, True, "") for a, b in trained], ctx.normalization)
+            span, width = [(a, b) for a, b, _, _ in byte_spans], size
         pieces.append(text)
-        spans.append((total + span[0], total + span[1]))
+        spans += [(total + a, total + b) for a, b in span]
         total += width
         num_bytes += size
     roles = ["chosen", "rejected"] if isinstance(pair, Pair) else ["desirable" if pair.label else "undesirable"]
-    return RenderedRow(pieces, [False] * len(pieces), spans, num_bytes,
-                       span_roles=roles, label=pair.label if isinstance(pair, Unpaired) else None)
+    return RenderedRow(pieces, [False] * len(pieces), spans, num_bytes, span_roles=roles,
+                       label=pair.label if isinstance(pair, Unpaired) else None, generation_prompt_differs=differs)
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """How many characters a and b share at their start."""
+    if b.startswith(a):
+        return len(a)
+    n = min(len(a), len(b))
+    return next((k for k in range(n) if a[k] != b[k]), n)
+
+
+def _diverges_late(head: str, prompt: str, wholes: list[str], start: int) -> None:
+    """A prompt rendered with its generation prompt may part from prompt + completion only after the prompt
+    messages (TRL cuts the prompt where they part, wherever that is; before the generation prompt, the
+    completion would take in prompt text). Else template_error, showing where the renderings differ."""
+    if prompt[:start].startswith(head):
+        return
+    whole = next(w for w in wholes if _common_prefix(prompt, w) == start)
+    after = f" (after {prompt[max(start - 40, 0):start]!r})" if start else ""
+    raise RowError(Drop.TEMPLATE_ERROR, "the chat template renders the prompt messages differently before a "
+                                        f"completion than alone: at character {start}{after}, the prompt with its "
+                                        f"generation prompt goes on {prompt[start:start + 40]!r} and prompt + "
+                                        f"completion on {whole[start:start + 40]!r}")
 
 
 def _within_limits(conv: Conversation, ctx: RenderContext

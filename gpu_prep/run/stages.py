@@ -33,7 +33,7 @@ from gpu_prep.fuzzy import MinHasher, text_band_keys
 from gpu_prep.mask import (Masked, contiguous_places, kept_span_tokens, mask_from_ranges, offset_places, row_of,
                            span_tokens, truncate_and_filter)
 from gpu_prep.pairs import cut_pairs
-from gpu_prep.ragged import offsets_from_lengths, segment_sums
+from gpu_prep.ragged import offsets_from_lengths
 from gpu_prep.read import RawChunk
 from gpu_prep.render import RenderContext, RenderedRow, affix_disagreement, render_row
 from gpu_prep.run.context import Decisions, RunContext, Sources
@@ -493,14 +493,9 @@ def mask_rows(run: RunContext, rendered: list[RenderedRow], tokens: Encoded) -> 
     if pairs:
         host = Masked(*(backend.to_host(a) for a in (masked.ids, masked.loss_mask, masked.offsets, masked.kept_rows,
                                                    masked.no_trained_rows, masked.truncated_rows)))
-        # A completion whose first token starts inside the prompt: a merge across the boundary.
-        span_start = backend.asarray(spans[:, 0].copy()) + places.base[row_of(xp, span_offsets_d, len(spans))]
-        inside = first < len(ids)
-        starts_before = xp.zeros(len(spans), dtype=bool)
-        starts_before[inside] = places.starts[first[inside]] < span_start[inside]
-        merged = backend.to_host(segment_sums(xp, starts_before.astype(xp.int64), span_offsets_d) > 0)
+        differs = np.fromiter((r.generation_prompt_differs for r in rendered), bool, num_rows)
         sides = 2 if run.config.input.type == "preference" else 1
-        samples, drops, counts, by_span = cut_pairs(host, tokens_per_piece, rules, num_rows, merged, sides)
+        samples, drops, counts, by_span = cut_pairs(host, tokens_per_piece, rules, num_rows, differs, sides)
         labels = None if sides == 2 else np.array([rendered[r].label for r in samples.kept_rows.tolist()], np.int8)
         return MaskResult(samples, backend.to_host(valid), over, by_span, sides, drops, counts, labels)
     by_role = kept_span_tokens(xp, first, stop, span_offsets_d, offsets_d, limit, side, kept)
