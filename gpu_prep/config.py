@@ -483,6 +483,20 @@ class PipelineConfig(_Frozen):
 
     @model_validator(mode="before")
     @classmethod
+    def _reward_drops(cls, data: Any) -> Any:
+        """Reward pairs drop what is over max_seq_len unless truncation is set: a reward model scores a
+        sequence at its last token, so a cut completion would be scored as if whole (TRL's RewardTrainer
+        drops such pairs too)."""
+        if not isinstance(data, dict) or not isinstance(data.get("output"), dict) or "truncate_side" in data:
+            return data
+        preprocessing = data.get("preprocessing") or {}
+        if data["output"].get("preference_columns") != "reward" or not isinstance(preprocessing, dict) \
+                or "truncation" in preprocessing:
+            return data
+        return {**data, "preprocessing": {**preprocessing, "truncation": "drop"}}
+
+    @model_validator(mode="before")
+    @classmethod
     def _template_jinja(cls, data: Any) -> Any:
         """Axolotl's chat_template_jinja (with chat_template absent or `jinja`) is the template chat_template
         names: a Jinja string or a .jinja file."""

@@ -402,3 +402,17 @@ def test_a_template_that_renders_the_prompt_messages_otherwise_drops_the_row_sho
     detail = json.loads((tmp_path / "rejects.jsonl").read_text())["detail"]
     assert "at character 0" in detail and "'1 messages<|im_start|>user" in detail, detail
     assert "'2 messages<|im_start|>user" in detail, detail
+
+
+def test_reward_pairs_over_max_seq_len_are_dropped_unless_truncation_is_set(tmp_path: Path, tokenizer_dir: Path,
+                                                                           pairs: list[dict[str, Any]]) -> None:
+    # A reward model scores a sequence at its last token: as TRL's RewardTrainer, drop what would be cut.
+    reward = {"output": {"preference_columns": "reward"}}
+    whole = _table(run_rows(tmp_path, _config(tokenizer_dir, **reward), pairs, name="whole"))
+    limit = {"preprocessing": {"max_seq_len": 300}}
+    fits = [r for r in whole if max(len(r["chosen_ids"]), len(r["rejected_ids"])) <= 300]
+    assert 0 < len(fits) < len(whole)
+    assert _table(run_rows(tmp_path, _config(tokenizer_dir, **reward, **limit), pairs, name="cut")) == fits
+    told = _config(tokenizer_dir, **reward, preprocessing={"max_seq_len": 300, "truncation": "right"})
+    room = sum(r["prompt_length"] < 300 for r in whole)  # right truncation keeps a pair its prompt leaves room in
+    assert len(_table(run_rows(tmp_path, told, pairs, name="told"))) == room > len(fits)
