@@ -145,9 +145,11 @@ _STARTER_MASK = {
     "segments": ("{}", "the segments whose own label says train"),
     "text": ("{}", "every token (pretraining text ignores mask)"),
     "pretokenized": ("{}", "what the rows' labels say"),
-    "preference": ("{}", "each pair's chosen and rejected completions; the prompt never (TRL's columns: "
-                         "output.storage_format parquet)"),
+    "preference": ("{}", "each pair's chosen and rejected completions; the prompt never"),
+    "kto": ("{}", "each row's completion; the prompt never"),
 }
+# Preference and kto rows: TRL's columns, which the README's DPOTrainer and KTOTrainer recipes read.
+_PAIRS = ("preference", "kto")
 
 
 def starter_config(inputs: list[str], tokenizer: str | None, rows: int = 50) -> str:
@@ -173,6 +175,11 @@ def starter_config(inputs: list[str], tokenizer: str | None, rows: int = 50) -> 
     kind = max(found, key=found.get) if len(found) == 1 else "auto"
     mask, why = _STARTER_MASK.get(kind, ("{assistant: train, response: train}", "assistant turns and responses"))
     shapes = ", ".join(f"{k} {n}" for k, n in sorted(found.items(), key=lambda item: -item[1]))
+    dedup = ("rows equal to an earlier row (prompt, completions, label) are dropped" if kind in _PAIRS else
+             "rows whose first 200 characters repeat an earlier row's are dropped")
+    cut = ("completions are cut (truncation: right | drop)" if kind in _PAIRS else
+           "longer rows are cut (truncation: right | left | drop | split | structured)")
+    storage = "parquet      # TRL's columns; or bin" if kind in _PAIRS else "bin          # bin | h5 | megatron | parquet"
     return f"""# gpu-prep config written by `gpu-prep init` from the first {seen} rows of {', '.join(inputs)}
 # (shapes found: {shapes}). Run it with: gpu-prep run -c THIS_FILE {' '.join(inputs)} -o out/
 # Check it against the data first with: gpu-prep validate -c THIS_FILE {' '.join(inputs)}
@@ -186,10 +193,10 @@ input:
 # What is trained: {why}.
 mask: {mask}
 preprocessing:
-  max_seq_len: 2048            # longer rows are cut (truncation: right | left | drop | split | structured)
-  deduplicate: true            # rows whose first 200 characters repeat an earlier row's are dropped
+  max_seq_len: 2048            # {cut}
+  deduplicate: true            # {dedup}
   # fuzzy_dedup: {{}}            # also drop near-duplicates (MinHash + LSH over word 5-grams, Jaccard 0.8)
   min_chars: 1
 output:
-  storage_format: bin          # bin | h5 | megatron | parquet
+  storage_format: {storage}
 """

@@ -604,6 +604,10 @@ class PipelineConfig(_Frozen):
     def warnings(self) -> list[str]:
         """What this config does that its author may not mean (printed before a run and by validate)."""
         rules, found = self.preprocessing, []
+        pairs = self.input_types() & {"preference", "kto"}
+        if pairs and any(c.mask for c in self.all_configs()):
+            found.append(f"mask has no effect on input.type {pairs.pop()}: each completion is trained, the prompt "
+                         "never (TRL trains them so); remove mask")
         dedup = [name for name, on in (("deduplicate", rules.deduplicate), ("fuzzy_dedup", rules.fuzzy_dedup)) if on]
         ratios = self.sampling_ratios()
         if ratios is not None and self.dataprocessor.sampling_stopping_strategy == "all_exhausted" and dedup \

@@ -416,3 +416,21 @@ def test_reward_pairs_over_max_seq_len_are_dropped_unless_truncation_is_set(tmp_
     told = _config(tokenizer_dir, **reward, preprocessing={"max_seq_len": 300, "truncation": "right"})
     room = sum(r["prompt_length"] < 300 for r in whole)  # right truncation keeps a pair its prompt leaves room in
     assert len(_table(run_rows(tmp_path, told, pairs, name="told"))) == room > len(fits)
+
+
+@pytest.mark.parametrize("kind", ["preference", "kto"])
+def test_init_and_mask_for_pairs_say_what_is_trained(tmp_path: Path, pairs: list[dict[str, Any]],
+                                                     unpaired: list[dict[str, Any]], kind: str) -> None:
+    import yaml
+    from helpers import write_jsonl
+
+    from gpu_prep.check import starter_config
+
+    data = write_jsonl(tmp_path / "rows.jsonl", (pairs if kind == "preference" else unpaired)[:10])
+    text = starter_config([str(data)], None)
+    config = parse_config(yaml.safe_load(text))
+    assert config.input.type == kind and config.mask == {} and config.warnings() == []
+    assert config.output.storage_format == "parquet"  # what the README's DPOTrainer and KTOTrainer recipes read
+    assert "first 200 characters" not in text  # pairs are deduplicated as whole rows (format.hashed_whole)
+    masked = parse_config({**yaml.safe_load(text), "mask": {"assistant": "mask"}})
+    assert any(f"mask has no effect on input.type {kind}" in w for w in masked.warnings())
