@@ -69,10 +69,11 @@ class InputConfig(_Frozen):
     roles: dict[str, list[str]] = {}
     # Roles trained where `mask` names no rule for them (then mask_default applies).
     roles_to_train: list[str] = []
-    prompt_key: str = "prompt"
+    prompt_key: str | None = "prompt"
     response_key: str = "response"
     # input.type preference (TRL's formats): the completions' keys; prompt_key names the prompt, and a row
-    # without one has the prompt chosen and rejected share at their start.
+    # without one has the prompt chosen and rejected share at their start (prompt_key null: every row, its
+    # prompt column left alone, as for UltraFeedback's rows whose chosen and rejected hold the prompt).
     chosen_key: str = "chosen"
     rejected_key: str = "rejected"
     # input.type kto (TRL's unpaired preference rows): the completion, and its label (true: desirable).
@@ -195,6 +196,13 @@ class InputConfig(_Frozen):
         if isinstance(data, dict) and "type" in data and (data["type"] or "") in AXOLOTL_TYPES:
             data = {**data, "type": AXOLOTL_TYPES[data["type"] or ""]}
         return data
+
+    @model_validator(mode="after")
+    def _implicit_prompt(self) -> InputConfig:
+        if self.prompt_key is None and self.type != "preference":
+            raise ValueError(f"prompt_key: null (the prompt that chosen and rejected share) is for input.type "
+                             f"preference; input.type {self.type} reads a prompt column")
+        return self
 
     @model_validator(mode="before")
     @classmethod

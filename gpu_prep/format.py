@@ -512,20 +512,32 @@ def build_preference(record: dict[str, Any], config: PipelineConfig) -> Pair:
     if inp.chosen_key not in record and inp.completion_key in record and inp.label_key in record:
         raise RowError(Drop.MISSING_FIELD, f"field {inp.chosen_key!r} is missing: an unpaired row ({inp.completion_key}, "
                                            f"{inp.label_key}) is read by input.type kto")
-    chosen, rejected = (_preference_part(record, key, config) for key in (inp.chosen_key, inp.rejected_key))
+    chosen = _preference_part(record, inp.chosen_key, config)
+    if isinstance(chosen, str) and inp.rejected_key in record and not isinstance(record[inp.rejected_key], str):
+        got = "null" if record[inp.rejected_key] is None else type(record[inp.rejected_key]).__name__
+        raise RowError(Drop.WRONG_TYPE, f"field {inp.rejected_key!r} must be a string as {inp.chosen_key!r} is, got {got}")
+    rejected = _preference_part(record, inp.rejected_key, config)
     if isinstance(chosen, list) != isinstance(rejected, list):
         raise RowError(Drop.WRONG_TYPE, f"fields {inp.chosen_key!r} and {inp.rejected_key!r} must both be messages or "
                                         "both be strings")
-    if inp.prompt_key in record and record[inp.prompt_key] is not None:
+    given = inp.prompt_key is not None and record.get(inp.prompt_key) is not None
+    if given:
         prompt = _preference_part(record, inp.prompt_key, config, allow_empty=True)
         if isinstance(prompt, list) != isinstance(chosen, list):
+            hint = (f" (rows whose {inp.chosen_key!r} and {inp.rejected_key!r} hold the prompt themselves are read with "
+                    "input.prompt_key: null)") if isinstance(chosen, list) else ""
             raise RowError(Drop.WRONG_TYPE, f"field {inp.prompt_key!r} must be {'messages' if isinstance(chosen, list) else 'a string'} "
-                                            f"as {inp.chosen_key!r} is")
+                                            f"as {inp.chosen_key!r} is{hint}")
     else:
         prompt, chosen, rejected = _shared_prompt(chosen, rejected)
+        if isinstance(chosen, list) and not prompt:
+            raise RowError(Drop.EMPTY, f"fields {inp.chosen_key!r} and {inp.rejected_key!r} share no leading messages, "
+                                       f"so there is no prompt (give it in {inp.prompt_key or 'prompt'!r})")
     if not chosen or not rejected:
         empty = inp.chosen_key if not chosen else inp.rejected_key
         raise RowError(Drop.EMPTY, f"field {empty!r} has nothing past the prompt")
+    for key, completion in ((inp.chosen_key, chosen), (inp.rejected_key, rejected)):
+        _opens_with_reply(key, completion, given)
     tools, _ = _tools(record)
     return Pair(prompt, chosen, rejected, tools)
 
@@ -548,8 +560,19 @@ def build_kto(record: dict[str, Any], config: PipelineConfig) -> Unpaired:
     label = record[inp.label_key]
     if not isinstance(label, bool) and label not in (0, 1):
         raise RowError(Drop.WRONG_TYPE, f"field {inp.label_key!r} must be true or false, got {label!r}")
+    _opens_with_reply(inp.completion_key, completion, True)
     tools, _ = _tools(record)
     return Unpaired(prompt, completion, bool(label), tools)
+
+
+def _opens_with_reply(key: str, completion: list[dict[str, Any]] | str, given: bool) -> None:
+    """A completion given as messages begins with the reply: one that begins with a user or system message
+    would train that message as the model's own."""
+    if isinstance(completion, list) and completion and completion[0]["role"] in ("user", "system"):
+        where = "" if given else " (the first message where chosen and rejected differ)"
+        raise RowError(Drop.WRONG_TYPE, f"the completion in field {key!r} begins with a {completion[0]['role']} "
+                                        f"message{where}: a completion is the reply to the prompt, its first message "
+                                        "the assistant's")
 
 
 def _preference_part(record: dict[str, Any], key: str, config: PipelineConfig,

@@ -51,6 +51,10 @@ def load_plugins(names: list[str]) -> list[str]:
     return loaded
 
 
+# TRL's trainers that read paired preference rows (prompt, chosen, rejected): input.type preference here.
+TRL_PAIRED = frozenset({"dpo", "orpo", "cpo", "reward", "ipo", "simpo"})
+
+
 def check_registered(config: PipelineConfig, source: str = "<config>") -> None:
     """Refuse names no registry knows: the input types (the config's and each dataset's own) and the data
     handlers. Run once plugins have loaded, since a plugin may register either; the schema cannot know them."""
@@ -65,6 +69,7 @@ def check_registered(config: PipelineConfig, source: str = "<config>") -> None:
                 problems.append(f"datasets.{k}.data_handlers.{h}.name: unknown data handler {handler.name!r}; known: "
                                 f"{', '.join(sorted(HANDLERS))} (more can be registered by a --plugin)")
     if config.input.type not in types:
-        problems.insert(0, f"input.type: {config.input.type!r} is not known; allowed: {', '.join(types)}")
+        hint = "did you mean 'preference' (TRL's paired rows)? " if config.input.type in TRL_PAIRED else ""
+        problems.insert(0, f"input.type: {config.input.type!r} is not known; {hint}allowed: {', '.join(types)}")
     if problems:
         raise ConfigError(f"{source}: invalid config\n  " + "\n  ".join(problems))

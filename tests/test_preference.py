@@ -434,3 +434,44 @@ def test_init_and_mask_for_pairs_say_what_is_trained(tmp_path: Path, pairs: list
     assert "first 200 characters" not in text  # pairs are deduplicated as whole rows (format.hashed_whole)
     masked = parse_config({**yaml.safe_load(text), "mask": {"assistant": "mask"}})
     assert any(f"mask has no effect on input.type {kind}" in w for w in masked.warnings())
+
+
+USER, REPLY = {"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}
+
+
+@pytest.mark.parametrize("row, says", [
+    ({"prompt": "Q", "chosen": "A", "rejected": None}, "field 'rejected' must be a string as 'chosen' is, got null"),
+    ({"chosen": [{"role": "user", "content": "X"}, REPLY], "rejected": [USER, {"role": "assistant", "content": "B"}]},
+     "'chosen' and 'rejected' share no leading messages, so there is no prompt"),
+    ({"prompt": [USER], "chosen": [USER, REPLY], "rejected": [REPLY]},
+     "the completion in field 'chosen' begins with a user message"),
+    ({"chosen": [USER, USER, REPLY], "rejected": [USER, REPLY]},
+     r"the completion in field 'chosen' begins with a user message \(the first message where chosen and rejected differ\)"),
+    ({"prompt": "Q", "chosen": [USER, REPLY], "rejected": [USER, {"role": "assistant", "content": "B"}]},
+     "'prompt' must be messages as 'chosen' is .*input.prompt_key: null"),
+])
+def test_common_preference_mistakes_name_their_cause(row: dict[str, Any], says: str) -> None:
+    from gpu_prep.format import RowError, get_builder
+
+    with pytest.raises(RowError, match=says):
+        get_builder("preference")(row, parse_config({"input": {"type": "preference"}}))
+
+
+def test_prompt_key_null_reads_the_prompt_chosen_and_rejected_share(tmp_path: Path, tokenizer_dir: Path,
+                                                                   pairs: list[dict[str, Any]]) -> None:
+    # UltraFeedback's rows: a prompt column as a string, and chosen / rejected that hold the prompt.
+    implicit = [{"chosen": p + c, "rejected": p + r} for p, c, r in map(_parts, pairs[:20])]
+    shaped = [{**row, "prompt": row["chosen"][-2]["content"]} for row in implicit]
+    want = _table(run_rows(tmp_path, _config(tokenizer_dir), implicit, name="implicit"))
+    config = _config(tokenizer_dir, input={"prompt_key": None})
+    assert _table(run_rows(tmp_path, config, shaped, name="shaped")) == want
+    with pytest.raises(ConfigError, match="prompt_key: null .* is for input.type preference"):
+        parse_config(_config(tokenizer_dir, input={"type": "kto", "prompt_key": None}))
+
+
+@pytest.mark.parametrize("name", ["dpo", "orpo", "reward"])
+def test_trl_trainer_names_point_to_preference(name: str) -> None:
+    from gpu_prep.plugins import check_registered
+
+    with pytest.raises(ConfigError, match=f"input.type: '{name}' is not known; did you mean 'preference'"):
+        check_registered(parse_config({"input": {"type": name}}))
