@@ -314,7 +314,7 @@ def test_a_run_stopped_by_strict_leaves_no_temporary_files_and_can_be_replaced(t
 def test_unwritable_output_and_non_utf8_config_are_clear_errors(tmp_path: Path) -> None:
     result = _run_sft(tmp_path, "-o", "/proc/gpu-prep-cannot-write-here")
     assert result.exit_code == 2 and "Traceback" not in result.output and "/proc/" in result.output
-    assert "cannot write there" in result.output and "give -o a folder" in _squash(result.output)  # says it is -o
+    assert "cannotwritethere" in _squash(result.output) and "give-oafolder" in _squash(result.output)  # -o's
     config = tmp_path / "latin1.json"
     config.write_bytes('{"mask": {"assistant": "train"}, "x": "caf\xe9"}'.encode("latin-1"))
     result = _invoke("validate", "-c", config)
