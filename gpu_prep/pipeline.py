@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +43,7 @@ from gpu_prep.run.local import run_chunks, run_here
 from gpu_prep.run.manifest import Outcome, build_manifest
 from gpu_prep.run.outdir import (MANIFEST, check_output, check_paths, output_lock, prepare_output,
                                  remove_partial_files)
-from gpu_prep.run.overlap import Stopwatch, in_background
+from gpu_prep.run.overlap import Stopwatch, deaf_to_ctrl_c, in_background
 from gpu_prep.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = ["MANIFEST", "Options", "run"]
@@ -120,7 +117,9 @@ def _run(config: PipelineConfig, files: list[InputFile], datasets: Any, out_dir:
         failpoint("manifest")
         write_json_atomic(out_dir / MANIFEST, manifest)
     except BaseException as exc:
-        with _uninterrupted(isinstance(exc, KeyboardInterrupt)):  # a second Ctrl-C waits for the cleanup
+        # After a Ctrl-C, further ones wait until what was done is put in order: a hurried second press could
+        # leave it half done, or print a traceback.
+        with deaf_to_ctrl_c() if isinstance(exc, KeyboardInterrupt) else contextlib.nullcontext():
             checkpoints.close()
             resumable = isinstance(exc, (KeyboardInterrupt, Interrupted)) or checkpoints.rows_saved is not None
             if not resumable:  # what a checkpoint refers to stays for --resume; else the temporaries go
@@ -132,20 +131,6 @@ def _run(config: PipelineConfig, files: list[InputFile], datasets: Any, out_dir:
     for path in outcome.leftovers:  # a resume no longer needs them
         path.unlink(missing_ok=True)
     return manifest
-
-
-@contextlib.contextmanager
-def _uninterrupted(interrupted: bool) -> Iterator[None]:
-    """After a Ctrl-C, further ones are ignored while what was done is put in order (in the main thread,
-    where signals arrive), so a hurried second press cannot leave it half done or print a traceback."""
-    if not interrupted or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, before)
 
 
 def _process(run: RunContext, out_dir: Path, options: Options, checkpoints: Checkpointer, resumed: dict[str, Any],

@@ -8,8 +8,6 @@ import functools
 import logging
 import math
 import os
-import signal
-import threading
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -28,7 +26,7 @@ from gpu_prep.mix import set_passes
 from gpu_prep.read import read_chunks
 from gpu_prep.run.context import Decisions, Options, RunContext
 from gpu_prep.run.local import decide
-from gpu_prep.run.overlap import Stopwatch
+from gpu_prep.run.overlap import Stopwatch, deaf_to_ctrl_c
 from gpu_prep.run.stages import Done
 
 DASK_EXTRA = 'pip install "gpu-prep[dask]"'
@@ -61,7 +59,10 @@ def connect(spec: str, gpu: bool, config: PipelineConfig) -> Iterator[Any]:
     else:
         start = functools.partial(LocalCluster, n_workers=n or os.cpu_count() or 1, threads_per_worker=1,
                                   processes=True)
-    with _deaf_to_ctrl_c():  # the local workers' processes: Ctrl-C is this process's to answer
+    # SIGINT ignored while the local workers' processes start, which keep ignoring it (a Python started with
+    # SIGINT ignored leaves it so, and so does asyncio): on Ctrl-C this process stops the run and shuts the
+    # cluster down, printing the command that resumes it, instead of every worker printing its own traceback.
+    with deaf_to_ctrl_c():
         cluster = start()
     with cluster, Client(cluster) as client:
         try:
@@ -69,21 +70,6 @@ def connect(spec: str, gpu: bool, config: PipelineConfig) -> Iterator[Any]:
         except BaseException:
             _quiet_teardown(client)
             raise
-
-
-@contextmanager
-def _deaf_to_ctrl_c() -> Iterator[None]:
-    """SIGINT ignored while processes are started, which keep ignoring it (a Python started with SIGINT
-    ignored leaves it so, and so does asyncio): on Ctrl-C this process stops the run and shuts the cluster
-    down, printing the command that resumes it, instead of every worker printing its own traceback."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _quiet_distributed() -> None:

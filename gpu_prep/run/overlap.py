@@ -8,6 +8,7 @@ on how the work interleaves.
 from __future__ import annotations
 
 import queue
+import signal
 import sys
 import threading
 import time
@@ -18,6 +19,19 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+
+@contextmanager
+def deaf_to_ctrl_c() -> Iterator[None]:
+    """SIGINT ignored inside the block (in the main thread, where signals arrive; elsewhere nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @dataclass
