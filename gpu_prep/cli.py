@@ -228,7 +228,7 @@ def run(
                               overwrite=overwrite, resume=resume, rejects=rejects, strict=strict,
                               checkpoint_seconds=checkpoint_every, progress=report,
                               cluster=cluster, announce=announce, plugins=tuple(plugin or []),
-                              part_bytes=int(part_mb * (1 << 20)))
+                              part_bytes=int(part_mb * (1 << 20)), config_file=config)
             manifest = run_pipeline(cfg, inputs or [], output, options)
     except GpuPrepError as exc:
         if isinstance(exc, Interrupted):

@@ -41,8 +41,8 @@ from gpu_prep.read import InputFile
 from gpu_prep.run.context import Decisions, Options, RunContext, build_context, check_unchanged, run_inputs
 from gpu_prep.run.local import run_chunks, run_here
 from gpu_prep.run.manifest import Outcome, build_manifest
-from gpu_prep.run.outdir import (MANIFEST, check_output, check_paths, output_lock, prepare_output,
-                                 remove_partial_files)
+from gpu_prep.run.outdir import (MANIFEST, check_output, check_paths, check_rejects, output_lock, prepare_output,
+                                 rejects_name, remove_partial_files)
 from gpu_prep.run.overlap import Stopwatch, deaf_to_ctrl_c, in_background
 from gpu_prep.tokenizer import Tokenizer, load_tokenizer
 
@@ -62,7 +62,10 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, options:
     out_dir = Path(out_dir)
     rejects = Path(options.rejects) if options.rejects else None
     named = [p for spec in config.datasets or [] for p in spec.data_paths or []]
-    check_paths(out_dir, rejects, [*inputs, *named, *(f.path for f in files)])
+    check_paths(out_dir, rejects, [*inputs, *named, *(f.path for f in files)],
+                [options.config_file, config.chat_template, options.tokenizer_for(config), *options.plugins])
+    if rejects is not None:
+        check_rejects(rejects, out_dir, options.overwrite or options.resume, config.output.splits or {})
     if options.resume and (out_dir / MANIFEST).exists():  # finished already: nothing to do
         return _finished(config, files, out_dir, options)
     with output_lock(out_dir):
@@ -145,7 +148,8 @@ def _process(run: RunContext, out_dir: Path, options: Options, checkpoints: Chec
                            config.output.max_tokens_per_shard, split,
                            about={"tokenizer": run.tokenizer_summary(),
                                   **({"preference": PAIR_META[config.input.type]}
-                                     if config.input.type in PAIR_META else {})})
+                                     if config.input.type in PAIR_META else {})},
+                           not_domains=rejects_name(out_dir, rejects))
     writer.restore(resumed.get("writer", []))
     memory = config.preprocessing.dedup_memory_mb
     dedup = Deduplicator(checkpoints.seen(), None if memory is None else int(memory * (1 << 20)), out_dir) \

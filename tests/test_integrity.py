@@ -68,6 +68,61 @@ def test_no_output_path_is_or_holds_or_lies_inside_an_input(job: tuple[Path, Pat
     assert not (tmp_path / "out").exists()
 
 
+def test_a_rejects_path_that_would_replace_what_gpu_prep_did_not_write_is_refused(job: tuple[Path, Path],
+                                                                                   tmp_path: Path) -> None:
+    # The config the run reads, a file of the user's, and the output's own files (which would replace the
+    # rejects, or be replaced by them) are refused before anything is written: exit 2, nothing changed.
+    data, config = job
+    out, notes = tmp_path / "out", tmp_path / "notes.txt"
+    notes.write_text("my notes")
+    cases = [(config, "which the run reads"), (notes, "exists; pass --overwrite"), (tmp_path, "holds the input"),
+             (out / "manifest.json", "where gpu-prep writes its own files"),
+             (out / ".gpu-prep-files", "where gpu-prep writes its own files"),
+             (out / "tokenizer" / "tokenizer.json", "where gpu-prep writes its own files")]
+    for path, why in cases:
+        refused = gpu_prep_cli("run", "-c", config, data, "-o", out, "-q", "--rejects", path)
+        assert refused.returncode == 2 and why in refused.stderr and "Traceback" not in refused.stderr, (path, refused)
+    assert config.read_text() == json.dumps(CONFIG) and notes.read_text() == "my notes" and not out.exists()
+    # --overwrite may replace an existing rejects file, but never the config.
+    assert gpu_prep_cli("run", "-c", config, data, "-o", out, "-q", "--rejects", notes, "--overwrite").returncode == 0
+    assert json.loads(notes.read_text().splitlines()[0])["reason"] == "malformed_json"
+    assert gpu_prep_cli("run", "-c", config, data, "-o", out, "-q", "--rejects", config, "--overwrite").returncode == 2
+
+
+def test_a_rejects_file_in_the_output_folder_is_kept_apart_from_the_runs_own_files(job: tuple[Path, Path],
+                                                                                  tmp_path: Path) -> None:
+    # Directly in -o under a name of the user's, the rejects file is the run's: verify checks it, --overwrite
+    # and --resume carry it on, and a domain of the same name gets a folder of its own.
+    data, config = job
+    rows = [{**row, "source": "rejects.jsonl"} for row in CHATS[:50]] + ["{broken"]
+    data = write_jsonl(data, rows)
+    config.write_text(json.dumps({**CONFIG, "output": {"domain_key": "source"}}))
+    out = tmp_path / "out"
+    args = ["run", "-c", config, data, "-o", out, "-q", "--rejects", out / "rejects.jsonl"]
+    assert gpu_prep_cli(*args).returncode == 0
+    assert json.loads((out / "rejects.jsonl").read_text())["reason"] == "malformed_json"
+    assert (out / "rejects.jsonl-2" / "meta.json").is_file()
+    assert gpu_prep_cli("verify", out).returncode == 0
+    assert gpu_prep_cli(*args, "--overwrite").returncode == 0 and gpu_prep_cli(*args, "--resume").returncode == 0
+    assert gpu_prep_cli("verify", out).returncode == 0
+    (out / "mine.txt").write_text("mine")
+    refused = gpu_prep_cli(*args[:-1], out / "mine.txt", "--overwrite")
+    assert refused.returncode == 2 and "gpu-prep did not write" in refused.stderr
+    assert (out / "mine.txt").read_text() == "mine"
+
+
+def test_a_folder_whose_file_list_was_written_over_is_refused_by_name(job: tuple[Path, Path], tmp_path: Path) -> None:
+    # An older version let --rejects write over OUT/.gpu-prep-files; such a folder is refused with a sentence
+    # (which files are gpu-prep's is lost), not a traceback.
+    data, config = job
+    out = tmp_path / "out"
+    assert gpu_prep_cli("run", "-c", config, data, "-o", out, "-q").returncode == 0
+    (out / ".gpu-prep-files").write_text('{"file": "chat.jsonl", "line": 1, "reason": "malformed_json"}\n')
+    refused = gpu_prep_cli("run", "-c", config, data, "-o", out, "-q", "--overwrite")
+    assert refused.returncode == 2 and "not the list of files gpu-prep wrote" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
 def test_overwrite_and_resume_remove_only_what_gpu_prep_wrote(job: tuple[Path, Path], tmp_path: Path) -> None:
     data, config = job
     out = tmp_path / "out"

@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from gpu_prep.errors import ConfigError
+
 JOURNAL = ".gpu-prep-files"
 
 
@@ -57,11 +59,16 @@ def journal_names(root: Path) -> set[str]:
     except FileNotFoundError:
         return set()
     names = set()
-    for line in lines:
+    for number, line in enumerate(lines, 1):
         try:
-            names.add(json.loads(line))
+            name = json.loads(line)
         except ValueError:
-            pass
+            continue
+        if not isinstance(name, str):  # written over by something else: which files are gpu-prep's is unknown
+            raise ConfigError(f"{root / JOURNAL}: line {number} is not a file name, so this is not the list of "
+                              "files gpu-prep wrote here; without it gpu-prep cannot tell its files from others: "
+                              "remove the folder yourself, or choose another")
+        names.add(name)
     return names
 
 

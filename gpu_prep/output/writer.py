@@ -186,9 +186,10 @@ class DatasetWriter:
     """One DomainWriter per domain; domain values are made safe and kept distinct as directory names."""
 
     def __init__(self, out_dir: Path, storage: Storage | str, max_tokens_per_shard: int,
-                 window: int | None = None, about: dict[str, Any] | None = None) -> None:
+                 window: int | None = None, about: dict[str, Any] | None = None, not_domains: tuple[str, ...] = ()) -> None:
         """window: samples longer than this many tokens are cut into samples of that many (and a last one);
-        about: more that every domain's meta.json says (the tokenizer that made the shards)."""
+        about: more that every domain's meta.json says (the tokenizer that made the shards); not_domains:
+        names in out_dir no domain's folder may take (a rejects file written there)."""
         self.out_dir, self.window, self.about = out_dir, window, about or {}
         self.storage = Storage(storage) if isinstance(storage, str) else storage
         self.cap = max_tokens_per_shard
@@ -196,7 +197,8 @@ class DatasetWriter:
         self.domains: dict[tuple[str | None, str], DomainWriter] = {}
         # Directories (relative to out_dir) given out, by their lower-case spelling: "A" and "a" would be one
         # directory on a file system that ignores case (macOS, Windows), so the later one is "a-2".
-        self.taken: dict[str, tuple[str | None, str]] = {}
+        # A name no domain may take is held by a key no domain has (no split is named "").
+        self.taken: dict[str, tuple[str | None, str]] = {name.lower(): ("", name) for name in not_domains}
 
     def _dir_for(self, key: tuple[str | None, str]) -> str:
         split, name = key

@@ -51,6 +51,7 @@ class Options:
     announce: Callable[[str], None] | None = None  # told the cluster's dashboard address
     plugins: tuple[str, ...] = ()  # --plugin modules, which a cluster's workers load too
     part_bytes: int | None = None  # a cluster's parts of JSON Lines files (default cluster.plan.PART_BYTES)
+    config_file: str | Path | None = None  # the config read (a --rejects there would destroy it)
     # validate's sample run only (it reads less than the run): the first rows of each input, so many of each
     # (read.sample_shares), not the first rows of all.
     per_file: list[int] | None = None

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gpu_prep.errors import ConfigError
 from gpu_prep.output.files import JOURNAL, journal_names, remove_written
+from gpu_prep.output.writer import RESERVED_NAMES
 
 MANIFEST = "manifest.json"
 RUN_MARKER = ".gpu-prep-run"
@@ -21,20 +22,58 @@ LOCK = ".gpu-prep-lock"  # holds the pid of the run writing the directory, locke
 CONTROL = {RUN_MARKER, LOCK, JOURNAL}  # the files that say whose folder it is
 
 
-def check_paths(out_dir: Path, rejects: Path | None, inputs: Iterable[str]) -> None:
-    """Refuse an output directory or rejects file that is an input, holds one, or lies inside one."""
-    local = [Path(p).resolve() for p in inputs if "://" not in str(p) and os.path.exists(p)]
+def check_paths(out_dir: Path, rejects: Path | None, inputs: Iterable[str], also_read: Iterable[str | None] = ()) -> None:
+    """Refuse an output directory or rejects file that is an input, holds one, or lies inside one, and a
+    rejects file that is or lies inside another path the run reads (also_read: its config, chat template,
+    tokenizer folder, plugins)."""
     for what, path in (("output", out_dir), ("--rejects", rejects)):
-        if path is None:
-            continue
-        target = Path(path).resolve()
-        for source in local:
-            if target == source or target.is_relative_to(source) or source.is_relative_to(target):
-                relation = "is" if target == source else "lies inside" if target.is_relative_to(source) else "holds"
-                raise ConfigError(f"{what} {str(path)!r} {relation} the input {str(source)!r}; writing there could "
-                                  "destroy what is read: choose a path apart from the inputs")
+        if path is not None and (clash := _clash(path, inputs)):
+            raise ConfigError(f"{what} {str(path)!r} {clash[0]} the input {str(clash[1])!r}; writing there could "
+                              "destroy what is read: choose a path apart from the inputs")
+    if rejects is not None and (clash := _clash(rejects, also_read)):
+        raise ConfigError(f"--rejects {str(rejects)!r} {clash[0]} {str(clash[1])!r}, which the run reads (its config, "
+                          "chat template, tokenizer or a plugin); writing there could destroy it: choose another path")
     if rejects is not None and Path(rejects).resolve() == out_dir.resolve():
         raise ConfigError(f"--rejects {str(rejects)!r} is the output directory; give a file")
+
+
+def _clash(path: Path, sources: Iterable[str | Path | None]) -> tuple[str, Path] | None:
+    """How path stands to the first local source it is, lies inside or holds (None: apart from them all)."""
+    target = Path(path).resolve()
+    for source in (Path(p).resolve() for p in sources if p and "://" not in str(p) and os.path.exists(p)):
+        if target == source or target.is_relative_to(source) or source.is_relative_to(target):
+            return "is" if target == source else "lies inside" if target.is_relative_to(source) else "holds", source
+    return None
+
+
+def check_rejects(rejects: Path, out_dir: Path, replace: bool, splits: Iterable[str] = ()) -> None:
+    """Refuse, before anything is written, a rejects path that would replace a file gpu-prep did not write
+    for this run: a folder; inside the output, a place where the run writes its own files (a subfolder, a
+    hidden name, manifest.json, tokenizer, a split's folder) or a file of the user's kept there; elsewhere, a
+    file that exists, unless replace (--overwrite or --resume) says it may go on or be replaced."""
+    target = rejects.resolve()
+    if target.is_dir():
+        raise ConfigError(f"--rejects {str(rejects)!r} is a folder; give a file")
+    out = out_dir.resolve()
+    if target.is_relative_to(out):
+        name = target.relative_to(out)
+        if len(name.parts) > 1 or name.name.startswith(".") or name.name in {*RESERVED_NAMES, *splits}:
+            raise ConfigError(f"--rejects {str(rejects)!r} is where gpu-prep writes its own files in the output "
+                              f"{str(out_dir)!r}; give a file directly in it with a name of your own (such as "
+                              f"{str(out_dir / 'rejects.jsonl')!r}), or one outside it")
+        if os.path.lexists(target) and name.as_posix() not in journal_names(out):
+            raise ConfigError(f"--rejects {str(rejects)!r} is a file in the output folder that gpu-prep did not "
+                              "write (--overwrite keeps such files); choose another path")
+    elif os.path.lexists(rejects) and not replace:
+        raise ConfigError(f"--rejects {str(rejects)!r} exists; pass --overwrite to replace it (or --resume to go on "
+                          "with the run that writes it), or choose another path")
+
+
+def rejects_name(out_dir: Path, rejects: Path | None) -> tuple[str, ...]:
+    """The rejects file's name where it lies in the output directory, which no domain's folder may take."""
+    if rejects is None or not rejects.resolve().is_relative_to(out_dir.resolve()):
+        return ()
+    return (rejects.resolve().relative_to(out_dir.resolve()).as_posix(),)
 
 
 def _pid_in(path: Path) -> str:
@@ -103,6 +142,7 @@ def check_output(out_dir: Path, overwrite: bool, resume: bool) -> None:
     if not (out_dir / JOURNAL).exists():
         raise ConfigError(f"output {str(out_dir)!r} has no list of the files gpu-prep wrote there ({JOURNAL}: an "
                           "older version wrote it); remove it yourself, or choose another folder")
+    journal_names(out_dir)  # refuses a list that something else wrote over, before any work
 
 
 def prepare_output(out_dir: Path, overwrite: bool, resume: bool = False) -> None:
