@@ -189,6 +189,21 @@ def test_a_write_error_names_the_file_and_resume_finishes_the_run(job: tuple[Pat
     assert rejects.read_bytes() == (tmp_path / "clean.rejects").read_bytes()
 
 
+def test_a_write_error_on_the_rejects_file_names_it(job: tuple[Path, Path], tmp_path: Path) -> None:
+    # Rows dropped with 2 KB each: the rejects file passes a 150 KB file-size limit long before the shards do.
+    # Closing it after the error fails again (what it still buffers cannot be written either); the message
+    # must still be the first error's, naming the file.
+    data, config = job
+    data = write_jsonl(data, [row for row in CHATS[:200] for row in (row, "{broken " + "x" * 2000)])
+    rejects = tmp_path / "out.rejects"
+    script = Path(sys.executable).parent / "gpu-prep"
+    limited = subprocess.run([str(script), "run", "-c", str(config), str(data), "-q", "-o", str(tmp_path / "out"),
+                              "--rejects", str(rejects), "--set", "preprocessing.max_drop_share=0.9"],
+                             capture_output=True, text=True, cwd=REPO, preexec_fn=_limit_file_size(150_000))
+    assert limited.returncode == 1, limited.stderr
+    assert f"{tmp_path / '.out.rejects.tmp'}: File too large" in limited.stderr, limited.stderr
+
+
 @pytest.mark.parametrize(("point", "nth"), [("shard_append", 2), ("checkpoint", 3), ("shard_close", 2), ("meta", 1),
                                             ("rejects", 1), ("manifest", 1)])
 def test_a_full_disk_anywhere_then_resume_is_byte_identical(job: tuple[Path, Path], tmp_path: Path, point: str,

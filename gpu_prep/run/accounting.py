@@ -115,14 +115,18 @@ class Accounting:
     def abort(self, keep: bool = False) -> None:
         """The run failed: no rejects file appears (keep: its temporary file stays, for --resume)."""
         if self.rejects is not None:
-            self.rejects.close()
+            try:
+                self.rejects.close()
+            except OSError:  # its buffer cannot reach the disk either: the error that stopped the run says why
+                pass
             if not keep:
                 Path(self.rejects.name).unlink(missing_ok=True)
             self.rejects = None
 
     def close(self) -> None:
         if self.rejects is not None:
-            self.rejects.close()
+            with writing(Path(self.rejects.name)):
+                self.rejects.close()
             finish_file(Path(self.rejects.name), self.rejects_path)
             self.rejects = None
 
