@@ -22,7 +22,7 @@ from gpu_prep.errors import Drop
 from gpu_prep.format import Conversation, RowError, detect_schema, registered
 from gpu_prep.mix import config_rows
 from gpu_prep.read import first_rows, read_chunks, sample_shares
-from gpu_prep.run.context import DEFAULT_TOKENIZER, run_inputs
+from gpu_prep.run.context import DEFAULT_TOKENIZER, inputs_left_out, left_out_warnings, run_inputs
 from gpu_prep.tokenizer import load_tokenizer
 
 
@@ -45,6 +45,7 @@ def check_sample(config: PipelineConfig, inputs: list[str], sample: int) -> Samp
     input, by its share of the input: read.sample_shares)."""
     report = SampleReport()
     files, datasets = run_inputs(config, inputs)
+    report.warnings.extend(left_out_warnings(inputs_left_out(config, inputs)))
     # Each file's rows are built with its dataset's own config, in the order the run takes them (a mix's,
     # with the datasets' data handlers run), so the sample is the sample run's.
     own = {f.index: config.dataset_config(k) for k, d in enumerate(datasets or []) for f in d.files}

@@ -205,6 +205,7 @@ def run(
 
     from gpu_prep.pipeline import Options
     from gpu_prep.pipeline import run as run_pipeline
+    from gpu_prep.run.context import inputs_left_out, left_out_warnings
 
     if stats_only == (output is not None):
         raise _fail(ConfigError("give --output, or --stats-only (which writes nothing), but not both"))
@@ -220,7 +221,7 @@ def run(
         load_plugins(plugin or [])
         cfg = load_config(config, set_ or [])
         check_registered(cfg, str(config))
-        for warning in [] if quiet else cfg.warnings():
+        for warning in [] if quiet else [*cfg.warnings(), *left_out_warnings(inputs_left_out(cfg, inputs or []))]:
             _warn(warning)
         with Reporter(quiet, progress_interval) as report:
             announce = None if quiet else lambda link: err.print(f"Dask dashboard: {link}", highlight=False)

@@ -38,7 +38,8 @@ from gpu_prep.run.accounting import Accounting
 from gpu_prep.run.checkpoint import Checkpointer, load_for_resume, run_identity
 from gpu_prep.run.commit import Committer
 from gpu_prep.read import InputFile
-from gpu_prep.run.context import Decisions, Options, RunContext, build_context, check_unchanged, run_inputs
+from gpu_prep.run.context import (Decisions, Options, RunContext, build_context, check_unchanged, inputs_left_out,
+                                  run_inputs)
 from gpu_prep.run.local import run_chunks, run_here
 from gpu_prep.run.manifest import Outcome, build_manifest
 from gpu_prep.run.outdir import (MANIFEST, check_output, check_paths, check_rejects, output_lock, prepare_output,
@@ -66,6 +67,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, options:
                 [options.config_file, config.chat_template, options.tokenizer_for(config), *options.plugins])
     if rejects is not None:
         check_rejects(rejects, out_dir, options.overwrite or options.resume, config.output.splits or {})
+    left_out = inputs_left_out(config, inputs)  # recorded in the manifest (the CLI warns of them)
     if options.resume and (out_dir / MANIFEST).exists():  # finished already: nothing to do
         return _finished(config, files, out_dir, options)
     with output_lock(out_dir):
@@ -77,7 +79,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, options:
         backend = CPU if options.cluster is not None else select_backend(device, config.gpu.rmm_pool_size, config.gpu.spill)
         prepare_output(out_dir, options.overwrite, options.resume)
         with journal(out_dir):
-            return _run(config, files, datasets, out_dir, options, tok, backend, started, clock)
+            return _run(config, files, datasets, out_dir, options, tok, backend, started, clock, left_out)
 
 
 def _finished(config: PipelineConfig, files: list[InputFile], out_dir: Path, options: Options) -> dict[str, Any]:
@@ -102,8 +104,9 @@ def _finished(config: PipelineConfig, files: list[InputFile], out_dir: Path, opt
 
 
 def _run(config: PipelineConfig, files: list[InputFile], datasets: Any, out_dir: Path, options: Options, tok: Tokenizer,
-         backend: Any, started: float, clock: Stopwatch) -> dict[str, Any]:
-    """The run proper, in an output directory this process holds and journals."""
+         backend: Any, started: float, clock: Stopwatch, left_out: dict[str, list[str]]) -> dict[str, Any]:
+    """The run proper, in an output directory this process holds and journals (left_out: the input
+    folders' files not read, by folder)."""
     identity = {"config_sha256": config.sha256(), "tokenizer": tok.identity()}  # hashes files: once a run
     resume_identity = run_identity(config.output_sha256(), files, identity["tokenizer"])
     resumed = load_for_resume(out_dir, resume_identity) if options.resume else None
@@ -116,7 +119,7 @@ def _run(config: PipelineConfig, files: list[InputFile], datasets: Any, out_dir:
         hashes = clock.time("checksums", checksums)
         check_unchanged(files, resume_identity["inputs"])
         seconds = {"total": time.perf_counter() - started, **clock.seconds}
-        manifest = build_manifest(run_ctx, outcome, identity, hashes, seconds, out_dir)
+        manifest = build_manifest(run_ctx, outcome, identity, hashes, seconds, out_dir, left_out)
         failpoint("manifest")
         write_json_atomic(out_dir / MANIFEST, manifest)
     except BaseException as exc:

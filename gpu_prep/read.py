@@ -128,7 +128,9 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
         elif os.path.isdir(pattern):
             found = dataset_folder_files(Path(pattern), how.split)
             if found is None:
-                found = folder_files(Path(pattern))
+                found, left_out = folder_files(Path(pattern), how.builder)
+                if not found:
+                    raise ConfigError(_nothing_read(pattern, left_out))
         elif glob.has_magic(pattern):
             found = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
         else:
@@ -159,20 +161,47 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
 _DATASETS_METADATA = frozenset({"dataset_info.json", "state.json", "dataset_dict.json"})
 
 
-def folder_files(folder: Path) -> list[str]:
-    """The files of a folder (and the folders in it) that gpu-prep reads by their names, sorted: not hidden
-    ones or those under hidden folders (.ipynb_checkpoints, .git), and in a folder the datasets library
-    wrote (a dataset_info.json beside the files) not its metadata or its cache-*.arrow files."""
-    found = []
+def folder_files(folder: Path, builder: str | None = None) -> tuple[list[str], list[str]]:
+    """The files of a folder (and the folders in it) that gpu-prep reads, sorted, and those it leaves out,
+    their names saying no format it reads (with a builder, such files are read as its format). Neither
+    holds hidden files or those under hidden folders (.ipynb_checkpoints, .git), nor, in a folder the
+    datasets library wrote (a dataset_info.json beside the files), its metadata or cache-*.arrow files."""
+    read, left_out = [], []
     for path in folder.rglob("*"):
         if any(part.startswith(".") for part in path.relative_to(folder).parts) or not path.is_file():
             continue
         if (path.parent / "dataset_info.json").is_file() and (
                 path.name in _DATASETS_METADATA or (path.name.startswith("cache-") and path.suffix == ".arrow")):
             continue
-        if split_name(str(path))[0]:
-            found.append(str(path))
-    return sorted(found)
+        (read if builder or split_name(str(path))[0] else left_out).append(str(path))
+    return sorted(read), sorted(left_out)
+
+
+def unread_files(patterns: list[str], how: ReadAs | None = None) -> dict[str, list[str]]:
+    """For each folder among the patterns that is read, the files in it left out because their names say
+    no format gpu-prep reads (with how.builder, there are none)."""
+    how = how or ReadAs()
+    left = {}
+    for pattern in patterns:
+        if not is_url(pattern) and os.path.isdir(pattern) and dataset_folder_files(Path(pattern), how.split) is None:
+            read, unread = folder_files(Path(pattern), how.builder)
+            if read and unread:  # a folder with nothing read is refused as a whole (expand_inputs)
+                left[pattern] = unread
+    return left
+
+
+def names_of(folder: str, paths: list[str], most: int = 5) -> str:
+    """The first few of a folder's files, by their names within it."""
+    names = [os.path.relpath(p, folder) for p in paths[:most]]
+    return ", ".join(names) + (f" and {len(paths) - most:,} more" if len(paths) > most else "")
+
+
+def _nothing_read(folder: str, left_out: list[str]) -> str:
+    if not left_out:
+        return f"input {folder!r}: the folder holds no files (hidden ones are not read)"
+    return (f"input {folder!r}: the folder holds {len(left_out):,} file(s), none named as a format gpu-prep reads "
+            f"({names_of(folder, left_out)}); rename them with their format's extension ({KNOWN}), or read "
+            "them with a dataset whose builder names their format")
 
 
 def check_columns(files: list[InputFile], needed: tuple[str | tuple[str, ...], ...]) -> None:

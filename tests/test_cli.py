@@ -378,3 +378,36 @@ def test_inspect_and_the_summary_show_packed_output(tmp_path: Path) -> None:
     assert shown.exit_code == 0, shown.stdout
     assert f"samples packed at {gpu_prep.open(out)['math'].segments(0)[1:-1].tolist()}" in shown.stdout
     assert meta["packing"]["num_segments"] == 3 and meta["num_samples"] == 1
+
+
+def test_an_input_folders_files_that_are_not_read_are_named(tmp_path: Path) -> None:
+    # Files whose names say no format are left out of a folder: run and validate warn naming them, the
+    # manifest counts them; a folder of none gpu-prep reads by name, or of none at all, is refused saying so,
+    # and a dataset's builder reads them.
+    chat = (REPO / "examples" / "chat.jsonl").read_bytes()
+    data, hadoop, empty = tmp_path / "data", tmp_path / "hadoop", tmp_path / "empty"
+    for folder, names in ((data, ["a.jsonl", "b.jsonlines", "part-00000", "notes.xlsx", ".hidden"]),
+                          (hadoop, ["part-00000", "part-00001"]), (empty, [".keep"])):
+        folder.mkdir()
+        for name in names:
+            (folder / name).write_bytes(chat)
+    sft = REPO / "configs" / "sft.json"
+    result = _invoke("run", data, "-c", sft, "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    warning = f"input folder '{data}': 3 file(s) in it are not read"
+    assert _squash(warning) in _squash(result.stderr) and _squash("(b.jsonlines, notes.xlsx, part-00000)") in \
+        _squash(result.stderr), result.stderr
+    left = gpu_prep.open(tmp_path / "out").manifest["inputs_left_out"]
+    assert left == {str(data): {"files": 3, "first": [str(data / n) for n in ("b.jsonlines", "notes.xlsx", "part-00000")]}}
+    assert _squash(warning) in _squash(_invoke("validate", "-c", sft, data).stderr)
+    _assert_clear_error(_run_sft(tmp_path, "-o", tmp_path / "out2", inputs=hadoop), f"input '{hadoop}'",
+                        "holds 2 file(s), none named as a format gpu-prep reads (part-00000, part-00001)", "builder")
+    _assert_clear_error(_run_sft(tmp_path, "-o", tmp_path / "out2", inputs=empty), "the folder holds no files")
+    mix = tmp_path / "mix.json"
+    mix.write_text(json.dumps({**json.loads(sft.read_text()), "preprocessing": {"deduplicate": False},
+                               "datasets": [{"name": "hadoop", "data_paths": [str(hadoop)], "builder": "jsonl"}]}))
+    result = _invoke("run", "-c", mix, "-o", tmp_path / "out3", "-q")
+    assert result.exit_code == 0, result.output
+    assert [i["path"] for i in gpu_prep.open(tmp_path / "out3").manifest["inputs"]] == \
+        [str(hadoop / "part-00000"), str(hadoop / "part-00001")]
+

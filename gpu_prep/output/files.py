@@ -185,7 +185,8 @@ def sha256_file(path: Path | str) -> str | None:
 
 # What a manifest's checksum covers: everything that describes the data (not timings or where it ran), so
 # an edit to a total, the config or the file list is found by verify and the reader.
-SIGNED = ("config", "config_sha256", "inputs", "totals", "datasets", "dropped_examples", "packing", "domains", "files")
+SIGNED = ("config", "config_sha256", "inputs", "inputs_left_out", "totals", "datasets", "dropped_examples", "packing",
+          "domains", "files")
 
 
 def manifest_checksum(manifest: dict[str, Any]) -> str:

@@ -21,7 +21,7 @@ from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError, InputError
 from gpu_prep.format import columnar_schema
 from gpu_prep.mix import HANDLERS, Dataset, with_tokenizer
-from gpu_prep.read import Columnar, InputFile, ReadAs, check_columns, expand_inputs
+from gpu_prep.read import Columnar, InputFile, ReadAs, check_columns, expand_inputs, names_of, unread_files
 from gpu_prep.sources import hub_dataset
 from gpu_prep.render import RenderContext
 from gpu_prep.templates import resolve_template
@@ -261,6 +261,23 @@ def run_inputs(config: PipelineConfig, inputs: list[str]) -> tuple[list[InputFil
         files.extend(own)
         datasets.append(Dataset(spec.name, own, dataset_handlers(spec)))
     return files, datasets
+
+
+def inputs_left_out(config: PipelineConfig, inputs: list[str]) -> dict[str, list[str]]:
+    """The files of the input folders (the command line's, or each dataset's) that are not read, their names
+    saying no format gpu-prep reads, by folder."""
+    if not config.datasets:
+        return unread_files(inputs, read_as(config))
+    left: dict[str, list[str]] = {}
+    for k, spec in enumerate(config.datasets):
+        left.update(unread_files(spec.data_paths or [], read_as(config.dataset_config(k), spec.builder)))
+    return left
+
+
+def left_out_warnings(left_out: dict[str, list[str]]) -> list[str]:
+    return [f"input folder {folder!r}: {len(names):,} file(s) in it are not read, their names saying no format "
+            f"gpu-prep reads ({names_of(folder, names)}); rename them with their format's extension, or read them "
+            "with a dataset whose builder names their format" for folder, names in left_out.items()]
 
 
 def needed_columns(config: PipelineConfig) -> tuple[str | tuple[str, ...], ...]:

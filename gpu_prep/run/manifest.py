@@ -18,6 +18,9 @@ from gpu_prep.run.context import RunContext
 from gpu_prep.tokenizer import COPY_DIR
 
 
+LEFT_OUT_LISTED = 100  # an input folder's unread files the manifest names (it counts them all)
+
+
 @dataclass
 class Outcome:
     """What processing a run's chunks gives: its accounting, the domains written (meta.json of each) and
@@ -31,9 +34,11 @@ class Outcome:
 
 
 def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], checksums: list[str],
-                   seconds: dict[str, float], out_dir: Path) -> dict[str, Any]:
-    """identity: the config's sha256 and the tokenizer's identity (hashed once a run); seconds: timings.
-    The manifest lists every file of the output with its size, and carries its own checksum."""
+                   seconds: dict[str, float], out_dir: Path, left_out: dict[str, list[str]] | None = None
+                   ) -> dict[str, Any]:
+    """identity: the config's sha256 and the tokenizer's identity (hashed once a run); seconds: timings;
+    left_out: the input folders' files not read (their names say no format), by folder. The manifest lists
+    every file of the output with its size, and carries its own checksum."""
     config, acct, tok = run.config, outcome.acct, run.tok
     packing = config.preprocessing.packing != "none"
     domains = outcome.domains
@@ -51,6 +56,8 @@ def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], 
         "device": outcome.cluster.get("device", run.backend.name),
         **({"cluster": outcome.cluster} if outcome.cluster else {}),
         "inputs": acct.per_file(checksums),
+        **({"inputs_left_out": {folder: {"files": len(names), "first": names[:LEFT_OUT_LISTED]}
+                                for folder, names in left_out.items()}} if left_out else {}),
         "totals": {**acct.totals(), **({"splits": split_totals(config.output.splits, acct, domains)}
                                        if config.output.splits else {}),
                    **({"preference": {k: acct.pairs.get(k, 0) for k in PAIR_COUNTS}}
