@@ -119,9 +119,10 @@ def _hub_hint(path: str) -> str:
 def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: int = 0) -> list[InputFile]:
     """Files, globs and folders -> input files in a fixed order (as given; globs and folders sorted), each
     checked to be what its name (or how.builder) says. A save_to_disk or DatasetDict folder is its Arrow
-    files. Nothing unknown is taken: a ConfigError names the file and what it holds."""
+    files. Nothing unknown is taken: a ConfigError names the file and what it holds; so does a file the
+    list gives twice."""
     how = how or ReadAs()
-    paths: list[str] = []
+    paths: list[tuple[str, str]] = []  # (what was given, a file it gives)
     for pattern in patterns:
         if is_url(pattern):
             found = remote_files(pattern)
@@ -137,9 +138,10 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
             found = [pattern]
         if not found:
             raise ConfigError(f"input {pattern!r}: no such file, or the pattern matches nothing{_hub_hint(pattern)}")
-        paths.extend(found)
+        paths.extend((pattern, path) for path in found)
+    _check_given_once(paths)
     files = []
-    for path in paths:
+    for _, path in paths:
         if not is_url(path) and not os.path.isfile(path):
             raise ConfigError(f"input {path!r}: no such file{_hub_hint(path)}")
         if not is_url(path) and not os.access(path, os.R_OK):
@@ -202,6 +204,31 @@ def _nothing_read(folder: str, left_out: list[str]) -> str:
     return (f"input {folder!r}: the folder holds {len(left_out):,} file(s), none named as a format gpu-prep reads "
             f"({names_of(folder, left_out)}); rename them with their format's extension ({KNOWN}), or read "
             "them with a dataset whose builder names their format")
+
+
+def _check_given_once(paths: list[tuple[str, str]]) -> None:
+    """Refuse a file given twice in one list of inputs (named again, by another spelling, through a link, or
+    matched by a glob or folder and named too): its rows would be written twice, or dropped as duplicates the
+    second time. Two datasets of a mix may name one file; that is a choice, not a slip."""
+    seen: dict[Any, tuple[str, str]] = {}
+    for pattern, path in paths:
+        try:
+            key = path if is_url(path) else os.stat(path)[1:3]  # (inode, device)
+        except OSError:
+            continue  # missing: refused by name later
+        if key in seen:
+            raise ConfigError(f"input {_given(*seen[key])} and {_given(pattern, path)} are the same file; it would "
+                              "be read twice: give it once (to read a file twice on purpose, name it in two datasets "
+                              "of a mix)")
+        seen[key] = (pattern, path)
+
+
+def _given(pattern: str, path: str) -> str:
+    """How an input file was given: its name, what found it, and where a link leads."""
+    how = repr(path) if pattern == path else f"{path!r} (from {pattern!r})"
+    if not is_url(path) and os.path.realpath(path) != os.path.abspath(path):
+        how += f" (a link to {os.path.realpath(path)!r})"
+    return how
 
 
 def check_columns(files: list[InputFile], needed: tuple[str | tuple[str, ...], ...]) -> None:

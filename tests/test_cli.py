@@ -411,3 +411,28 @@ def test_an_input_folders_files_that_are_not_read_are_named(tmp_path: Path) -> N
     assert [i["path"] for i in gpu_prep.open(tmp_path / "out3").manifest["inputs"]] == \
         [str(hadoop / "part-00000"), str(hadoop / "part-00001")]
 
+
+def test_a_file_given_twice_in_one_list_of_inputs_is_refused_naming_both(tmp_path: Path) -> None:
+    # Read twice, its rows would be written twice (dedup off) or dropped as duplicates the second time.
+    folder = tmp_path / "data"
+    folder.mkdir()
+    chat = folder / "chat.jsonl"
+    chat.write_bytes((REPO / "examples" / "chat.jsonl").read_bytes())
+    (folder / "link.jsonl").symlink_to(chat)
+    twice = {"named twice": ([chat, chat], f"'{chat}' and '{chat}'"),
+             "spelled two ways": ([chat, f"{folder}/./chat.jsonl"], f"'{folder}/./chat.jsonl'"),
+             "a symlink": ([chat, folder / "link.jsonl"], f"(a link to '{chat}')"),
+             "a glob and a name": ([f"{folder}/c*.jsonl", chat], f"'{chat}' (from '{folder}/c*.jsonl')"),
+             "a folder and a name": ([chat, folder], f"(from '{folder}')")}
+    for case, (inputs, fragment) in twice.items():
+        result = _invoke("run", *inputs, "-c", REPO / "configs" / "sft.json", "-q", "-o", tmp_path / "out")
+        _assert_clear_error(result, fragment, "are the same file", "read twice")
+    # Two datasets of a mix naming one file is a choice: both read it.
+    mix = tmp_path / "mix.json"
+    mix.write_text(json.dumps({**json.loads((REPO / "configs" / "sft.json").read_text()),
+                               "preprocessing": {"deduplicate": False},
+                               "datasets": [{"name": "a", "data_paths": [str(chat)]},
+                                            {"name": "b", "data_paths": [str(chat)]}]}))
+    result = _invoke("run", "-c", mix, "-o", tmp_path / "out", "-q")
+    assert result.exit_code == 0, result.output
+    assert len(gpu_prep.open(tmp_path / "out").manifest["inputs"]) == 2
