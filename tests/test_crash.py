@@ -171,6 +171,11 @@ def test_resume_keeps_to_the_interrupted_runs_rejects_file(reference: dict[str, 
     assert killed.returncode == -9
     refused = gpu_prep_cli(*base, "--resume")
     assert refused.returncode == 2 and "resume it with the same --rejects" in refused.stderr, refused.stderr
+    mine = tmp_path / "mine.jsonl"  # another file given by mistake would be cut to the begun file's length
+    mine.write_text("my own lines\n" * 1000)
+    refused = gpu_prep_cli(*base, "--resume", "--rejects", mine)
+    assert refused.returncode == 2 and f"writing its rejects file at {rejects}" in refused.stderr, refused.stderr
+    assert mine.read_text() == "my own lines\n" * 1000
     assert gpu_prep_cli(*base, "--resume", "--rejects", rejects).returncode == 0
     other = tmp_path / "other"
     killed = gpu_prep_cli(*[other if a == out else a for a in base], env={"GPU_PREP_FAILPOINT": "tokenize:5"})

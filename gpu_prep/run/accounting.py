@@ -36,12 +36,16 @@ class FileCounts:
     dropped: Counter = field(default_factory=Counter)
 
 
-def _check_resumed_rejects(rejects: Path | None, had: bool) -> None:
-    """A resumed run writes the rejects file the interrupted one began, or none where it wrote none: either
-    way round, the rows dropped before the interruption would be missing from it."""
+def _check_resumed_rejects(rejects: Path | None, had: bool, began: str | None = None) -> None:
+    """A resumed run writes the rejects file the interrupted one began (at began, where its checkpoint says),
+    or none where it wrote none: either way round, the rows dropped before the interruption would be missing
+    from it; and another file given instead would be cut to the length of the one begun."""
     if had and rejects is None:
         raise ConfigError("--resume: the interrupted run was writing a rejects file; resume it with the same "
                           "--rejects, or the rows it dropped so far go unrecorded")
+    if had and rejects is not None and began is not None and str(rejects.resolve()) != began:
+        raise ConfigError(f"--resume: the interrupted run was writing its rejects file at {began}, not "
+                          f"{str(rejects)!r}; resume it with that --rejects")
     if had and rejects is not None and not temporary_path(rejects).exists() and not rejects.exists():
         raise ConfigError(f"--resume: no rejects file begun at {rejects}; give the --rejects path the interrupted "
                           "run was given")
@@ -75,7 +79,7 @@ class Accounting:
         self.rejects_path = rejects
         self.rejects = None
         if state is not None:
-            _check_resumed_rejects(rejects, state["rejects_bytes"] is not None)
+            _check_resumed_rejects(rejects, state["rejects_bytes"] is not None, state.get("rejects_path"))
         if rejects is not None:
             rejects.parent.mkdir(parents=True, exist_ok=True)
             tmp = temporary_path(rejects)
@@ -110,7 +114,8 @@ class Accounting:
                 "left_out": dict(self.left_out), "schemas": dict(self.schemas), "notes": dict(self.notes),
                 "trained_by_role": dict(self.trained_by_role), "tokens_by_file": list(self.tokens_by_file),
                 "rows_by_split": dict(self.rows_by_split), "pairs": dict(self.pairs),
-                "rejects_bytes": None if self.rejects is None else self.rejects.tell()}
+                "rejects_bytes": None if self.rejects is None else self.rejects.tell(),
+                "rejects_path": None if self.rejects_path is None else str(self.rejects_path.resolve())}
 
     def abort(self, keep: bool = False) -> None:
         """The run failed: no rejects file appears (keep: its temporary file stays, for --resume)."""
