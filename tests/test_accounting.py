@@ -78,7 +78,7 @@ def _file_b() -> Fixture:
         ("[]", Drop.NOT_AN_OBJECT),
         ("{", Drop.MALFORMED_JSON),
         ({"text": {"nested": "object"}}, Drop.WRONG_TYPE),
-        (_text(""), Drop.EMPTY),  # nothing to write, whatever the length rules say
+        (_text(""), Drop.TOO_SHORT),  # the length rule says it first (with min_chars 0: empty)
     ]
 
 
