@@ -44,7 +44,7 @@ class Case:
     lead: str = ""  # what the template writes between the header and the content
     strips: bool = False  # the template trims contents
     extra: dict[str, Any] = field(default_factory=dict)  # more tokenizer_config.json entries
-    think_loss: bool = False  # input.think_loss: a shown reasoning is trained from its <think> tag
+    think_loss: bool = False  # input.think_loss: a shown reasoning (or empty block) is trained from its <think> tag
 
 
 CASES = {
@@ -122,7 +122,8 @@ def reference_spans(case: Case, text: str, conv: list[dict]) -> list[tuple[int, 
             start = text.index("</think>", start) + len("</think>\n\n")
             content = content.lstrip("\n")
         start += len(case.lead) if content or not message.get("tool_calls") else 0  # a call alone: no lead
-        trained_from = think if think is not None and case.think_loss and message.get("reasoning_content") else start
+        # think_loss trains the block from its <think> tag, an empty one the template writes included
+        trained_from = think if think is not None and case.think_loss else start
         assert text.startswith(content, start), f"message {k}: content not where the template puts it"
         end = text.find(case.end_of_turn, start + len(content))
         assert end >= 0, f"message {k}: no {case.end_of_turn!r} closes the turn"
