@@ -368,15 +368,28 @@ def inspect_file(path: str, fmt: str, compression: str | None) -> tuple[str, str
     if problem:
         raise ConfigError(f"input {path!r}: named as {fmt.upper()} text, but it holds {problem}")
     if fmt in ("jsonl", "json"):
-        if text and text[0] not in "{[":
-            raise ConfigError(f"input {path!r}: named as JSON, but it holds {_what(head)}; name its format "
-                              "with a dataset's builder, or give it the extension of what it is")
+        if text and text[0] not in "{[" and not (fmt == "jsonl" and _json_line(text)):
+            # (a JSON Lines file whose first line is JSON all the same, a number or a string, has that row
+            # dropped as not_an_object like any other line)
+            raise ConfigError(f"input {path!r}: named as {'JSON Lines' if fmt == 'jsonl' else 'JSON'}, but it holds "
+                              f"{_what(head)}; name its format with a dataset's builder, or give it the extension of "
+                              "what it is")
         if fmt == "json" and text.startswith("{"):
             return "jsonl", encoding  # one object per line, named .json
         if fmt == "jsonl" and text.split("\n", 1)[0].strip() == "[":
             raise ConfigError(f"input {path!r}: named as JSON Lines, but it holds a JSON array written over many "
                               "lines (its first line is '['); name it .json to read its elements as rows")
     return fmt, encoding
+
+
+def _json_line(text: str) -> bool:
+    """Whether the first line of the text (when whole in it) is a JSON value."""
+    line, _, rest = text.partition("\n")
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return bool(rest)
 
 
 def _readable(path: str, layout: str) -> str:

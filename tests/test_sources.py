@@ -26,6 +26,7 @@ from corpora import sharegpt_chats
 from gpu_prep.config import load_config, parse_config
 from gpu_prep.errors import ConfigError
 from gpu_prep.pipeline import Options, run
+from gpu_prep.read import expand_inputs, file_rows
 from gpu_prep.sources import inspect_file, split_name
 from helpers import REPO, write_jsonl
 
@@ -223,7 +224,8 @@ def test_unknown_and_mislabelled_files_stop_the_run_naming_the_file(tmp_path: Pa
     _refused(tmp_path, "data", b'{"text": "no extension"}\n', "not a format gpu-prep reads by its name")
     _refused(tmp_path, "table.jsonl", parquet, "named as JSON.*holds Parquet")
     _refused(tmp_path, "export.csv", parquet, "named as CSV text, but it holds Parquet")
-    _refused(tmp_path, "rows.jsonl", b"name,age\nann,3\n", "named as JSON, but it holds text starting 'name,age")
+    _refused(tmp_path, "rows.jsonl", b"name,age\nann,3\n", "named as JSON Lines, but it holds text starting 'name,age")
+    _refused(tmp_path, "rows.json", b"name,age\nann,3\n", "named as JSON, but it holds text starting 'name,age")
     _refused(tmp_path, "cache.arrow", b'{"text": "json"}\n', "named as Arrow, but it holds text")
     _refused(tmp_path, "data.parquet", b'{"text": "json"}\n', "named as Parquet, but it holds text")
     _refused(tmp_path, "rows.jsonl.gz", b'{"text": "not compressed"}\n', "named as gzip-compressed, but it holds text")
@@ -562,3 +564,12 @@ def test_a_parquet_files_rows_share_its_bytes(tmp_path: Path, fast_tokenizer: No
     run(parse_config({"input": {"type": "text"}, "preprocessing": {"min_chars": 1, "deduplicate": False}}),
         [str(path)], tmp_path / "out", options)
     assert len(shares) >= 3 and shares == sorted(shares) and 0 < shares[0] < 0.5 and shares[-1] == 1.0, shares
+
+
+def test_a_json_lines_file_whose_first_line_is_a_json_value_but_no_object_is_read(tmp_path: Path) -> None:
+    # Its first line is a row that is no object, dropped as such like any other line; it used to refuse the
+    # whole file as "named as JSON, but it holds text".
+    path = tmp_path / "odd.jsonl"
+    path.write_text('123\n{"text": "a row"}\n"a string"\n')
+    rows = list(file_rows(expand_inputs([str(path)])[0]))
+    assert [r[1] for r in rows] == [123, {"text": "a row"}, "a string"]
