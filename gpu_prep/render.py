@@ -591,7 +591,8 @@ def _within_limits(conv: Conversation, ctx: RenderContext
 def _structured(conv: Conversation, ctx: RenderContext) -> tuple[Conversation, tuple[str, ...]]:
     """The conversation cut to fit max_seq_len by turns: leading system messages and the latest turn stay,
     the oldest turns after the system messages go first (as few as will do), then the reasoning of kept
-    messages, oldest first. What is still too long is cut to its last tokens by the mask stage."""
+    messages, oldest first (the last one cut keeps its first tokens, as many as fit). What is still too
+    long is cut to its last tokens by the mask stage."""
     limit = ctx.config.preprocessing.max_seq_len
 
     def fits(messages: list[dict]) -> bool:
@@ -617,7 +618,15 @@ def _structured(conv: Conversation, ctx: RenderContext) -> tuple[Conversation, t
     for k, message in enumerate(kept):
         if fits(kept):
             break
-        if message.get("reasoning_content"):
+        reasoning = message.get("reasoning_content")
+        if reasoning:
             kept[k] = {**message, "reasoning_content": ""}
             notes.append("structured_dropped_reasoning")
+            if ctx.first_tokens is not None and fits(kept):  # trimmed: its first tokens, as many as fit
+                low_n, high_n = 0, ctx.count_tokens(reasoning)
+                while low_n < high_n:
+                    middle = (low_n + high_n + 1) // 2
+                    kept[k] = {**message, "reasoning_content": ctx.first_tokens(reasoning, middle)}
+                    low_n, high_n = (middle, high_n) if fits(kept) else (low_n, middle - 1)
+                kept[k] = {**message, "reasoning_content": ctx.first_tokens(reasoning, low_n)}
     return dataclasses.replace(conv, messages=kept), tuple(notes)

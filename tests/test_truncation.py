@@ -158,21 +158,30 @@ def test_structured_keeps_the_system_and_latest_turns_and_drops_the_oldest(tmp_p
     assert totals["rows_truncated"] == 1
 
 
-def test_structured_drops_reasoning_before_cutting_tokens(tmp_path: Path, qwen: Any) -> None:
+@pytest.mark.parametrize("limit", [60, 110, 125])
+def test_structured_trims_reasoning_before_cutting_tokens(tmp_path: Path, limit: int) -> None:
+    # The one turn fits without its reasoning (under 98 tokens), not with it (139): the reasoning keeps its
+    # first tokens, as many as fit (the seed's "trim reasoning_content in kept turns"); where even none would
+    # not fit, it goes whole and the mask stage cuts the first tokens.
     from gpu_prep.tokenizer import load_tokenizer
 
     qwen3 = load_tokenizer("qwen3")
     messages = _conversation(1, reasoning=True)
-    config_limit = 110  # the one turn fits without its reasoning (98 tokens), not with it (139)
     config = {"tokenizer": "qwen3", "input": {"type": "chat"}, "mask": {"assistant": "train"},
-              "preprocessing": {"max_seq_len": config_limit, "truncation": "structured", "min_chars": 0}}
-    out = run_rows(tmp_path, config, [{"messages": messages}])
+              "preprocessing": {"max_seq_len": limit, "truncation": "structured", "min_chars": 0}}
+    out = run_rows(tmp_path, config, [{"messages": messages}], name=f"r{limit}")
     [(ids, _)] = samples(out)
     text = qwen3.decode(ids)
     totals = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["totals"]
-    assert "Thinking about" not in text and "Question 0:" in text and "Answer 0:" in text
     assert totals["parse_report"]["structured_dropped_reasoning"] == 1
     assert totals["parse_report"]["structured_dropped_turns"] == 0
+    assert len(ids) <= limit and "Answer 0:" in text
+    kept = text.count("hmm")
+    if limit < 90:
+        assert kept == 0 and "Thinking about" not in text
+    else:  # as much reasoning as fits: one token more would not
+        assert "Question 0:" in text and 0 < kept < 40
+        assert len(ids) > limit - 3
 
 
 def test_structured_falls_back_to_the_last_tokens(tmp_path: Path, qwen: Any) -> None:
