@@ -750,7 +750,9 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 class _UniqueKeys(yaml.SafeLoader):
-    """YAML's safe loader, refusing a mapping that names a key twice (it would keep the last silently)."""
+    """YAML's safe loader, refusing a mapping that names a key twice (it would keep the last silently), and
+    reading 1e-3 or 5e6 as numbers, as YAML 1.2 does (PyYAML's YAML 1.1 rules read them as strings, which a
+    config's number fields refuse)."""
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         seen = set()
@@ -762,6 +764,10 @@ class _UniqueKeys(yaml.SafeLoader):
                                   "mapping; only one can hold")
             seen.add(key_node.value)
         return super().construct_mapping(node, deep)
+
+
+_UniqueKeys.add_implicit_resolver("tag:yaml.org,2002:float",
+                                  re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
@@ -791,7 +797,7 @@ def _override(data: Any, override: str, path: Path) -> Any:
     if not sep or not key.strip():
         raise ConfigError(f"--set {override!r}: write it as key.path=value, e.g. preprocessing.max_seq_len=4096")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.load(raw, Loader=_UniqueKeys) if raw.strip() else ""  # noqa: S506  a SafeLoader
     except yaml.YAMLError as exc:
         raise ConfigError(f"--set {override!r}: the value is not YAML: {exc}") from None
     data = dict(data) if isinstance(data, dict) else {}

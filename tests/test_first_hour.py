@@ -463,6 +463,18 @@ def test_a_value_of_another_type_is_refused_not_converted() -> None:
     assert parse_config({"preprocessing": {"max_drop_share": 1}}).preprocessing.max_drop_share == 1.0  # an int is a number
 
 
+def test_yaml_numbers_in_e_notation_are_numbers(tmp_path: Path) -> None:
+    # PyYAML reads 5e-1 as a string (YAML 1.1); strictly typed, a number field would refuse what its author
+    # wrote as a number. Read as YAML 1.2 reads it, in a config file and in --set.
+    from gpu_prep.config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("preprocessing:\n  max_drop_share: 5e-1\n  dedup_memory_mb: 1e3\n")
+    rules = load_config(path, ["preprocessing.max_seq_len=4096"]).preprocessing
+    assert rules.max_drop_share == 0.5 and rules.dedup_memory_mb == 1000.0
+    assert load_config(path, ["preprocessing.max_drop_share=2.5e-1"]).preprocessing.max_drop_share == 0.25
+
+
 def test_a_key_given_twice_in_a_config_is_refused(tmp_path: Path) -> None:
     # Both parsers keep the last of two equal keys silently: a second max_seq_len further down a section
     # would win unseen. A YAML merge key still brings keys that the mapping overrides.
