@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,6 +23,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -35,6 +37,17 @@ Action = Literal["mask", "train"]
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _whole_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """A float that is a whole number (1e8, 2048.0) for an int field is that int: strictly typed, the
+        field would refuse what its author wrote as a number."""
+        if isinstance(value, float) and value.is_integer() and info.field_name is not None:
+            kinds = typing.get_args(cls.model_fields[info.field_name].annotation) or (cls.model_fields[info.field_name].annotation,)
+            if int in kinds and float not in kinds:
+                return int(value)
+        return value
 
 
 ALPACA_FORMAT = ("Below is an instruction that describes a task, paired with an input that provides further "
@@ -192,9 +205,11 @@ class InputConfig(_Frozen):
     @model_validator(mode="before")
     @classmethod
     def _type_names(cls, data: Any) -> Any:
-        """Axolotl's names of the input types: an empty type is pre-tokenized rows."""
-        if isinstance(data, dict) and "type" in data and (data["type"] or "") in AXOLOTL_TYPES:
-            data = {**data, "type": AXOLOTL_TYPES[data["type"] or ""]}
+        """Axolotl's names of the input types: an empty type (`type:` in YAML, or "") is pre-tokenized rows."""
+        if isinstance(data, dict) and "type" in data:
+            name = "" if data["type"] is None else data["type"]
+            if isinstance(name, str) and name in AXOLOTL_TYPES:
+                data = {**data, "type": AXOLOTL_TYPES[name]}
         return data
 
     @model_validator(mode="after")

@@ -645,9 +645,9 @@ def _int_list(record: dict[str, Any], key: str, length: int | None = None) -> li
 @register("text")
 def build_text(record: dict[str, Any], config: PipelineConfig) -> Segments:
     text = _string_field(record, config.input.text_key)
-    if not text and config.preprocessing.min_chars < 1:  # (else too_short) nothing to write: it would be the
-        # tokenizer's prefix alone (BOS), with no end-of-document token
-        raise RowError(Drop.EMPTY, f"field {config.input.text_key!r} is empty")
+    if not text:  # nothing to write: it would be the tokenizer's prefix alone (BOS), with no end-of-document
+        # token. Shorter than any min_chars: a filtered row, not bad data (--strict goes on).
+        raise RowError(Drop.TOO_SHORT, f"field {config.input.text_key!r} is empty")
     return Segments([(text, "text")], train_all=True, add_eod=config.input.append_eod)
 
 

@@ -78,7 +78,7 @@ def _file_b() -> Fixture:
         ("[]", Drop.NOT_AN_OBJECT),
         ("{", Drop.MALFORMED_JSON),
         ({"text": {"nested": "object"}}, Drop.WRONG_TYPE),
-        (_text(""), Drop.TOO_SHORT),  # the length rule says it first (with min_chars 0: empty)
+        (_text(""), Drop.TOO_SHORT),  # empty: shorter than any min_chars
     ]
 
 
@@ -236,7 +236,7 @@ def test_chat_dedup_ignores_a_long_shared_system_prompt(tmp_path: Path) -> None:
 
 def test_a_chunk_of_empty_texts_is_counted_not_crashed(tmp_path: Path) -> None:
     config = {"input": {"type": "text", "append_eod": False}, "preprocessing": {"min_chars": 0}}
-    rows = [({"text": ""}, Drop.EMPTY), ({"text": ""}, Drop.EMPTY)]
+    rows = [({"text": ""}, Drop.TOO_SHORT), ({"text": ""}, Drop.TOO_SHORT)]
     manifest = _run(config, [_write(tmp_path, "empty.jsonl", rows)], tmp_path / "out")
     (entry,) = manifest["inputs"]
     assert {k: entry[k] for k in ("rows_read", "rows_written", "rows_dropped")} == _expected(rows)

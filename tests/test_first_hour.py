@@ -461,6 +461,11 @@ def test_a_value_of_another_type_is_refused_not_converted() -> None:
         with pytest.raises(ConfigError, match=f"{section}.{key}: .* is invalid"):
             parse_config({section: {key: value}})
     assert parse_config({"preprocessing": {"max_drop_share": 1}}).preprocessing.max_drop_share == 1.0  # an int is a number
+    assert parse_config({"output": {"max_tokens_per_shard": 1e8}}).output.max_tokens_per_shard == 100_000_000  # whole
+    assert parse_config({"chat_template_kwargs": {"t": 1.0}}).chat_template_kwargs == {"t": 1.0}  # left as written
+    for falsy in (False, 0):  # YAML's `type: no` is false: refused, not read as Axolotl's empty type
+        with pytest.raises(ConfigError, match="input.type: .* is invalid"):
+            parse_config({"input": {"type": falsy}})
 
 
 def test_yaml_numbers_in_e_notation_are_numbers(tmp_path: Path) -> None:
