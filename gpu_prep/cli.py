@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -27,6 +26,7 @@ from rich.table import Table
 from gpu_prep.config import TEMPLATE_ROLES, load_config
 from gpu_prep.errors import ConfigError, GpuPrepError, Interrupted
 from gpu_prep.plugins import check_registered, load_plugins
+from gpu_prep.run.overlap import deaf_to_ctrl_c
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Turn raw LLM training data into token shards with exact loss masks.")
@@ -236,11 +236,10 @@ def run(
             err.print(f"resume it with: {escape(_resume_command())}", highlight=False)
         raise _fail(exc) from None
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run is over: another press would only print a traceback
-        if stats_only:
-            raise typer.Exit(INTERRUPTED) from None
-        err.print(f"[yellow]interrupted[/]: what is done is kept; resume it with: {escape(_resume_command())}",
-                  highlight=False)
+        if not stats_only:
+            with deaf_to_ctrl_c():  # another press while this is said would only print a traceback
+                err.print(f"[yellow]interrupted[/]: what is done is kept; resume it with: "
+                          f"{escape(_resume_command())}", highlight=False)
         raise typer.Exit(INTERRUPTED) from None
     except OSError as exc:  # an unwritable output or rejects path, an unreadable input
         raise _fail(GpuPrepError(f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc))) from None

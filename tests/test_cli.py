@@ -436,3 +436,20 @@ def test_a_file_given_twice_in_one_list_of_inputs_is_refused_naming_both(tmp_pat
     result = _invoke("run", "-c", mix, "-o", tmp_path / "out", "-q")
     assert result.exit_code == 0, result.output
     assert len(gpu_prep.open(tmp_path / "out").manifest["inputs"]) == 2
+
+
+def test_an_interrupted_run_leaves_ctrl_c_to_its_caller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Called from Python (CliRunner, a notebook), an interrupted run used to leave SIGINT ignored for the
+    # rest of the caller's process.
+    import signal
+
+    import gpu_prep.pipeline
+
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gpu_prep.pipeline, "run", interrupted)
+    before = signal.getsignal(signal.SIGINT)
+    result = _run_sft(tmp_path, "-o", tmp_path / "out")
+    assert result.exit_code == 130 and "resumeitwith" in _squash(result.output)
+    assert signal.getsignal(signal.SIGINT) is before
