@@ -389,8 +389,12 @@ def build_prompt_response(record: dict[str, Any], config: PipelineConfig) -> Con
     # TRL's prompt-completion rows name the response `completion`: read where the row has no response_key.
     key = inp.completion_key if inp.response_key not in record and inp.completion_key in record else inp.response_key
     if isinstance(record.get(inp.prompt_key), list) and isinstance(record.get(key), list):
-        # Conversational (TRL): the prompt's messages, then the completion's, as one conversation.
-        return _conversation({**record, "messages": [*record[inp.prompt_key], *record[key]]}, "messages",
+        # Conversational (TRL): the prompt's messages, then the completion's, as one conversation; as TRL
+        # trains only the completion, the prompt's messages are flagged untrained (an assistant turn in
+        # a multi-turn prompt included), the completion's follow the mask rules.
+        flag = inp.message_training_key
+        prompt = [{**m, flag: False} if flag and isinstance(m, dict) else m for m in record[inp.prompt_key]]
+        return _conversation({**record, "messages": [*prompt, *record[key]]}, "messages",
                              inp.role_key, inp.content_key, config)
     prompt = _string_field(record, inp.prompt_key)
     response = _string_field(record, key)

@@ -48,8 +48,11 @@ def test_sharegpt_rows_give_the_openai_rows_samples(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("input_type", ["prompt_response", "auto"])
 def test_trls_conversational_prompt_completion_rows_give_the_openai_rows_samples(tmp_path: Path, input_type: str) -> None:
-    # TRL's SFT prompt-completion rows: the prompt's messages, then the completion's (here the last turn).
-    want = samples(run_rows(tmp_path, CHAT, OPENAI, name="openai"))
+    # TRL's SFT prompt-completion rows: the prompt's messages, then the completion's (here the last turn),
+    # only the completion trained, as TRL trains it: the second row's first answer, in its prompt, is not.
+    flagged = [{"messages": [{**m, "training": False} for m in r["messages"][:-1]] + r["messages"][-1:]} for r in OPENAI]
+    want = samples(run_rows(tmp_path, CHAT, flagged, name="openai"))
+    assert _same(want[:1], samples(run_rows(tmp_path, CHAT, OPENAI[:1], name="plain")))  # one answer: all trained
     rows = [{"prompt": r["messages"][:-1], "completion": r["messages"][-1:]} for r in OPENAI]
     got = samples(run_rows(tmp_path, {**CHAT, "input": {"type": input_type}}, rows))
     assert _same(got, want)
