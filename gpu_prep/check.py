@@ -51,7 +51,9 @@ def check_sample(config: PipelineConfig, inputs: list[str], sample: int) -> Samp
     own = {f.index: config.dataset_config(k) for k, d in enumerate(datasets or []) for f in d.files}
     tokenizers: dict[str, BuilderTokenizer | None] = {}
     rows = config_rows(config, datasets)
-    rows = first_rows(files, sample_shares(files, sample)) if rows is None else rows
+    if rows is None:  # the inputs in order: the first rows of each (a mix: its first rows, in its order)
+        shares = sample_shares(files, sample)
+        rows, sample = first_rows(files, shares), sum(shares)
     for chunk in read_chunks(files, 256, max_items=sample, rows=rows):
         for i, (record, error) in enumerate(zip(chunk.records, (chunk.errors.get(i) for i in range(len(chunk))))):
             report.rows += 1
@@ -121,15 +123,24 @@ def run_sample(config: PipelineConfig, inputs: list[str], sample: int, report: S
     from gpu_prep.pipeline import Options, run
 
     out = Path(tempfile.mkdtemp(prefix="gpu-prep-validate-")) / "out"
-    limited = config.model_copy(update={"preprocessing": config.preprocessing.model_copy(update={"max_items": sample})})
-    files, _ = run_inputs(config, inputs)
-    report.manifest = run(limited, inputs, out, Options(overlap=False, per_file=sample_shares(files, sample)))
+    files, datasets = run_inputs(config, inputs)
+    shares = None if datasets is not None else sample_shares(files, sample)
+    cap = sample if shares is None else sum(shares)
+    limited = config.model_copy(update={"preprocessing": config.preprocessing.model_copy(update={"max_items": cap})})
+    report.manifest = run(limited, inputs, out, Options(overlap=False, per_file=shares))
     report.out_dir = out
-    # What would make `run` fail on these rows fails the check too: no row written, or too many dropped.
+    # What would make `run` fail on these rows fails the check too: no row written, or too many dropped;
+    # and an input none of whose sample rows could be read (a file of another shape, whatever its size).
     from gpu_prep.run.manifest import run_problems
 
     report.errors.extend(f"the sample run: {problem} (run would exit non-zero)"
                          for problem in run_problems(report.manifest, config, sample=True))
+    for entry in report.manifest["inputs"]:
+        dropped = entry["rows_dropped"]
+        if entry["rows_read"] and not entry["rows_written"] and set(dropped) <= Drop.BAD_DATA:
+            reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(dropped.items()))
+            report.errors.append(f"input {entry['path']!r}: none of its {entry['rows_read']} sample rows can be read "
+                                 f"({reasons}): run would drop the whole file")
 
 
 def remove_sample(report: SampleReport) -> None:

@@ -556,11 +556,16 @@ def part_rows(part: Part, columnar: Columnar | None = None, max_row_bytes: int =
 
 
 def sample_shares(files: list[InputFile], rows: int) -> list[int]:
-    """How many of its first rows each file gives a sample of about `rows` rows: a share by its size, at
-    least one, so that the sample reaches every input and weighs each as the run will."""
-    sizes = [f.weight for f in files]
-    total = sum(sizes) or 1
-    return [max(1, -(-rows * size // total)) for size in sizes]
+    """How many of its first rows each file gives a sample of `rows` rows (or one a file, where there are
+    more files): one each, so that the sample reaches every input, and the rest shared by size (largest
+    remainders), so that it weighs each about as the run will."""
+    sizes = [max(f.weight, 1) for f in files]
+    rest, total = max(rows - len(files), 0), sum(sizes)
+    exact = [rest * size / total for size in sizes]
+    shares = [1 + int(e) for e in exact]
+    for k in sorted(range(len(files)), key=lambda k: int(exact[k]) - exact[k])[:rest - sum(map(int, exact))]:
+        shares[k] += 1
+    return shares
 
 
 def first_rows(files: list[InputFile], shares: list[int], columnar: Columnar | None = None,

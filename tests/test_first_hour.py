@@ -296,7 +296,14 @@ def test_validate_samples_every_input_by_its_share(tmp_path: Path) -> None:
 
     files = expand_inputs([str(good), str(other)])
     shares = sample_shares(files, 20)
-    assert shares[0] >= 1 and shares[1] > shares[0] and 20 <= sum(shares) <= 22
+    assert shares[0] >= 1 and shares[1] > shares[0] and sum(shares) == 20
+    # A small file of the wrong shape after a large one: reached (one row at least), and a file none of
+    # whose rows can be read fails the check whatever its size.
+    small = write_jsonl(tmp_path / "small.jsonl", [{"msgs": []}] * 3)
+    checked = gpu_prep_cli("validate", "-c", config, other, good, small, "--sample", 20)
+    assert checked.returncode == 2, checked.stdout
+    said = " ".join(checked.stderr.split())
+    assert "small.jsonl" in said and "none of its 1 sample rows can be read (missing_field 1)" in said, said
 
 
 def test_the_readme_names_every_drop_reason_the_code_has() -> None:
