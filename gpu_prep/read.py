@@ -128,10 +128,16 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
             found = remote_files(pattern)
         elif os.path.isdir(pattern):
             found = dataset_folder_files(Path(pattern), how.split)
+            if found is None and how.split is not None:
+                raise ConfigError(f"input {pattern!r}: input.split {how.split!r} names a split, and this folder has "
+                                  "none (splits are read from DatasetDict and datasets cache folders)")
             if found is None:
                 found, left_out = folder_files(Path(pattern), how.builder)
                 if not found:
                     raise ConfigError(_nothing_read(pattern, left_out))
+        elif how.split is not None:
+            raise ConfigError(f"input {pattern!r}: input.split {how.split!r} names a split, and a file has none "
+                              "(splits are read from DatasetDict and datasets cache folders)")
         elif glob.has_magic(pattern):
             found = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
         else:

@@ -31,6 +31,7 @@ import io
 import json
 import lzma
 import os
+import re
 import zlib
 from collections import deque
 from collections.abc import Iterator
@@ -422,19 +423,31 @@ def column_names(path: str, layout: str) -> list[str]:
 
 
 def dataset_folder_files(folder: Path, split: str | None) -> list[str] | None:
-    """The Arrow files of a `save_to_disk` folder (of one split of a DatasetDict folder), in order; None
-    for a folder that is neither."""
+    """The Arrow files of a `save_to_disk` folder (of one split of a DatasetDict folder), or of one split of
+    a folder the datasets library's cache holds (dataset_info.json beside <builder>-<split>[-NNNNN-of-NNNNN]
+    .arrow files), in order; None for a folder that is none of these."""
     if (folder / "dataset_dict.json").is_file():
         splits = json.loads((folder / "dataset_dict.json").read_text(encoding="utf-8")).get("splits", [])
-        chosen = split or ("train" if "train" in splits or len(splits) != 1 else splits[0])
-        if chosen not in splits:
-            raise ConfigError(f"input {str(folder)!r}: a DatasetDict with the splits {', '.join(splits)}; "
-                              f"{'input.split ' + repr(split) + ' is not one of them' if split else 'name one with input.split'}")
-        folder = folder / chosen
-    if not (folder / "state.json").is_file():
-        return None
-    state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
-    return [str(folder / entry["filename"]) for entry in state.get("_data_files", [])]
+        folder = folder / _split_of(folder, "a DatasetDict", list(splits), split)
+    if (folder / "state.json").is_file():
+        state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+        return [str(folder / entry["filename"]) for entry in state.get("_data_files", [])]
+    if (folder / "dataset_info.json").is_file():
+        splits = json.loads((folder / "dataset_info.json").read_text(encoding="utf-8")).get("splits") or {}
+        if splits:
+            chosen = re.escape(_split_of(folder, "a datasets cache folder", list(splits), split))
+            name = re.compile(rf"-{chosen}(-\d{{5}}-of-\d{{5}})?\.arrow$")
+            return sorted(str(p) for p in folder.iterdir() if name.search(p.name))
+    return None
+
+
+def _split_of(folder: Path, what: str, splits: list[str], split: str | None) -> str:
+    """The split to read (input.split; else train, or the only one), refused when the folder lacks it."""
+    chosen = split or ("train" if "train" in splits or len(splits) != 1 else splits[0])
+    if chosen not in splits:
+        raise ConfigError(f"input {str(folder)!r}: {what} with the splits {', '.join(splits)}; "
+                          f"{'input.split ' + repr(split) + ' is not one of them' if split else 'name one with input.split'}")
+    return chosen
 
 
 # ---------------------------------------------------------------- rows of each format

@@ -200,6 +200,28 @@ def test_a_dataset_dict_reads_the_split_asked_for(tmp_path: Path) -> None:
     assert test["totals"]["rows_read"] == 3
     with pytest.raises(ConfigError, match="the splits train, test; input.split 'dev' is not one of them"):
         run(parse_config({**config, "input": {"type": "text", "split": "dev"}}), [str(tmp_path / "dict")], tmp_path / "d")
+    # An input without splits does not quietly read all of itself for a split named.
+    plain = write_jsonl(tmp_path / "plain.jsonl", [{"text": "a document"}])
+    with pytest.raises(ConfigError, match="input.split 'test' names a split, and a file has none"):
+        run(parse_config({**config, "input": {"type": "text", "split": "test"}}), [str(plain)], tmp_path / "p")
+
+
+def test_a_datasets_cache_folder_reads_one_split_not_all(tmp_path: Path) -> None:
+    # The folder load_dataset leaves in its cache holds every split's Arrow files beside dataset_info.json:
+    # it used to be read whole, the test split first (and with dedup the train rows dropped as its repeats).
+    datasets = pytest.importorskip("datasets")
+    rows = {"train": [{"text": f"train document {i}"} for i in range(5)],
+            "test": [{"text": f"test document {i}"} for i in range(3)]}
+    files = {name: str(write_jsonl(tmp_path / f"{name}.jsonl", r)) for name, r in rows.items()}
+    loaded = datasets.load_dataset("json", data_files=files, cache_dir=str(tmp_path / "cache"))
+    folder = Path(loaded["train"].cache_files[0]["filename"]).parent
+    config = {"input": {"type": "text"}, "preprocessing": {"min_chars": 1, "deduplicate": False}}
+    for split, want in (("train", 5), ("test", 3), (None, 5)):
+        inp = {"type": "text", **({"split": split} if split else {})}
+        got = run(parse_config({**config, "input": inp}), [str(folder)], tmp_path / f"o-{split}")
+        assert got["totals"]["rows_read"] == want and [i["path"].endswith(f"-{split or 'train'}.arrow") for i in got["inputs"]] == [True]
+    with pytest.raises(ConfigError, match="a datasets cache folder with the splits train, test; input.split 'dev'"):
+        run(parse_config({**config, "input": {"type": "text", "split": "dev"}}), [str(folder)], tmp_path / "o-dev")
 
 
 # ---------------------------------------------------------------- refusing what cannot be read
