@@ -35,7 +35,7 @@ from gpu_prep.output.writer import DatasetWriter
 from gpu_prep.pairs import PAIR_META
 from gpu_prep.plugins import check_registered
 from gpu_prep.run.accounting import Accounting
-from gpu_prep.run.checkpoint import Checkpointer, load_for_resume, run_identity
+from gpu_prep.run.checkpoint import Checkpointer, has_checkpoint, load_for_resume, run_identity
 from gpu_prep.run.commit import Committer
 from gpu_prep.read import InputFile
 from gpu_prep.run.context import (Decisions, Options, RunContext, build_context, check_unchanged, inputs_left_out,
@@ -65,11 +65,12 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, options:
     named = [p for spec in config.datasets or [] for p in spec.data_paths or []]
     check_paths(out_dir, rejects, [*inputs, *named, *(f.path for f in files)],
                 [options.config_file, config.chat_template, options.tokenizer_for(config), *options.plugins])
-    if rejects is not None:
-        check_rejects(rejects, out_dir, options.overwrite or options.resume, config.output.splits or {})
-    left_out = inputs_left_out(config, inputs)  # recorded in the manifest (the CLI warns of them)
-    if options.resume and (out_dir / MANIFEST).exists():  # finished already: nothing to do
+    if options.resume and (out_dir / MANIFEST).exists():  # finished already: nothing to do (nor written)
         return _finished(config, files, out_dir, options)
+    if rejects is not None:
+        resumed = options.resume and has_checkpoint(out_dir)  # its own rejects file: checked by Accounting
+        check_rejects(rejects, out_dir, options.overwrite or resumed, config.output.splits or {})
+    left_out = inputs_left_out(config, inputs)  # recorded in the manifest (the CLI warns of them)
     with output_lock(out_dir):
         check_output(out_dir, options.overwrite, options.resume)
         tok = clock.time("load tokenizer", load_tokenizer, options.tokenizer_for(config), config.tokenizer.revision)

@@ -18,7 +18,7 @@ import pytest
 
 from gpu_prep.config import parse_config
 from gpu_prep.pipeline import MANIFEST, Options, run
-from helpers import gpu_prep_cli, output_tree
+from helpers import REPO, gpu_prep_cli, output_tree
 
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")
 
@@ -199,3 +199,14 @@ def test_a_resumed_runs_progress_counts_on_from_the_rows_done(reference: dict[st
     assert seen[-1] == (411, 1.0), seen[-3:]
     first_rows, first_share = seen[0]
     assert first_rows > CHUNK_ROWS and first_share > first_rows / 411 / 2, seen[:3]
+
+
+def test_resume_without_a_checkpoint_does_not_replace_a_rejects_file_it_did_not_begin(tmp_path: Path) -> None:
+    # --resume with nothing to resume starts afresh: a file of the user's at the rejects path is not its own,
+    # as it is not a fresh run's without --overwrite.
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    result = gpu_prep_cli("run", "-c", REPO / "configs/sft.json", REPO / "examples/chat.jsonl", "-o", tmp_path / "out",
+                          "--rejects", notes, "-q", "--resume")
+    assert result.returncode == 2 and "exists" in result.stderr, result.stderr
+    assert notes.read_text() == "my notes\n"

@@ -68,6 +68,12 @@ def _kept_files(state: dict[str, Any]) -> set[str]:
     return kept
 
 
+def has_checkpoint(out_dir: Path) -> bool:
+    """Whether --resume in out_dir goes on from a checkpoint (which names the rejects file its run began);
+    without one it starts afresh, and a file at the rejects path is not the run's to replace."""
+    return (out_dir / CHECKPOINT).is_file()
+
+
 def load_for_resume(out_dir: Path, identity: dict[str, Any]) -> dict[str, Any] | None:
     """The checkpoint to resume from, with OUT put back as it was when it was written (every file the run
     wrote since is removed); None, with what the run wrote removed, when it stopped before its first

@@ -65,8 +65,8 @@ def check_rejects(rejects: Path, out_dir: Path, replace: bool, splits: Iterable[
             raise ConfigError(f"--rejects {str(rejects)!r} is a file in the output folder that gpu-prep did not "
                               "write (--overwrite keeps such files); choose another path")
     elif os.path.lexists(rejects) and not replace:
-        raise ConfigError(f"--rejects {str(rejects)!r} exists; pass --overwrite to replace it (or --resume to go on "
-                          "with the run that writes it), or choose another path")
+        raise ConfigError(f"--rejects {str(rejects)!r} exists; pass --overwrite to replace it, or choose another path "
+                          "(--resume goes on only with the rejects file its stopped run began)")
 
 
 def rejects_name(out_dir: Path, rejects: Path | None) -> tuple[str, ...]:
