@@ -268,6 +268,29 @@ def test_a_rank_file_whose_engine_differs_from_hf_is_dropped(tmp_path: Path, mon
     assert hashes[0] == hashes[1]
 
 
+def test_the_command_drops_a_rank_file_whose_engine_differs_from_hf_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # From the command line the second run's fastokens is the early build from the rank file (the hint the
+    # first left): it used to carry no rank file's name, so the file stayed and the run fell back to HF.
+    from gpu_prep import engines
+    from helpers import gpu_prep_cli
+
+    target = _reordered_qwen(tmp_path)
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"text": "Antidisestablishmentarianism, floccinaucinihilipilification."}) + "\n")
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"tokenizer": {"name": str(target)}, "input": {"type": "text"},
+                                  "preprocessing": {"min_chars": 1}}))
+    env = {"GPU_PREP_CACHE": str(tmp_path / "cache")}
+    monkeypatch.setenv("GPU_PREP_CACHE", env["GPU_PREP_CACHE"])  # where the runs keep the rank file
+    chosen = []
+    for run in range(2):
+        result = gpu_prep_cli("run", "-c", config, data, "-o", tmp_path / f"out{run}", "-q", env=env)
+        assert result.returncode == 0, result.stderr
+        chosen.append(_engine(tmp_path / f"out{run}")["engine"])
+    assert chosen == ["fastokens", "fastokens"]
+    assert engines.ranks_cache_path(target / "tokenizer.json").with_suffix(".refused").is_file()
+
+
 def test_the_engine_taken_says_why_the_one_tried_before_it_was_not(monkeypatch: pytest.MonkeyPatch) -> None:
     from gpu_prep import engines
 
