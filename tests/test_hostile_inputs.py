@@ -364,6 +364,7 @@ def test_a_missing_field_names_the_keys_the_row_has(tmp_path: Path, fast_tokeniz
         "field 'text' is missing; the keys of the row are 'k0', 'k1', 'k2', 'k3', 'k4', 'k5', 'k6', 'k7', ...",
         "field 'text' is missing; the row has no keys"]
     path.write_text(_jsonl([{"messages": [{"role": "user", "content": "hi"}, {"from": "gpt", "value": "hello"}]}]))
+    rejects = tmp_path / "chat-rejects.jsonl"
     _run(tmp_path, path, CHAT, name="chat", rejects=rejects)
     assert json.loads(rejects.read_text())["detail"] == ("field messages[1].'role' is missing; the keys of messages[1] "
                                                          "are 'from', 'value'")
