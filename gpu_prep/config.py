@@ -639,6 +639,11 @@ class PipelineConfig(_Frozen):
                          f"preprocessing.{' and '.join(dedup)} drops each row drawn again as a duplicate, so no dataset "
                          "comes out larger than it is: to oversample, turn dedup off (the mix's repeats are then kept), "
                          "or set sampling_stopping_strategy first_exhausted to draw no row twice")
+        turns = self.input_types() - {"text", "pretokenized"}
+        if rules.packing == "wrapped" and turns:
+            found.append(f"preprocessing.packing wrapped cuts the stream every max_seq_len tokens, for pretraining "
+                         f"text; input.type {', '.join(sorted(turns))} rows would be cut inside turns, and a sequence "
+                         "would train answers whose prompt is in the one before: pack them with bfd (whole samples)")
         if self.output.storage_format == "megatron" and "truncation" not in rules.model_fields_set \
                 and self.input_types() & {"text", "pretokenized"}:
             found.append(f"output.storage_format megatron: documents over preprocessing.max_seq_len ({rules.max_seq_len} "

@@ -520,3 +520,13 @@ def test_a_config_tokenizer_path_is_the_configs_folders_not_the_current_ones(tmp
     with pytest.raises(ConfigError, match="write it as the config's folder sees it, '../ref/q'"):
         load_config(tmp_path / "cfg" / "wrong.json")
     assert load_config(tmp_path / "cfg" / "right.json").tokenizer.name == str(tmp_path / "ref" / "q")
+
+
+def test_wrapped_packing_of_chat_rows_is_warned_about() -> None:
+    # It cuts conversations inside turns: a sequence then trains answers whose prompt is in the one before.
+    from gpu_prep.config import parse_config
+
+    chat = {"input": {"type": "chat"}, "preprocessing": {"packing": "wrapped"}}
+    assert "pack them with bfd" in " ".join(parse_config(chat).warnings())
+    assert parse_config({**chat, "preprocessing": {"packing": "bfd"}}).warnings() == []
+    assert parse_config({**chat, "input": {"type": "text"}}).warnings() == []
