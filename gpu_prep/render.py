@@ -615,10 +615,18 @@ def _structured(conv: Conversation, ctx: RenderContext) -> tuple[Conversation, t
         low, high = (low, middle) if fits(without(middle)) else (middle + 1, high)
     kept = without(low)
     notes = ["structured_dropped_turns"] * low
+    template = ctx.template_for(conv)
     for k, message in enumerate(kept):
         if fits(kept):
             break
         reasoning = message.get("reasoning_content")
+        if not reasoning and "</think>" in (message.get("content") or ""):
+            # A <think> block in the content that the template writes as the turn's reasoning (it splits it
+            # off itself: the rendering is the same) is reasoning here too.
+            thought, rest = _split_think(message["content"])
+            split = {**message, "content": rest, "reasoning_content": thought}
+            if render_text(template, [*kept[:k], split, *kept[k + 1:]], conv) == render_text(template, kept, conv):
+                message, reasoning = split, thought
         if reasoning:
             kept[k] = {**message, "reasoning_content": ""}
             notes.append("structured_dropped_reasoning")

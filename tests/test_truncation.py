@@ -206,3 +206,25 @@ def test_a_row_with_nothing_trained_says_why(tmp_path: Path) -> None:
     assert typo["totals"]["rows_dropped"] == {"no_trained_tokens": 2}
     assert typo["dropped_examples"]["no_trained_tokens"][0]["detail"].startswith(
         "nothing in the row is trained: no message (or field) of a role whose mask rule is train")
+
+
+def test_structured_takes_a_think_block_qwen3_splits_off_as_reasoning(tmp_path: Path) -> None:
+    # Qwen3 writes a <think> block in an assistant's content as the turn's reasoning: structured truncation
+    # trims it as it trims reasoning_content, instead of keeping it and cutting the row's first tokens (the
+    # user's turn and the header) away.
+    from gpu_prep.tokenizer import load_tokenizer
+
+    qwen3 = load_tokenizer("qwen3")
+    thought = "Let me think step by step about this. " * 40
+    rows = [{"messages": [{"role": "user", "content": f"What is 2+2? ({k})"}, answer]} for k, answer in enumerate([
+        {"role": "assistant", "content": "4", "reasoning_content": thought},
+        {"role": "assistant", "content": f"<think>{thought}</think>4"},
+        {"role": "assistant", "content": f"Okay. <think>{thought}</think>4"}])]
+    config = {"tokenizer": "qwen3", "input": {"type": "chat"}, "mask": {"assistant": "train"},
+              "preprocessing": {"max_seq_len": 64, "truncation": "structured", "min_chars": 0, "deduplicate": False}}
+    out = run_rows(tmp_path, config, rows)
+    texts = [qwen3.decode(ids) for ids, _ in samples(out)]
+    assert len(texts) == 3 and all(t.startswith("<|im_start|>user\nWhat is 2+2?") for t in texts), texts
+    assert len({t.replace(f"({k})", "") for k, t in enumerate(texts)}) == 1  # the three written alike
+    totals = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["totals"]
+    assert totals["parse_report"]["structured_dropped_reasoning"] == 3
