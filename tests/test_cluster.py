@@ -388,3 +388,17 @@ def test_ctrl_c_on_a_local_cluster_is_answered_once_with_the_command_that_resume
     resumed = subprocess.run([str(script), *line.split("resume it with: ", 1)[1].split()[1:]], capture_output=True,
                              text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
+
+
+def test_bad_input_on_a_local_cluster_is_said_once_without_a_worker_traceback(tmp_path: Path) -> None:
+    # A JSON array element that cannot be read stops the run; the worker that met it used to print the
+    # task's traceback before the run's own one-line error.
+    rows = [json.dumps({"text": f"document number {i}, long enough to keep"}) for i in range(6)]
+    rows[3] = '{"text": "broken", }'
+    data = tmp_path / "rows.json"
+    data.write_text("[\n" + ",\n".join(rows) + "\n]\n")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"input": {"type": "text"}, "preprocessing": {"min_chars": 1}}))
+    stopped = gpu_prep_cli("run", "-c", config, data, "-o", tmp_path / "out", "-q", "--cluster", "local:2")
+    assert stopped.returncode == 1 and "array index 3" in stopped.stderr, stopped.stderr
+    assert "Traceback" not in stopped.stderr and "Compute Failed" not in stopped.stderr, stopped.stderr

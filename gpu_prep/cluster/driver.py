@@ -57,8 +57,10 @@ def connect(spec: str, gpu: bool, config: PipelineConfig) -> Iterator[Any]:
         start = functools.partial(LocalCUDACluster, n_workers=n, threads_per_worker=1,
                                   rmm_pool_size=config.gpu.rmm_pool_size, enable_cudf_spill=config.gpu.spill)
     else:
+        # Their logs silenced below critical: a task that stops on bad input is reported here, once, by name;
+        # the worker would print it first as a traceback.
         start = functools.partial(LocalCluster, n_workers=n or os.cpu_count() or 1, threads_per_worker=1,
-                                  processes=True)
+                                  processes=True, silence_logs=logging.CRITICAL)
     # SIGINT ignored while the local workers' processes start, which keep ignoring it (a Python started with
     # SIGINT ignored leaves it so, and so does asyncio): on Ctrl-C this process stops the run and shuts the
     # cluster down, printing the command that resumes it, instead of every worker printing its own traceback.
