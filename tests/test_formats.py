@@ -177,9 +177,23 @@ def test_parquet_loads_with_datasets_as_a_pretokenized_dataset(outputs: dict[str
         want = [seq for d in sorted(ours) for seq in ours[d]]
         assert loaded.num_rows == len(want)
         for row, (ids, mask) in zip(loaded, want):
-            assert row["input_ids"] == ids.tolist() and row["attention_mask"] == [1] * len(ids)
+            assert row["input_ids"] == ids.tolist()
+            assert row["attention_mask"] == [1] * len(ids) if name == "parquet" else "attention_mask" not in row
             assert row["labels"] == np.where(mask == 1, ids, -100).tolist()
         assert ("position_ids" in loaded.column_names) == name.endswith("bfd")
+
+
+def test_a_trainers_default_collator_hands_packed_rows_on_with_their_boundaries(outputs: dict[str, Path]) -> None:
+    # transformers' Trainer passes every column its default collator makes: with an all-ones attention_mask
+    # the samples packed in a row attended to each other; without one, the model finds them in position_ids.
+    datasets = pytest.importorskip("datasets")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    ours = gpu_prep.open(outputs["parquet-bfd"])
+    files = [str(ours[d].directory / s["files"]["parquet"]) for d in sorted(ours) for s in ours[d].meta["shards"]]
+    row = datasets.load_dataset("parquet", data_files=files, split="train")[0]
+    batch = transformers.default_data_collator([{k: v for k, v in row.items() if k != "seq_lengths"}])
+    assert "attention_mask" not in batch and int((batch["position_ids"] == 0).sum()) == len(row["seq_lengths"])
 
 
 def test_packing_does_not_depend_on_chunking(outputs: dict[str, Path], tmp_path: Path) -> None:

@@ -19,8 +19,8 @@ IGNORE_INDEX = -100  # labels of tokens outside the loss
 
 class ParquetShard(OneFileShard):
     """One Parquet file per shard, a row per sequence: input_ids, attention_mask (all 1: no padding is
-    stored) and labels (the token where the loss mask is 1, else -100), as Hugging Face trainers take
-    pre-tokenized data. Packed shards add the boundaries of the samples in each row twice, as each trainer
+    stored; not in packed rows) and labels (the token where the loss mask is 1, else -100), as Hugging Face
+    trainers take pre-tokenized data. Packed shards add the boundaries of the samples in each row twice, as each trainer
     reads them: position_ids, from 0 at every sample (what flash-attention kernels and transformers'
     packed-sequence detection look at), and seq_lengths, the samples' lengths (what TRL's padding-free
     collator rebuilds position_ids from; it ignores a position_ids column). A row group per block."""
@@ -37,8 +37,12 @@ class ParquetShard(OneFileShard):
         if self.storage.labels:
             self._build_unpaired(tmp, layout)
             return
+        # Packed rows carry no attention_mask: all ones, it would say nothing, and a trainer handed one
+        # (its default collator passes every column) would let the samples of a row attend to each other,
+        # where without one transformers finds their boundaries in position_ids.
         fields = [("input_ids", pa.list_(pa.from_numpy_dtype(self.storage.token_dtype))),
-                  ("attention_mask", pa.list_(pa.int8())), ("labels", pa.list_(pa.int64()))]
+                  *([] if layout.packed else [("attention_mask", pa.list_(pa.int8()))]),
+                  ("labels", pa.list_(pa.int64()))]
         if layout.packed:
             fields += [("position_ids", pa.list_(pa.int64())), ("seq_lengths", pa.list_(pa.int32()))]
         schema = pa.schema(fields, metadata={"gpu-prep": json.dumps({"loss_mask_meaning": LOSS_MASK_MEANING,
@@ -46,7 +50,8 @@ class ParquetShard(OneFileShard):
         with pq.ParquetWriter(tmp, schema, compression="zstd") as out:
             for ids, mask, sequences, segments in self._blocks(layout):
                 offsets = pa.array(sequences.astype(np.int32))
-                columns = [ids, np.ones(len(ids), np.int8), np.where(mask.astype(bool), ids.astype(np.int64), IGNORE_INDEX)]
+                columns = [ids, *([] if layout.packed else [np.ones(len(ids), np.int8)]),
+                           np.where(mask.astype(bool), ids.astype(np.int64), IGNORE_INDEX)]
                 lists = [pa.ListArray.from_arrays(offsets, pa.array(c)) for c in columns]
                 if layout.packed:
                     lengths = np.diff(segments)
