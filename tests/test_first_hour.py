@@ -277,7 +277,7 @@ def test_validate_checks_a_config_against_a_sample_of_the_data(tmp_path: Path) -
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     result = gpu_prep_cli("validate", "-c", good, empty)
-    assert result.returncode == 2 and "the sample run: no rows were written (of 0 read)" in result.stderr
+    assert result.returncode == 2 and "the sample run: no rows were written (of 0 read; no row in " in result.stderr and "empty.jsonl" in result.stderr
 
 
 def test_validate_samples_every_input_by_its_share(tmp_path: Path) -> None:

@@ -134,7 +134,9 @@ def run_problems(manifest: dict[str, Any], config: PipelineConfig, sample: bool 
     totals = manifest["totals"]
     problems = []
     if totals["rows_written"] == 0:
-        problems.append(f"no rows were written (of {totals['rows_read']:,} read)")
+        empty = [i["path"] for i in manifest.get("inputs", []) if i["rows_read"] == 0]
+        said = f"; no row in {', '.join(map(repr, empty[:3]))}{' ...' if len(empty) > 3 else ''}" if empty else ""
+        problems.append(f"no rows were written (of {totals['rows_read']:,} read{said})")
     for d in manifest.get("datasets", []):
         unread = d["rows_read"] == 0 and (sample or d.get("sampling") == 0)  # not reached, or weighted 0 on purpose
         if d["rows_written"] == 0 and totals["rows_written"] and not unread:
