@@ -57,7 +57,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, options:
     run is returned as it is), byte for byte as an uninterrupted run would have written it. One run at a
     time writes a directory: another live run's lock is refused, a killed run's is taken over."""
     options = options or Options()
-    started, clock = time.perf_counter(), Stopwatch()
+    clock = Stopwatch()
     check_registered(config)
     files, datasets = run_inputs(config, inputs)
     out_dir = Path(out_dir)
@@ -80,7 +80,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, options:
         backend = CPU if options.cluster is not None else select_backend(device, config.gpu.rmm_pool_size, config.gpu.spill)
         prepare_output(out_dir, options.overwrite, options.resume)
         with journal(out_dir):
-            return _run(config, files, datasets, out_dir, options, tok, backend, started, clock, left_out)
+            return _run(config, files, datasets, out_dir, options, tok, backend, clock, left_out)
 
 
 def _finished(config: PipelineConfig, files: list[InputFile], out_dir: Path, options: Options) -> dict[str, Any]:
@@ -105,7 +105,7 @@ def _finished(config: PipelineConfig, files: list[InputFile], out_dir: Path, opt
 
 
 def _run(config: PipelineConfig, files: list[InputFile], datasets: Any, out_dir: Path, options: Options, tok: Tokenizer,
-         backend: Any, started: float, clock: Stopwatch, left_out: dict[str, list[str]]) -> dict[str, Any]:
+         backend: Any, clock: Stopwatch, left_out: dict[str, list[str]]) -> dict[str, Any]:
     """The run proper, in an output directory this process holds and journals (left_out: the input
     folders' files not read, by folder)."""
     identity = {"config_sha256": config.sha256(), "tokenizer": tok.identity()}  # hashes files: once a run
@@ -119,7 +119,7 @@ def _run(config: PipelineConfig, files: list[InputFile], datasets: Any, out_dir:
         outcome = _process(run_ctx, out_dir, options, checkpoints, resumed or {}, clock)
         hashes = clock.time("checksums", checksums)
         check_unchanged(files, resume_identity["inputs"])
-        seconds = {"total": time.perf_counter() - started, **clock.seconds}
+        seconds = {"total": time.perf_counter() - clock.started, **clock.seconds}
         manifest = build_manifest(run_ctx, outcome, identity, hashes, seconds, out_dir, left_out)
         failpoint("manifest")
         write_json_atomic(out_dir / MANIFEST, manifest)

@@ -40,6 +40,7 @@ class Stopwatch:
 
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     lock: threading.Lock = field(default_factory=threading.Lock)
+    started: float = field(default_factory=time.perf_counter)  # when the run began (its total)
 
     def time(self, stage: str, fn: Callable[..., Any], *args: Any) -> Any:
         start = time.perf_counter()
