@@ -135,12 +135,15 @@ def run_sample(config: PipelineConfig, inputs: list[str], sample: int, report: S
 
     report.errors.extend(f"the sample run: {problem} (run would exit non-zero)"
                          for problem in run_problems(report.manifest, config, sample=True))
-    for entry in report.manifest["inputs"]:
+    for entry in report.manifest["inputs"]:  # (on one or two rows, a bad first line: a warning)
         dropped = entry["rows_dropped"]
         if entry["rows_read"] and not entry["rows_written"] and set(dropped) <= Drop.BAD_DATA:
             reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(dropped.items()))
-            report.errors.append(f"input {entry['path']!r}: none of its {entry['rows_read']} sample rows can be read "
-                                 f"({reasons}): run would drop the whole file")
+            said = f"input {entry['path']!r}: none of its {entry['rows_read']} sample rows can be read ({reasons})"
+            if entry["rows_read"] >= 3:
+                report.errors.append(f"{said}: run would drop the whole file")
+            else:
+                report.warnings.append(f"{said}; raise --sample to read more of it")
 
 
 def remove_sample(report: SampleReport) -> None:

@@ -35,18 +35,26 @@ from gpu_prep.foreign import FOREIGN_KEYS
 Action = Literal["mask", "train"]
 
 
+E_NOTATION = re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$")  # 5e-1, 1.5E3
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     @field_validator("*", mode="before")
     @classmethod
     def _whole_number(cls, value: Any, info: ValidationInfo) -> Any:
-        """A float that is a whole number (1e8, 2048.0) for an int field is that int: strictly typed, the
-        field would refuse what its author wrote as a number."""
-        if isinstance(value, float) and value.is_integer() and info.field_name is not None:
-            kinds = typing.get_args(cls.model_fields[info.field_name].annotation) or (cls.model_fields[info.field_name].annotation,)
-            if int in kinds and float not in kinds:
-                return int(value)
+        """For a number field, what its author wrote as a number: 5e-1 or 1e3 in YAML (PyYAML reads them as
+        strings, YAML 1.2 as numbers), and for an int field a float that is a whole number (1e8, 2048.0).
+        Strictly typed, the field would refuse either."""
+        if info.field_name is None:
+            return value
+        annotation = cls.model_fields[info.field_name].annotation
+        kinds = typing.get_args(annotation) or (annotation,)
+        if isinstance(value, str) and (int in kinds or float in kinds) and E_NOTATION.match(value):
+            value = float(value)
+        if isinstance(value, float) and value.is_integer() and int in kinds and float not in kinds:
+            return int(value)
         return value
 
 
@@ -318,7 +326,8 @@ class OutputConfig(_Frozen):
     domain_key: str | None = None
     # bin: the seed's raw arrays with meta.json; h5: one HDF5 file per shard; megatron: Megatron's
     # indexed dataset (.bin/.idx) and a .loss_mask.bin sidecar; parquet: rows of input_ids, attention_mask
-    # and labels (-100 where the loss mask is 0), as Hugging Face trainers take pre-tokenized data.
+    # (not when packed) and labels (-100 where the loss mask is 0), as Hugging Face trainers take
+    # pre-tokenized data.
     storage_format: Literal["bin", "h5", "megatron", "parquet"] = "bin"
     max_tokens_per_shard: int = Field(100_000_000, ge=1)
     # gpu-prep's own: the type token ids are stored as; auto: uint16 for a vocabulary of fewer than 65500
@@ -770,9 +779,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 class _UniqueKeys(yaml.SafeLoader):
-    """YAML's safe loader, refusing a mapping that names a key twice (it would keep the last silently), and
-    reading 1e-3 or 5e6 as numbers, as YAML 1.2 does (PyYAML's YAML 1.1 rules read them as strings, which a
-    config's number fields refuse)."""
+    """YAML's safe loader, refusing a mapping that names a key twice (it would keep the last silently)."""
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         seen = set()
@@ -786,8 +793,6 @@ class _UniqueKeys(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-_UniqueKeys.add_implicit_resolver("tag:yaml.org,2002:float",
-                                  re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:

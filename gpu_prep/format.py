@@ -393,7 +393,10 @@ def build_prompt_response(record: dict[str, Any], config: PipelineConfig) -> Con
         # trains only the completion, the prompt's messages are flagged untrained (an assistant turn in
         # a multi-turn prompt included), the completion's follow the mask rules.
         flag = inp.message_training_key
-        prompt = [{**m, flag: False} if flag and isinstance(m, dict) else m for m in record[inp.prompt_key]]
+        if not flag:
+            raise RowError(Drop.WRONG_TYPE, "a prompt-completion row of messages marks its prompt untrained with "
+                                            "input.message_training_key, which is null; set it (default 'training')")
+        prompt = [{**m, flag: False} if isinstance(m, dict) else m for m in record[inp.prompt_key]]
         return _conversation({**record, "messages": [*prompt, *record[key]]}, "messages",
                              inp.role_key, inp.content_key, config)
     prompt = _string_field(record, inp.prompt_key)

@@ -563,12 +563,13 @@ def part_rows(part: Part, columnar: Columnar | None = None, max_row_bytes: int =
 
 def sample_shares(files: list[InputFile], rows: int) -> list[int]:
     """How many of its first rows each file gives a sample of `rows` rows (or one a file, where there are
-    more files): one each, so that the sample reaches every input, and the rest shared by size (largest
-    remainders), so that it weighs each about as the run will."""
+    more files): a few each (three where the sample allows, at least one), so that the sample reaches every
+    input, and the rest shared by size (largest remainders), so that it weighs each about as the run will."""
     sizes = [max(f.weight, 1) for f in files]
-    rest, total = max(rows - len(files), 0), sum(sizes)
+    floor = max(1, min(3, rows // max(len(files), 1)))
+    rest, total = max(rows - floor * len(files), 0), sum(sizes)
     exact = [rest * size / total for size in sizes]
-    shares = [1 + int(e) for e in exact]
+    shares = [floor + int(e) for e in exact]
     for k in sorted(range(len(files)), key=lambda k: int(exact[k]) - exact[k])[:rest - sum(map(int, exact))]:
         shares[k] += 1
     return shares

@@ -297,13 +297,14 @@ def test_validate_samples_every_input_by_its_share(tmp_path: Path) -> None:
     files = expand_inputs([str(good), str(other)])
     shares = sample_shares(files, 20)
     assert shares[0] >= 1 and shares[1] > shares[0] and sum(shares) == 20
-    # A small file of the wrong shape after a large one: reached (one row at least), and a file none of
-    # whose rows can be read fails the check whatever its size.
+    # A small file of the wrong shape after a large one: reached (three rows where the sample allows), and
+    # a file none of whose sampled rows can be read fails the check whatever its size; on one or two rows
+    # (a sample spread over many files), a bad first line is only warned about.
     small = write_jsonl(tmp_path / "small.jsonl", [{"msgs": []}] * 3)
     checked = gpu_prep_cli("validate", "-c", config, other, good, small, "--sample", 20)
     assert checked.returncode == 2, checked.stdout
     said = " ".join(checked.stderr.split())
-    assert "small.jsonl" in said and "none of its 1 sample rows can be read (missing_field 1)" in said, said
+    assert "small.jsonl" in said and "none of its 3 sample rows can be read (missing_field 3)" in said, said
 
 
 def test_the_readme_names_every_drop_reason_the_code_has() -> None:
@@ -485,6 +486,8 @@ def test_yaml_numbers_in_e_notation_are_numbers(tmp_path: Path) -> None:
     rules = load_config(path, ["preprocessing.max_seq_len=4096"]).preprocessing
     assert rules.max_drop_share == 0.5 and rules.dedup_memory_mb == 1000.0
     assert load_config(path, ["preprocessing.max_drop_share=2.5e-1"]).preprocessing.max_drop_share == 0.25
+    (tmp_path / "rev.yaml").write_text("tokenizer: {name: qwen2.5, revision: 1234e56}\n")  # a short commit hash
+    assert load_config(tmp_path / "rev.yaml").tokenizer.revision == "1234e56"  # a string field keeps its string
 
 
 def test_a_key_given_twice_in_a_config_is_refused(tmp_path: Path) -> None:

@@ -54,6 +54,9 @@ def test_trls_conversational_prompt_completion_rows_give_the_openai_rows_samples
     want = samples(run_rows(tmp_path, CHAT, flagged, name="openai"))
     assert _same(want[:1], samples(run_rows(tmp_path, CHAT, OPENAI[:1], name="plain")))  # one answer: all trained
     rows = [{"prompt": r["messages"][:-1], "completion": r["messages"][-1:]} for r in OPENAI]
+    unmarked = run_rows(tmp_path, {**CHAT, "input": {"type": input_type, "message_training_key": None}}, rows,
+                        name="unmarked")  # no key to mark the prompt with: said, not trained whole
+    assert json.loads((unmarked / "manifest.json").read_text())["totals"]["rows_dropped"] == {"wrong_type": 2}
     got = samples(run_rows(tmp_path, {**CHAT, "input": {"type": input_type}}, rows))
     assert _same(got, want)
 
