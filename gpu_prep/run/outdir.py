@@ -93,14 +93,13 @@ def output_lock(out_dir: Path) -> Iterator[None]:
     _check_not_a_file(out_dir)
     created = not out_dir.exists()
     path = out_dir / LOCK
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
-    except OSError as exc:
-        raise ConfigError(f"output {str(out_dir)!r}: cannot write there ({exc.strerror or exc}); give -o a folder "
-                          "that can be written") from None
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ConfigError(f"output {str(out_dir)!r}: cannot write there ({exc.strerror or exc}); give -o a "
+                              "folder that can be written") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
