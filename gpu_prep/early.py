@@ -89,7 +89,7 @@ def start(argv: list[str]) -> None:
 
             built = fastokens.Tokenizer.from_tiktoken(recipe["ranks"], pattern=recipe["pattern"],
                                                       special_tokens=recipe["added"])
-            future.set_result((built, recipe["form"]))
+            future.set_result((built, recipe["form"], recipe["ranks"]))
         except BaseException as exc:  # noqa: BLE001  whoever claims it builds again instead
             future.set_exception(exc)
 
@@ -99,7 +99,7 @@ def start(argv: list[str]) -> None:
 
 
 def claim(name: str, cache_key: Any, recipe: Callable[[], dict[str, Any] | None]) -> Future | None:
-    """The early build's future (of (fastokens tokenizer, normal form)) if it is this engine of this file,
+    """The early build's future (of (fastokens tokenizer, normal form, rank file)) if it is this engine of this file,
     built from the recipe the run would build from (recipe(): engines.rank_recipe, the rank file, whose name
     holds the installed fastokens' version, the pattern, added tokens and normal form; asked only where an
     early build of this file is pending, and a recipe that cannot be made is no match); taken once."""

@@ -357,24 +357,18 @@ def _started_early(name: str, spec: dict[str, Any], path: Path, cache_key: Any) 
     this file; if that build failed, the usual one, started then."""
     from gpu_prep import early
 
-    made: list[dict[str, Any] | None] = []  # the recipe claim compares, made only where an early build waits
-
-    def recipe() -> dict[str, Any] | None:
-        made.append(rank_recipe(spec, path) if name == "fastokens" else None)
-        return made[-1]
-
-    started = early.claim(name, cache_key, recipe)
-    if started is None or not made or made[-1] is None:
+    started = early.claim(name, cache_key, lambda: rank_recipe(spec, path) if name == "fastokens" else None)
+    if started is None:
         return None
 
     def take() -> FastokensEngine:
         try:
-            tokenizer, form = started.result()
+            tokenizer, form, ranks = started.result()
         except Exception:  # noqa: BLE001  the guess went wrong: build as a run without one does
             return _build(name, spec, path)
         # Built from the rank file: named, so that a rank file whose engine differs from HF is dropped as the
         # run's own build from it would be (choose_engine).
-        return FastokensEngine(tokenizer, form, made[-1]["ranks"])
+        return FastokensEngine(tokenizer, form, ranks)
 
     return in_thread(take)
 
