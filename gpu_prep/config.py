@@ -72,6 +72,18 @@ SHAREGPT_ROLES = {"user": ["human", "user"], "assistant": ["gpt", "model", "assi
 _NO_ROLE_NAMES: dict[str, str] = {}
 
 
+def _one_setting(data: Any, alias: str, key: str, section: str) -> Any:
+    """The config section with `alias` (another tool's name of `key`) moved to `key`; the two given and
+    disagreeing is an error: two spellings of one setting must never disagree silently."""
+    if not isinstance(data, dict) or alias not in data:
+        return data
+    data = dict(data)
+    value = data.pop(alias)
+    if data.setdefault(key, value) != value:
+        raise ValueError(f"{section}{alias} and {section}{key} disagree (they name one setting)")
+    return data
+
+
 # Axolotl's dataset types and the input.type each is here.
 AXOLOTL_TYPES = {"completion": "text", "input_output": "segments", "chat_template": "chat", "": "pretokenized"}
 
@@ -231,11 +243,7 @@ class InputConfig(_Frozen):
     @classmethod
     def _eot_alias(cls, data: Any) -> Any:
         for alias, key in (("train_on_eot", "train_on_eos"), ("add_eos", "append_eod")):
-            if isinstance(data, dict) and alias in data:
-                data = dict(data)
-                value = data.pop(alias)
-                if data.setdefault(key, value) != value:
-                    raise ValueError(f"input.{alias} and input.{key} disagree (they name one setting)")
+            data = _one_setting(data, alias, key, "input.")
         return data
 
     @model_validator(mode="before")
@@ -472,12 +480,7 @@ class DataprocessorConfig(_Frozen):
     @model_validator(mode="before")
     @classmethod
     def _seed_alias(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "sampling_seed" in data:
-            data = dict(data)
-            value = data.pop("sampling_seed")
-            if data.setdefault("seed", value) != value:
-                raise ValueError("dataprocessor.sampling_seed and dataprocessor.seed disagree (they name one setting)")
-        return data
+        return _one_setting(data, "sampling_seed", "seed", "dataprocessor.")
 
 
 class PipelineConfig(_Frozen):
@@ -532,14 +535,9 @@ class PipelineConfig(_Frozen):
     def _template_jinja(cls, data: Any) -> Any:
         """Axolotl's chat_template_jinja (with chat_template absent or `jinja`) is the template chat_template
         names: a Jinja string or a .jinja file."""
-        if not isinstance(data, dict) or "chat_template_jinja" not in data:
-            return data
-        data = dict(data)
-        value = data.pop("chat_template_jinja")
-        if data.setdefault("chat_template", value) not in (value, "jinja"):
-            raise ValueError("chat_template_jinja and chat_template disagree (they name one template: give one)")
-        data["chat_template"] = value
-        return data
+        if isinstance(data, dict) and "chat_template_jinja" in data and data.get("chat_template") == "jinja":
+            data = {k: v for k, v in data.items() if k != "chat_template"}  # `jinja`: the other key says which
+        return _one_setting(data, "chat_template_jinja", "chat_template", "")
 
     @model_validator(mode="after")
     def _ratios(self) -> PipelineConfig:

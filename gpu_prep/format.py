@@ -521,8 +521,8 @@ def build_preference(record: dict[str, Any], config: PipelineConfig) -> Pair:
                                            f"{inp.label_key}) is read by input.type kto")
     chosen = _preference_part(record, inp.chosen_key, config)
     if isinstance(chosen, str) and inp.rejected_key in record and not isinstance(record[inp.rejected_key], str):
-        got = "null" if record[inp.rejected_key] is None else type(record[inp.rejected_key]).__name__
-        raise RowError(Drop.WRONG_TYPE, f"field {inp.rejected_key!r} must be a string as {inp.chosen_key!r} is, got {got}")
+        raise RowError(Drop.WRONG_TYPE, f"field {inp.rejected_key!r} must be a string as {inp.chosen_key!r} is, got "
+                                        f"{_type_name(record[inp.rejected_key])}")
     rejected = _preference_part(record, inp.rejected_key, config)
     if isinstance(chosen, list) != isinstance(rejected, list):
         raise RowError(Drop.WRONG_TYPE, f"fields {inp.chosen_key!r} and {inp.rejected_key!r} must both be messages or "
