@@ -38,6 +38,7 @@ class SampleReport:
     warnings: list[str] = field(default_factory=list)
     manifest: dict[str, Any] | None = None
     out_dir: Path | None = None
+    shares: list[int] | None = None  # the rows of each input in the sample (None: a mix's first rows)
 
 
 def check_sample(config: PipelineConfig, inputs: list[str], sample: int) -> SampleReport:
@@ -52,8 +53,8 @@ def check_sample(config: PipelineConfig, inputs: list[str], sample: int) -> Samp
     tokenizers: dict[str, BuilderTokenizer | None] = {}
     rows = config_rows(config, datasets)
     if rows is None:  # the inputs in order: the first rows of each (a mix: its first rows, in its order)
-        shares = sample_shares(files, sample)
-        rows, sample = first_rows(files, shares), sum(shares)
+        report.shares = sample_shares(files, sample)
+        rows, sample = first_rows(files, report.shares), sum(report.shares)
     for chunk in read_chunks(files, 256, max_items=sample, rows=rows):
         for i, (record, error) in enumerate(zip(chunk.records, (chunk.errors.get(i) for i in range(len(chunk))))):
             report.rows += 1
@@ -118,16 +119,14 @@ def _judge(config: PipelineConfig, report: SampleReport) -> None:
 
 
 def run_sample(config: PipelineConfig, inputs: list[str], sample: int, report: SampleReport) -> None:
-    """The sample run for real (tokenizer, template, masks, drop reasons) into a folder kept for showing
-    a sample; the caller removes it (remove_sample)."""
+    """The sample run for real (tokenizer, template, masks, drop reasons) of the rows check_sample read
+    (report.shares), into a folder kept for showing a sample; the caller removes it (remove_sample)."""
     from gpu_prep.pipeline import Options, run
 
     out = Path(tempfile.mkdtemp(prefix="gpu-prep-validate-")) / "out"
-    files, datasets = run_inputs(config, inputs)
-    shares = None if datasets is not None else sample_shares(files, sample)
-    cap = sample if shares is None else sum(shares)
+    cap = sample if report.shares is None else sum(report.shares)  # the rows check_sample read
     limited = config.model_copy(update={"preprocessing": config.preprocessing.model_copy(update={"max_items": cap})})
-    report.manifest = run(limited, inputs, out, Options(overlap=False, per_file=shares))
+    report.manifest = run(limited, inputs, out, Options(overlap=False, per_file=report.shares))
     report.out_dir = out
     # What would make `run` fail on these rows fails the check too: no row written, or too many dropped;
     # and an input none of whose sample rows could be read (a file of another shape, whatever its size).
