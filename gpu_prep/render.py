@@ -593,11 +593,13 @@ def _structured(conv: Conversation, ctx: RenderContext) -> tuple[Conversation, t
     the oldest turns after the system messages go first (as few as will do), then the reasoning of kept
     messages, oldest first (the last one cut keeps its first tokens, as many as fit). What is still too
     long is cut to its last tokens by the mask stage."""
-    limit = ctx.config.preprocessing.max_seq_len
+    limit, template = ctx.config.preprocessing.max_seq_len, ctx.template_for(conv)
+
+    def short(text: str) -> bool:
+        return len(text.encode("utf-8")) <= limit or ctx.count_tokens(text) <= limit  # a token is >= 1 byte
 
     def fits(messages: list[dict]) -> bool:
-        text = render_text(ctx.template_for(conv), messages, conv)
-        return len(text.encode("utf-8")) <= limit or ctx.count_tokens(text) <= limit  # a token is >= 1 byte
+        return short(render_text(template, messages, conv))
 
     messages = conv.messages
     if fits(messages):
@@ -615,9 +617,9 @@ def _structured(conv: Conversation, ctx: RenderContext) -> tuple[Conversation, t
         low, high = (low, middle) if fits(without(middle)) else (middle + 1, high)
     kept = without(low)
     notes = ["structured_dropped_turns"] * low
-    template = ctx.template_for(conv)
     for k, message in enumerate(kept):
-        if fits(kept):
+        whole = render_text(template, kept, conv)
+        if short(whole):
             break
         reasoning = message.get("reasoning_content")
         if not reasoning and "</think>" in (message.get("content") or ""):
@@ -625,7 +627,7 @@ def _structured(conv: Conversation, ctx: RenderContext) -> tuple[Conversation, t
             # off itself: the rendering is the same) is reasoning here too.
             thought, rest = _split_think(message["content"])
             split = {**message, "content": rest, "reasoning_content": thought}
-            if render_text(template, [*kept[:k], split, *kept[k + 1:]], conv) == render_text(template, kept, conv):
+            if render_text(template, [*kept[:k], split, *kept[k + 1:]], conv) == whole:
                 message, reasoning = split, thought
         if reasoning:
             kept[k] = {**message, "reasoning_content": ""}
