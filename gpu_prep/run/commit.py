@@ -57,13 +57,13 @@ class Committer:
             self.writer.remove_obsolete()
         if self.progress is not None:
             self.rows += len(prepared.chunk)
-            self.progress(self.rows, self.acct.tokens, self._bytes_read(prepared.chunk), self.total_bytes)
+            total = self.total_bytes
+            self.progress(self.rows, self.acct.tokens, self._bytes_read(prepared.chunk, total), total)
 
-    def _bytes_read(self, chunk: Any) -> int | None:
+    def _bytes_read(self, chunk: Any, total: int) -> int | None:
         """How far through the input the run is, in bytes: those of the rows read (their text), or of the
         files before the current one, whichever says more (None: the inputs' sizes are not known)."""
         self.read_bytes += chunk.size + chunk.skipped
-        total = self.total_bytes
         if not total or not len(chunk):
             return None
         # A mix's chunks draw on all its files at once: the files before the current one say nothing there.
