@@ -33,7 +33,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.clock import scratch  # noqa: E402
 from benchmarks.bench_peers import CORPORA, Workspace, prepare  # noqa: E402
 
 DATASETS_SCRIPT = textwrap.dedent('''
@@ -139,7 +139,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="runs of each route; the fastest is kept")
     parser.add_argument("--skip-per-example", action="store_true", help="leave out the slow per-example map")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="gpu-prep-e2e-"))
+    root = scratch("gpu-prep-e2e-")
     corpus = CORPORA[args.corpus]
     subprocess.run([sys.executable, "-c", "import sys; from benchmarks.bench_e2e import _prepare; _prepare(*sys.argv[1:])",
                     str(root), args.corpus, str(args.rows)], check=True, cwd=Path(__file__).resolve().parent.parent)

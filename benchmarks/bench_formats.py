@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gpu_prep  # noqa: E402
+from benchmarks.clock import scratch  # noqa: E402
 from benchmarks.corpora import sharegpt_chats, write_jsonl  # noqa: E402
 from gpu_prep.config import parse_config  # noqa: E402
 from gpu_prep.pipeline import Options, run  # noqa: E402
@@ -82,7 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=3000)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-formats-"))
+    work = scratch("bench-formats-")
     data = write_jsonl(sharegpt_chats(args.rows), work / "chat.jsonl")
     print(f"corpus: {args.rows} ShareGPT conversations, max_seq_len {SEQ_LEN}")
     results = {}
@@ -107,7 +107,6 @@ def main() -> None:
     print(f"\npacking bfd + parquet, from the same samples: plain loop + datasets.to_parquet {seconds:.2f} s, "
           f"{size / 1e6:.1f} MB, padding {padding:.1%}; gpu-prep's write stage {ours[1]:.2f} s "
           f"({seconds / max(ours[1], 1e-9):.1f}x faster), {ours[2] / 1e6:.1f} MB, padding {ours[3]:.1%}")
-    shutil.rmtree(work)
 
 
 if __name__ == "__main__":

@@ -28,12 +28,12 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.clock import scratch  # noqa: E402
 from benchmarks.bench_e2e import timed  # noqa: E402
 
 NGRAM, NUM_PERM, THRESHOLD = 5, 128, 0.8
@@ -128,7 +128,7 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=20000)
     parser.add_argument("--repeat", type=int, default=1, help="runs of each route; the fastest is kept")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="gpu-prep-fuzzy-"))
+    root = scratch("gpu-prep-fuzzy-")
     corpus = root / "docs.jsonl"
     copies = make_corpus(corpus, args.docs)
     docs = sum(1 for _ in open(corpus, encoding="utf-8"))

@@ -21,13 +21,12 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.clock import best  # noqa: E402
+from benchmarks.clock import best, scratch  # noqa: E402
 from benchmarks.corpora import sharegpt_chats, write_jsonl  # noqa: E402
 from gpu_prep.config import parse_config  # noqa: E402
 from gpu_prep.format import get_builder  # noqa: E402
@@ -59,7 +58,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-offsets-"))
+    work = scratch("bench-offsets-")
     folder = convert_sentencepiece("tokenizer.model.v1", work)
     config_path = folder / "tokenizer_config.json"
     from importlib import resources

@@ -24,13 +24,12 @@ import argparse
 import gzip
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.clock import best  # noqa: E402
+from benchmarks.clock import best, scratch  # noqa: E402
 from benchmarks.corpora import sharegpt_chats  # noqa: E402
 from gpu_prep.read import expand_inputs, read_chunks  # noqa: E402
 
@@ -100,7 +99,7 @@ def big_array(mb: int) -> None:
     """Peak memory reading a JSON array of about mb MB, in a process of its own, beside the import alone."""
     import subprocess
 
-    path = Path(tempfile.mkdtemp(prefix="bench-array-")) / "big.json"
+    path = scratch("bench-array-") / "big.json"
     row = json.dumps({"text": "x" * 900 + " \u00e9"})
     count = mb * (1 << 20) // (len(row) + 1)
     with open(path, "w", encoding="utf-8") as handle:  # written row by row: this process stays small, and a
@@ -126,7 +125,7 @@ def columnar_host(n: int, repeat: int) -> None:
     from gpu_prep import read
     from gpu_prep.read import Columnar, ColumnarRecord
 
-    folder = Path(tempfile.mkdtemp(prefix="bench-columnar-"))
+    folder = scratch("bench-columnar-")
     chats = [{"messages": [{"role": m["role"], "content": m["content"]} for m in c["messages"]]} for c in sharegpt_chats(n)]
     schema = pa.schema([("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())])))])
     messages = ("messages", "role", "content")
@@ -185,7 +184,7 @@ def main() -> None:
     if args.big_array_mb:
         big_array(args.big_array_mb)
     data = rows(args.rows)
-    folder = Path(tempfile.mkdtemp(prefix="bench-read-"))
+    folder = scratch("bench-read-")
     paths = write_all(data, folder)
     mb = len("".join(r["text"] for r in data).encode()) / 1e6
     print(f"{len(data):,} text rows, {mb:.1f} MB of text")
