@@ -98,6 +98,20 @@ def test_meta_json_lets_each_shard_memory_map_from_its_own_entry(tmp_path: Path)
     assert sum(s["sequence"]["shape"][0] for s in shards) == domain.meta["sequence"]["shape"][0]
 
 
+def test_the_llamafactory_recipe_writes_a_folder_load_from_disk_reads_as_its_train_split(
+        outputs: dict[str, Path], tmp_path: Path) -> None:
+    """LLaMA-Factory's tokenized_path: load_from_disk must give a DatasetDict whose train split holds the rows
+    of unpacked output with the columns its collator pads (input_ids, attention_mask, labels)."""
+    from datasets import DatasetDict, load_from_disk
+
+    tokenized = str(tmp_path / "tokenized")
+    exec(_recipe("llamafactory"), {"files": _files(outputs["none"]), "tokenized": tokenized})  # noqa: S102
+    loaded = load_from_disk(tokenized)
+    assert isinstance(loaded, DatasetDict) and list(loaded) == ["train"]
+    assert {"input_ids", "attention_mask", "labels"} <= set(loaded["train"].column_names)
+    assert loaded["train"].to_list() == _rows(outputs["none"])
+
+
 # ---------------------------------------------------------------- the recipes, with torch
 
 
