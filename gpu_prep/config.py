@@ -285,7 +285,8 @@ class PreprocessingConfig(_Frozen):
     # kept; left: its last; drop: it is dropped (too_many_tokens); raise: the run stops, naming it; split:
     # it is cut into samples of max_seq_len tokens (pretraining text), none lost; structured (chat rows):
     # the system messages and the latest turns are kept, the oldest turns between them dropped, then the
-    # kept turns' reasoning removed, oldest first, and only then the first tokens cut as with left.
+    # kept turns' reasoning removed, oldest first, and last the longest untrained content cut to its first
+    # tokens (the headers and trained text stay whole); a row that still does not fit is dropped.
     truncation: Literal["right", "left", "drop", "raise", "split", "structured"] = "right"
     min_chars: int = Field(50, ge=0)
     max_chars: int = Field(2_000_000, ge=1)

@@ -21,7 +21,7 @@ from gpu_prep.output.files import JOURNAL
 from gpu_prep.pipeline import Options, run
 from helpers import REPO, write_jsonl
 
-PINNED = "e6abb3a4794c4607259b7a53311dc49813e6615274b0af8350750b29686599ed"
+PINNED = "ba872591bcf672cc02032ddffaa78e2dd38385bb2363234742b67e482244f904"
 PINNED_EXAMPLE = "f1108f8a2db5cd6ef07d39dd6419a02e153b2cf91239293b9c983f0c1fb7b1be"
 MANIFEST_KEYS = ("totals", "domains", "packing")  # what the manifest says that no path or timing enters
 

@@ -162,7 +162,7 @@ def test_structured_keeps_the_system_and_latest_turns_and_drops_the_oldest(tmp_p
 def test_structured_trims_reasoning_before_cutting_tokens(tmp_path: Path, limit: int) -> None:
     # The one turn fits without its reasoning (under 98 tokens), not with it (139): the reasoning keeps its
     # first tokens, as many as fit (the seed's "trim reasoning_content in kept turns"); where even none would
-    # not fit, it goes whole and the mask stage cuts the first tokens.
+    # not fit, it goes whole and the question keeps its first tokens.
     from gpu_prep.tokenizer import load_tokenizer
 
     qwen3 = load_tokenizer("qwen3")
@@ -178,17 +178,59 @@ def test_structured_trims_reasoning_before_cutting_tokens(tmp_path: Path, limit:
     assert len(ids) <= limit and "Answer 0:" in text
     kept = text.count("hmm")
     if limit < 90:
-        assert kept == 0 and "Thinking about" not in text
+        assert kept == 0 and "Thinking about" not in text and text.startswith(
+            "<|im_start|>system\nYou keep count.<|im_end|>\n<|im_start|>user\nQuestion")
+        assert totals["parse_report"]["structured_cut_content"] == 1
     else:  # as much reasoning as fits: one token more would not
         assert "Question 0:" in text and 0 < kept < 40
         assert len(ids) > limit - 3
 
 
-def test_structured_falls_back_to_the_last_tokens(tmp_path: Path, qwen: Any) -> None:
-    messages = _conversation(3)
-    text, n, totals = _structured_run(tmp_path, qwen, messages, 40)
-    assert n == 40 and "Answer 2:" in text and "Question 1:" not in text
-    assert totals["parse_report"]["structured_dropped_turns"] == 2
+LONG_PROMPT = [{"role": "system", "content": "SYSTEM RULE: always answer in French."},
+               {"role": "user", "content": "Explain this text: " + " ".join(f"word{k}" for k in range(300))},
+               {"role": "assistant", "content": "It is a list of words."}]
+
+
+@pytest.mark.parametrize("method", ["roles", "generation"])
+def test_structured_cuts_the_end_of_a_long_prompt_and_keeps_the_system_and_headers(tmp_path: Path, method: str) -> None:
+    # One turn too long for max_seq_len: the question keeps its first tokens, as many as fit (as
+    # LLaMA-Factory keeps a prompt's start), and the system message, headers and answer stay whole. The
+    # sample is exactly transformers' rendering of the cut conversation, ids and assistant mask.
+    from reference import hf_tokenizer, write_tokenizer_dir
+    from gpu_prep.tokenizer import load_tokenizer
+
+    folder = write_tokenizer_dir(tmp_path / "tok")
+    config = {"tokenizer": str(folder), "input": {"type": "chat", "mask_method": method}, "mask": {"assistant": "train"},
+              "preprocessing": {"max_seq_len": 128, "truncation": "structured", "min_chars": 0}}
+    out = run_rows(tmp_path, config, [{"messages": LONG_PROMPT}])
+    [(ids, mask)] = samples(out)
+    tok = load_tokenizer(str(folder))
+    kept = tok.decode(ids).split("<|im_start|>user\n")[1].split("<|im_end|>")[0]
+    question = LONG_PROMPT[1]["content"]
+    assert question.startswith(kept) and len(kept) < len(question)
+    cut = [LONG_PROMPT[0], {"role": "user", "content": kept}, LONG_PROMPT[2]]
+    want = hf_tokenizer(folder).apply_chat_template(cut, tokenize=True, return_dict=True,
+                                                    return_assistant_tokens_mask=True)
+    assert ids.tolist() == list(want["input_ids"]) and mask.tolist() == list(want["assistant_masks"])
+    n = tok.count_tokens(kept)  # as many as fit: one token more would not
+    longer = [LONG_PROMPT[0], {"role": "user", "content": tok.first_tokens(question, n + 1)}, LONG_PROMPT[2]]
+    assert len(ids) <= 128 < len(hf_tokenizer(folder).apply_chat_template(longer, tokenize=True, return_dict=True)["input_ids"])
+    totals = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["totals"]
+    assert totals["parse_report"]["structured_cut_content"] == 1 and totals["rows_truncated"] == 1
+
+
+def test_structured_drops_a_row_whose_trained_text_alone_is_too_long(tmp_path: Path, qwen: Any) -> None:
+    # The latest turn's answer and headers take more than max_seq_len even with the oldest turns dropped and
+    # the question cut to one token: the row is dropped, saying why, rather than written from mid-text.
+    config = {"chat_template": "chatml", "input": {"type": "chat"}, "mask": {"assistant": "train"},
+              "preprocessing": {"max_seq_len": 40, "truncation": "structured", "min_chars": 0}}
+    out = run_rows(tmp_path, config, [{"messages": _conversation(3)}])
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["totals"]["rows_dropped"] == {"too_many_tokens": 1}
+    [example] = manifest["dropped_examples"]["too_many_tokens"]
+    assert example["detail"] == ("over max_seq_len 40 tokens with the longest untrained content (a user message's) "
+                                 "cut to its first token: structured truncation keeps the system messages, the "
+                                 "latest turn's headers and its trained text whole")
 
 
 def test_a_row_with_nothing_trained_says_why(tmp_path: Path) -> None:

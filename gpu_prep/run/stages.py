@@ -485,6 +485,7 @@ def mask_rows(run: RunContext, rendered: list[RenderedRow], tokens: Encoded) -> 
         else np.zeros(num_rows, dtype=bool)
     # split: the writer cuts rows into windows, so none is truncated here
     limit = max(int(lengths.max(initial=1)), 1) if rules.truncation == "split" or pairs else rules.max_seq_len
+    # structured: chat rows come cut to fit by render.py; other rows (text in an auto mix) lose their first tokens
     side = "left" if rules.truncation in ("left", "structured") else "right"
     masked = truncate_and_filter(xp, ids_d, loss_mask, offsets_d, limit, valid & ~backend.asarray(over),
                                  backend.asarray(keep_tail), side=side)
