@@ -167,6 +167,9 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
         _warn(f"the chat template wrote none of the reasoning of {n:,} row(s) (it shows no reasoning): they were "
               "rendered without it: use a template that shows it (qwen3), or input.think_mode: drop to leave it "
               "out knowingly")
+    if n := totals.get("parse_report", {}).get("think_blocks_not_rendered"):
+        _warn(f"the chat template wrote nothing of the <think> block in the content of {n:,} message(s) (Qwen3 "
+              "strips those of turns before the last user turn): they were rendered and trained without it")
     if n := totals.get("preference", {}).get("generation_prompt_differs"):
         _warn(f"the chat template renders the generation prompt of {n:,} row(s) otherwise than prompt + completion "
               "begins (Gemma 4's empty thought channel, say); as TRL does, those prompts end where the two part, so "

@@ -496,6 +496,15 @@ def _reasoning_not_shown(conv: Conversation, text: str) -> bool:
     return False
 
 
+def _think_blocks_not_shown(conv: Conversation, text: str) -> int:
+    """How many messages hold a <think> block in their content (read as written, extract_think_tags off) of
+    which the template wrote nothing: Qwen3 strips it from the turns before the last user turn, as it strips
+    their reasoning. The ids follow the template; the count makes the lost text visible."""
+    thoughts = [_split_think(m["content"])[0].strip() for m in conv.messages
+                if isinstance(m.get("content"), str) and "</think>" in m["content"]]
+    return sum(1 for thought in thoughts if thought and thought[:32] not in text)
+
+
 def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
     """A preference pair as three pieces, prompt + chosen, prompt + rejected and the prompt alone (an unpaired
     row: prompt + completion and the prompt alone), the wholes trained from where they part from the prompt
@@ -581,6 +590,7 @@ def _within_limits(conv: Conversation, ctx: RenderContext
             text, spans, left_out, unmarked = conversation_spans(conv, ctx)
             if _reasoning_not_shown(conv, text):
                 notes += ("reasoning_not_rendered",)
+            notes += ("think_blocks_not_rendered",) * _think_blocks_not_shown(conv, text)
             return text, spans, left_out, unmarked, notes
         except RowError:
             if budget.exceeded is not None:

@@ -254,6 +254,43 @@ def test_qwen3_takes_an_inline_think_block_in_the_last_turn_as_written(tmp_path:
     assert "Simple addition." in qwen3.decode(ids) and qwen3.decode(ids[mask == 1]) == "4<|im_end|>"
 
 
+EARLIER_THINK = [{"messages": [{"role": "user", "content": "2+2?"},
+                               {"role": "assistant", "content": "<think>\nadd them\n</think>\n\n4"},
+                               {"role": "user", "content": "3+3?"}, {"role": "assistant", "content": "6"}]}]
+
+
+def test_a_think_block_the_template_strips_from_an_earlier_turn_is_counted(tmp_path: Path, qwen: Any) -> None:
+    # Qwen3's template strips the reasoning of turns before the last user turn, an inline <think> block
+    # included: the ids follow the template (transformers' rendering), and the parse report counts the block.
+    # Qwen2.5's template writes the block as text: nothing is counted; nor is Qwen3's last turn's block.
+    from gpu_prep.bundled import bundled_tokenizer_dir
+    from reference import hf_tokenizer
+
+    qwen3, [(ids, mask)], manifest = _qwen3_run(tmp_path, EARLIER_THINK)
+    reference = hf_tokenizer(bundled_tokenizer_dir("qwen3")).apply_chat_template(
+        EARLIER_THINK[0]["messages"], tokenize=True, return_dict=True)["input_ids"]
+    assert ids.tolist() == list(reference) and "add them" not in qwen3.decode(ids)
+    assert manifest["totals"]["parse_report"]["think_blocks_not_rendered"] == 1
+    _, _, manifest = _qwen3_run(tmp_path, INLINE_THINK)
+    assert manifest["totals"]["parse_report"]["think_blocks_not_rendered"] == 0
+    config = {"input": {"type": "chat"}, "mask": {"assistant": "train"}}
+    out = run_rows(tmp_path, config, EARLIER_THINK, name="qwen25")
+    [(ids, _)] = samples(out)
+    report = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["totals"]["parse_report"]
+    assert "add them" in qwen.decode(ids) and report["think_blocks_not_rendered"] == 0
+
+
+def test_the_run_summary_warns_of_think_blocks_the_template_stripped(tmp_path: Path) -> None:
+    from helpers import gpu_prep_cli, write_jsonl
+
+    (tmp_path / "c.json").write_text(json.dumps({"tokenizer": "qwen3", "input": {"type": "chat"},
+                                                 "mask": {"assistant": "train"}}))
+    data = write_jsonl(tmp_path / "rows.jsonl", EARLIER_THINK)
+    result = gpu_prep_cli("run", "-c", tmp_path / "c.json", data, "-o", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    assert "wrote nothing of the <think> block in the content of 1 message(s)" in " ".join(result.stderr.split())
+
+
 def test_a_think_block_no_reading_can_place_says_what_to_set(tmp_path: Path) -> None:
     # A template that closes no turn whose content holds <think>: neither reading of the block aligns, and
     # the row's drop says which setting reads the block as reasoning.
