@@ -285,9 +285,13 @@ class PreprocessingConfig(_Frozen):
     # kept; left: its last; drop: it is dropped (too_many_tokens); raise: the run stops, naming it; split:
     # it is cut into samples of max_seq_len tokens (pretraining text), none lost; structured (chat rows):
     # the system messages and the latest turns are kept, the oldest turns between them dropped, then the
-    # kept turns' reasoning removed, oldest first, and last the longest untrained content cut to its first
-    # tokens (the headers and trained text stay whole); a row that still does not fit is dropped.
+    # kept turns' reasoning removed, oldest first, and only then the last cut (structured_last_cut).
     truncation: Literal["right", "left", "drop", "raise", "split", "structured"] = "right"
+    # structured's last cut, for a row its turns and reasoning cannot bring under max_seq_len. left: the first
+    # tokens go, the seed's fallback; prompt: the longest untrained content keeps its first tokens, as many
+    # as fit (as LLaMA-Factory keeps a prompt's start), the system messages, headers and trained text whole,
+    # and a row that fits only by cutting those is dropped (too_many_tokens).
+    structured_last_cut: Literal["left", "prompt"] = "left"
     min_chars: int = Field(50, ge=0)
     max_chars: int = Field(2_000_000, ge=1)
     deduplicate: bool = True

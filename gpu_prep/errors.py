@@ -60,7 +60,8 @@ class Drop:
     DUPLICATE = "duplicate"
     NEAR_DUPLICATE = "near_duplicate"  # preprocessing.fuzzy_dedup: shares a MinHash band with a row kept before
     NO_TRAINED_TOKENS = "no_trained_tokens"
-    # over max_seq_len, with preprocessing.truncation "drop" (or "structured", where no cut it makes fits)
+    # over max_seq_len, with preprocessing.truncation "drop" (or "structured" whose last cut is "prompt",
+    # where no cut it makes fits)
     TOO_MANY_TOKENS = "too_many_tokens"
     TOKENIZER_MISMATCH = "tokenizer_mismatch"
     HANDLER_ERROR = "handler_error"  # a dataset's data handler failed on the row

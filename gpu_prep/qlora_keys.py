@@ -31,8 +31,7 @@ SCHEMAS: dict[str, dict[str, str]] = {
     "auto": {"type": "auto", "auto_prompt_type": "prompt_response"},
 }
 # truncate_side's values and the truncation each means: the seed prunes the oldest middle turns, then the
-# kept turns' reasoning, and only then cuts tokens from the left, which is gpu-prep's structured truncation
-# (whose last cut is inside the longest untrained content instead, keeping the system prompt and headers).
+# kept turns' reasoning, and only then cuts tokens from the left, which is gpu-prep's structured truncation.
 SIDES: dict[str, str] = {"left": "structured"}
 SEED_KEYS = (*SAME_VALUES, "dataset_schema", "truncate_side", "assistant_roles")
 

@@ -601,15 +601,16 @@ def _within_limits(conv: Conversation, ctx: RenderContext
 def _structured(conv: Conversation, ctx: RenderContext) -> tuple[Conversation, tuple[str, ...]]:
     """The conversation cut to fit max_seq_len by turns: leading system messages and the latest turn stay,
     the oldest turns after the system messages go first (as few as will do), then the reasoning of kept
-    messages, oldest first (the last one cut keeps its first tokens, as many as fit), and last the longest
-    untrained content, which keeps its first tokens (_cut_prompt). The system messages and every kept
-    turn's header stay whole, so a sample never begins mid-text."""
+    messages, oldest first (the last one cut keeps its first tokens, as many as fit). What is still too long
+    is cut by preprocessing.structured_last_cut: prompt cuts the longest untrained content (_cut_prompt),
+    keeping the system messages and every kept turn's header whole; left leaves the mask stage to cut the
+    first tokens, as the seed does."""
     if _fits(conv.messages, conv, ctx):
         return conv, ()
     kept, dropped = _drop_turns(conv, ctx)
     kept, trimmed = _trim_reasoning(kept, conv, ctx)
     notes = ["structured_dropped_turns"] * dropped + ["structured_dropped_reasoning"] * trimmed
-    if not _fits(kept, conv, ctx):
+    if ctx.config.preprocessing.structured_last_cut == "prompt" and not _fits(kept, conv, ctx):
         kept = _cut_prompt(kept, conv, ctx)
         notes.append("structured_cut_content")
     return dataclasses.replace(conv, messages=kept), tuple(notes)

@@ -223,10 +223,8 @@ def test_train_on_eot_and_train_on_eos_must_agree() -> None:
 @pytest.mark.parametrize("truncation", ["right", "left", "structured"])
 def test_trained_tokens_are_counted_by_role_after_truncation(tmp_path: Path, qwen: Any, truncation: str) -> None:
     rows = [{"messages": TURNS}, {"text": "A plain document, trained whole."}]
-    # structured keeps the latest turn's trained text whole (23 tokens with the system message), or drops the row
-    limit = 24 if truncation == "structured" else 12
     config = {"chat_template": "chatml", "input": {"type": "auto"}, "mask": {"user": "train", "assistant": "train"},
-              "preprocessing": {"max_seq_len": limit, "truncation": truncation, "min_chars": 0}}
+              "preprocessing": {"max_seq_len": 12, "truncation": truncation, "min_chars": 0}}
     out = run_rows(tmp_path, config, rows)
     totals = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["totals"]
     by_role = totals["trained_tokens_by_role"]
@@ -234,8 +232,7 @@ def test_trained_tokens_are_counted_by_role_after_truncation(tmp_path: Path, qwe
     (_, chat_mask), (_, text_mask) = samples(out)
     assert by_role.get("user", 0) + by_role.get("assistant", 0) == int(chat_mask.sum())
     assert by_role["(whole pieces)"] == int(text_mask.sum())
-    # Right truncation keeps the first turns (a user's only); left the last (the assistant's goodbye);
-    # structured the system message and the last turn.
+    # Right truncation keeps the first turns (a user's only); left and structured the last (the assistant's goodbye).
     assert set(by_role) - {"(whole pieces)"} == ({"user"} if truncation == "right" else {"user", "assistant"})
 
 

@@ -158,18 +158,19 @@ def test_structured_keeps_the_system_and_latest_turns_and_drops_the_oldest(tmp_p
     assert totals["rows_truncated"] == 1
 
 
-@pytest.mark.parametrize("limit", [60, 110, 125])
-def test_structured_trims_reasoning_before_cutting_tokens(tmp_path: Path, limit: int) -> None:
+@pytest.mark.parametrize("limit,last_cut", [(60, "left"), (60, "prompt"), (110, "left"), (125, "left")])
+def test_structured_trims_reasoning_before_cutting_tokens(tmp_path: Path, limit: int, last_cut: str) -> None:
     # The one turn fits without its reasoning (under 98 tokens), not with it (139): the reasoning keeps its
     # first tokens, as many as fit (the seed's "trim reasoning_content in kept turns"); where even none would
-    # not fit, it goes whole and the question keeps its first tokens.
+    # not fit, it goes whole and the last cut takes the first tokens (left, the seed's) or the question's end.
     from gpu_prep.tokenizer import load_tokenizer
 
     qwen3 = load_tokenizer("qwen3")
     messages = _conversation(1, reasoning=True)
     config = {"tokenizer": "qwen3", "input": {"type": "chat"}, "mask": {"assistant": "train"},
-              "preprocessing": {"max_seq_len": limit, "truncation": "structured", "min_chars": 0}}
-    out = run_rows(tmp_path, config, [{"messages": messages}], name=f"r{limit}")
+              "preprocessing": {"max_seq_len": limit, "truncation": "structured", "structured_last_cut": last_cut,
+                                "min_chars": 0}}
+    out = run_rows(tmp_path, config, [{"messages": messages}], name=f"r{limit}{last_cut}")
     [(ids, _)] = samples(out)
     text = qwen3.decode(ids)
     totals = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["totals"]
@@ -177,7 +178,10 @@ def test_structured_trims_reasoning_before_cutting_tokens(tmp_path: Path, limit:
     assert totals["parse_report"]["structured_dropped_turns"] == 0
     assert len(ids) <= limit and "Answer 0:" in text
     kept = text.count("hmm")
-    if limit < 90:
+    if limit < 90 and last_cut == "left":
+        assert kept == 0 and "Thinking about" not in text and len(ids) == limit
+        assert not text.startswith("<|im_start|>system") and totals["parse_report"]["structured_cut_content"] == 0
+    elif limit < 90:
         assert kept == 0 and "Thinking about" not in text and text.startswith(
             "<|im_start|>system\nYou keep count.<|im_end|>\n<|im_start|>user\nQuestion")
         assert totals["parse_report"]["structured_cut_content"] == 1
@@ -191,9 +195,18 @@ LONG_PROMPT = [{"role": "system", "content": "SYSTEM RULE: always answer in Fren
                {"role": "assistant", "content": "It is a list of words."}]
 
 
+def test_structured_falls_back_to_the_last_tokens(tmp_path: Path, qwen: Any) -> None:
+    # The seed's last step (structured_last_cut: left, the default): what the turns cannot bring under
+    # max_seq_len loses its first tokens.
+    messages = _conversation(3)
+    text, n, totals = _structured_run(tmp_path, qwen, messages, 40)
+    assert n == 40 and "Answer 2:" in text and "Question 1:" not in text
+    assert totals["parse_report"]["structured_dropped_turns"] == 2
+
+
 @pytest.mark.parametrize("method", ["roles", "generation"])
 def test_structured_cuts_the_end_of_a_long_prompt_and_keeps_the_system_and_headers(tmp_path: Path, method: str) -> None:
-    # One turn too long for max_seq_len: the question keeps its first tokens, as many as fit (as
+    # structured_last_cut: prompt. One turn too long for max_seq_len: the question keeps its first tokens, as many as fit (as
     # LLaMA-Factory keeps a prompt's start), and the system message, headers and answer stay whole. The
     # sample is exactly transformers' rendering of the cut conversation, ids and assistant mask.
     from reference import hf_tokenizer, write_tokenizer_dir
@@ -201,7 +214,8 @@ def test_structured_cuts_the_end_of_a_long_prompt_and_keeps_the_system_and_heade
 
     folder = write_tokenizer_dir(tmp_path / "tok")
     config = {"tokenizer": str(folder), "input": {"type": "chat", "mask_method": method}, "mask": {"assistant": "train"},
-              "preprocessing": {"max_seq_len": 128, "truncation": "structured", "min_chars": 0}}
+              "preprocessing": {"max_seq_len": 128, "truncation": "structured", "structured_last_cut": "prompt",
+                                "min_chars": 0}}
     out = run_rows(tmp_path, config, [{"messages": LONG_PROMPT}])
     [(ids, mask)] = samples(out)
     tok = load_tokenizer(str(folder))
@@ -223,7 +237,8 @@ def test_structured_drops_a_row_whose_trained_text_alone_is_too_long(tmp_path: P
     # The latest turn's answer and headers take more than max_seq_len even with the oldest turns dropped and
     # the question cut to one token: the row is dropped, saying why, rather than written from mid-text.
     config = {"chat_template": "chatml", "input": {"type": "chat"}, "mask": {"assistant": "train"},
-              "preprocessing": {"max_seq_len": 40, "truncation": "structured", "min_chars": 0}}
+              "preprocessing": {"max_seq_len": 40, "truncation": "structured", "structured_last_cut": "prompt",
+                                "min_chars": 0}}
     out = run_rows(tmp_path, config, [{"messages": _conversation(3)}])
     manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
     assert manifest["totals"]["rows_dropped"] == {"too_many_tokens": 1}
