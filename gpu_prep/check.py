@@ -134,6 +134,13 @@ def run_sample(config: PipelineConfig, inputs: list[str], sample: int, report: S
 
     report.errors.extend(f"the sample run: {problem} (run would exit non-zero)"
                          for problem in run_problems(report.manifest, config, sample=True))
+    # run writes such rows without those messages (and warns); a config check says so as an error: a role
+    # the mapping leaves out (a ShareGPT function_call or observation turn, say) is a mapping to fix.
+    for role, n in report.manifest["totals"]["messages_left_out_by_template"].items():
+        if role not in TEMPLATE_ROLES:
+            report.errors.append(f"the sample run: the chat template left out {n} message(s) with role {role!r}, "
+                                 f"which is not one of {', '.join(TEMPLATE_ROLES)}: their rows would be written "
+                                 "without them; map the role with input.roles")
     for entry in report.manifest["inputs"]:  # (on one or two rows, a bad first line: a warning)
         dropped = entry["rows_dropped"]
         if entry["rows_read"] and not entry["rows_written"] and set(dropped) <= Drop.BAD_DATA:

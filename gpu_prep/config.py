@@ -65,10 +65,15 @@ ALPACA_NO_INPUT_FORMAT = ("Below is an instruction that describes a task. Write 
                           "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n")
 # The roles chat templates know.
 TEMPLATE_ROLES = ("system", "user", "assistant", "tool")
-# The roles of ShareGPT-style data ("from") and the template roles they stand for.
-# LLaMA-Factory's tags included: a function_call turn is the assistant's call, written as text.
-SHAREGPT_ROLES = {"user": ["human", "user"], "assistant": ["gpt", "model", "assistant", "function_call"],
-                  "system": ["system"], "tool": ["tool", "function", "observation"]}
+# Not a template role: a row role listed under it is the assistant's tool call, its content JSON of
+# {"name", "arguments"} (or a list of them) made into the assistant message's tool_calls
+# (format._tool_calls), so the chat template writes the call in its own syntax.
+TOOL_CALL_ROLE = "tool_call"
+# The roles of ShareGPT-style data ("from") and the template roles they stand for. LLaMA-Factory's tags
+# included: a function_call turn is the assistant's tool call (as LLaMA-Factory reads it), an observation
+# the tool's result. (Listing function_call under assistant instead keeps its JSON as the reply's text.)
+SHAREGPT_ROLES = {"user": ["human", "user"], "assistant": ["gpt", "model", "assistant"],
+                  TOOL_CALL_ROLE: ["function_call"], "system": ["system"], "tool": ["tool", "function", "observation"]}
 _NO_ROLE_NAMES: dict[str, str] = {}
 
 
@@ -97,8 +102,9 @@ class InputConfig(_Frozen):
     # {template key: row key} inside a message, e.g. {"role": "from", "content": "value"}; "role" and
     # "content" set role_key and content_key, other keys are renamed as given.
     message_property_mappings: dict[str, str] = {}
-    # {template role: [row roles]}: roles renamed before rendering, e.g. {"assistant": ["gpt", "model"]}.
-    # Empty: none (chat), or SHAREGPT_ROLES for sharegpt rows.
+    # {template role: [row roles]}: roles renamed before rendering, e.g. {"assistant": ["gpt", "model"]};
+    # tool_call (TOOL_CALL_ROLE) is the assistant's tool call. Empty: none (chat), or SHAREGPT_ROLES for
+    # sharegpt rows.
     roles: dict[str, list[str]] = {}
     # Roles trained where `mask` names no rule for them (then mask_default applies).
     roles_to_train: list[str] = []
@@ -178,6 +184,12 @@ class InputConfig(_Frozen):
     system_prompt: str = ""
     format: str = ALPACA_FORMAT
     no_input_format: str = ALPACA_NO_INPUT_FORMAT
+    # How an alpaca row is written: format (the prompt above, template-free, as Axolotl's alpaca) or
+    # chat_template (as LLaMA-Factory renders it: the history's pairs as user and assistant turns, then the
+    # instruction and input joined by a newline as the user's turn and the output as the assistant's).
+    alpaca_render: Literal["format", "chat_template"] = "format"
+    # An alpaca row's earlier turns, [[question, answer], ...] (LLaMA-Factory's history column); null: none.
+    field_history: str | None = "history"
     # gpu-prep's own: a JSON Lines row longer than this many bytes is dropped (too_large) without being
     # parsed, and never held in memory whole.
     max_row_bytes: int = Field(64 << 20, ge=2)
@@ -580,6 +592,18 @@ class PipelineConfig(_Frozen):
             raise ValueError(f"input.type {kind}: pairs are neither packed nor split; set preprocessing.packing "
                              "none and truncation right (cut by max_prompt_length, max_completion_length and "
                              "max_seq_len), drop or raise")
+        return self
+
+    @model_validator(mode="after")
+    def _alpaca_turn_masks(self) -> PipelineConfig:
+        """Alpaca rows through the chat template are turns, masked by role: prompt and response rules alone
+        would train nothing."""
+        inp = self.input
+        if inp.type == "alpaca" and inp.alpaca_render == "chat_template" and {"prompt", "response"} & set(self.mask) \
+                and "assistant" not in self.mask and "assistant" not in inp.roles_to_train:
+            raise ValueError("input.alpaca_render chat_template writes alpaca rows as user and assistant turns, masked "
+                             "by role: write mask.user / mask.assistant (or input.roles_to_train: [assistant]) "
+                             "instead of mask.prompt / mask.response")
         return self
 
     @model_validator(mode="after")

@@ -14,6 +14,7 @@ holds that contract and calls every builder (builders.build_row).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
+from gpu_prep.config import TOOL_CALL_ROLE
 from gpu_prep.errors import Drop
 
 if TYPE_CHECKING:
@@ -58,7 +60,7 @@ class Conversation:
     tools: list[Any] | None = None
     documents: list[Any] | None = None  # the row's "documents" (retrieved passages), for templates that read them
     # What building it did, for the parse report: "moved_reasoning_keys", "extracted_think_from_content",
-    # "tools_parsed_from_string" (once per occurrence).
+    # "tools_parsed_from_string", "tool_calls_parsed", "tool_schemas_wrapped" (once per occurrence).
     notes: tuple[str, ...] = ()
 
 
@@ -240,8 +242,18 @@ def build_chat(record: dict[str, Any], config: PipelineConfig) -> Conversation:
 @register("sharegpt")
 def build_sharegpt(record: dict[str, Any], config: PipelineConfig) -> Conversation:
     """{"conversations": [{"from": "human", "value": ...}, ...]}: chat under other keys and role names
-    (input.roles defaults to SHAREGPT_ROLES); keys set in the config win."""
-    return _conversation(record, *sharegpt_keys(config), config)
+    (input.roles defaults to SHAREGPT_ROLES); keys set in the config win. Bare tool schemas ({"name", ...})
+    are wrapped as {"type": "function", "function": ...}, the shape OpenAI clients send and LLaMA-Factory
+    writes them in."""
+    conv = _conversation(record, *sharegpt_keys(config), config)
+    if conv.tools and any(_bare_schema(t) for t in conv.tools):
+        tools = [{"type": "function", "function": t} if _bare_schema(t) else t for t in conv.tools]
+        return dataclasses.replace(conv, tools=tools, notes=(*conv.notes, "tool_schemas_wrapped"))
+    return conv
+
+
+def _bare_schema(tool: dict[str, Any]) -> bool:
+    return "name" in tool and "type" not in tool and "function" not in tool
 
 
 def sharegpt_keys(config: PipelineConfig) -> tuple[str, str, str]:
@@ -291,9 +303,13 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
             raise RowError(Drop.WRONG_TYPE, f"{key}[{i}] must be an object, got {_type_name(message)}")
         if sources is None:
             sources = {role_key, content_key, *renames.values(), *inp.reasoning_keys}
-        role = _string_field(message, role_key, where)
-        role = role_names.get(role, role)
+        named = _string_field(message, role_key, where)
+        role = role_names.get(named, named)
         content = _content(message, content_key, where)
+        if role == TOOL_CALL_ROLE and named != role:  # a row role input.roles lists under tool_call
+            message = {**message, "tool_calls": _tool_calls(content, f"{where}{content_key}", named)}
+            role, content = "assistant", ""
+            notes.append("tool_calls_parsed")
         # Row keys are renamed to the template's, not copied: templates read role and content.
         extra = {k: v for k, v in message.items() if k not in sources}
         extra.update((target, message[source]) for target, source in renames.items() if source in message)
@@ -341,6 +357,28 @@ def _with_system_field(record: dict[str, Any], messages: list[dict[str, Any]], c
 
 
 THINK_BLOCK = re.compile(r"\s*<think>(.*?)</think>\s*", re.DOTALL)  # an inline reasoning block
+
+
+def _tool_calls(content: str, where: str, role: str) -> list[dict[str, Any]]:
+    """A tool-call turn's content (JSON of {"name", "arguments"}, or a list of them for parallel calls, as
+    LLaMA-Factory's function_call turns hold it) as OpenAI's tool_calls, which chat templates write in their
+    own syntax (Qwen's <tool_call> block). Anything else drops the row: trained as text, the model would
+    learn to call tools in a syntax no tool parser reads."""
+    rule = (f"field {where!r} is a tool call (role {role!r}, listed under tool_call in input.roles) and must "
+            'be JSON of {"name": ..., "arguments": ...} or a list of them')
+    try:
+        calls = json.loads(content)
+    except ValueError as exc:
+        raise RowError(Drop.WRONG_TYPE, f"{rule}; it is not JSON ({exc}): list {role!r} under assistant in "
+                                        "input.roles to train it as text") from None
+    calls = calls if isinstance(calls, list) else [calls]
+    if not calls:
+        raise RowError(Drop.WRONG_TYPE, f"{rule}; it is an empty list")
+    for call in calls:
+        if not (isinstance(call, dict) and isinstance(call.get("name"), str) and "arguments" in call):
+            got = f"an object with the keys {sorted(map(str, call))}" if isinstance(call, dict) else _type_name(call)
+            raise RowError(Drop.WRONG_TYPE, f"{rule}; it holds {got}")
+    return [{"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]
 
 
 TOOL_KEYS = ("tools", "tool_schemas", "functions", "function_schemas")
@@ -409,10 +447,11 @@ def build_prompt_response(record: dict[str, Any], config: PipelineConfig) -> Con
 
 
 @register("alpaca")
-def build_alpaca(record: dict[str, Any], config: PipelineConfig) -> Segments:
-    """Alpaca-style rows ({"instruction", "input", "output", "system"}, names set by input.field_*): the
-    prompt is input.format with {instruction}, {input} and {system} filled in (input.no_input_format when
-    the row has no input, or an empty one), then the output, closed by eos; labelled prompt and response."""
+def build_alpaca(record: dict[str, Any], config: PipelineConfig) -> Segments | Conversation:
+    """Alpaca-style rows ({"instruction", "input", "output", "system", "history"}, names set by
+    input.field_*): the prompt is input.format with {instruction}, {input} and {system} filled in
+    (input.no_input_format when the row has no input, or an empty one), then the output, closed by eos;
+    labelled prompt and response. With input.alpaca_render chat_template, a conversation instead."""
     inp = config.input
     instruction = _string_field(record, inp.field_instruction)
     extra = _optional_string(record, inp.field_input)
@@ -420,6 +459,15 @@ def build_alpaca(record: dict[str, Any], config: PipelineConfig) -> Segments:
     output = _string_field(record, inp.field_output)
     if not output.strip():
         raise RowError(Drop.EMPTY, f"field {inp.field_output!r} is empty")
+    history = _history(record, inp.field_history)
+    if inp.alpaca_render == "chat_template":
+        return _alpaca_conversation(record, system, history, "\n".join(t for t in (instruction, extra) if t),
+                                    output, config)
+    if history:  # the format has no place for earlier turns: written without them, the reply loses its context
+        raise RowError(Drop.WRONG_TYPE, f"field {inp.field_history!r} holds {len(history)} earlier turn(s), which "
+                                        "input.format (template-free) has no place for; input.alpaca_render: "
+                                        "chat_template writes them as turns (as LLaMA-Factory does), "
+                                        "input.field_history: null ignores the field")
     template = inp.format if extra else inp.no_input_format
     values = {"instruction": instruction, "input": extra, "system": system}
     prompt = _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)  # one pass: no text of a row is a template
@@ -431,6 +479,31 @@ def build_alpaca(record: dict[str, Any], config: PipelineConfig) -> Segments:
 
 
 _PLACEHOLDER = re.compile(r"\{(instruction|input|system)\}")
+
+
+def _history(record: dict[str, Any], key: str | None) -> list[list[str]]:
+    """An alpaca row's earlier turns, [[question, answer], ...] (absent or null: none)."""
+    value = record.get(key) if key is not None else None
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise RowError(Drop.WRONG_TYPE, f"field {key!r} must be a list of [question, answer] pairs, got "
+                                        f"{_type_name(value)}")
+    for i, pair in enumerate(value):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(t, str) for t in pair)):
+            raise RowError(Drop.WRONG_TYPE, f"{key}[{i}] must be a [question, answer] pair of strings, got "
+                                            f"{json.dumps(pair)[:80]}")
+    return value
+
+
+def _alpaca_conversation(record: dict[str, Any], system: str, history: list[list[str]], prompt: str,
+                         output: str, config: PipelineConfig) -> Conversation:
+    """An alpaca row as LLaMA-Factory's AlpacaDatasetConverter makes it, rendered with the chat template: the
+    system prompt, the history's pairs as user and assistant turns, then the prompt and the output."""
+    turns = [{"role": role, "content": text} for pair in history for role, text in zip(("user", "assistant"), pair)]
+    messages = [*([{"role": "system", "content": system}] if system else []), *turns,
+                {"role": "user", "content": prompt}, {"role": "assistant", "content": output}]
+    return _conversation({**record, "messages": messages}, "messages", "role", "content", config, system_field=False)
 
 
 def _optional_string(record: dict[str, Any], key: str | None) -> str:
@@ -593,6 +666,8 @@ def _preference_part(record: dict[str, Any], key: str, config: PipelineConfig,
         return value
     if isinstance(value, list) and not value and allow_empty:
         return []
+    if isinstance(value, dict):  # one message (LLaMA-Factory's sharegpt ranking rows): a one-message completion
+        record = {key: [value]}
     inp = config.input
     return _conversation(record, key, inp.role_key, inp.content_key, config, system_field=False).messages
 

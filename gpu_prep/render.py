@@ -29,6 +29,7 @@ import numpy as np
 
 from gpu_prep.affix import AffixTemplate
 from gpu_prep.chat_template import row_limits
+from gpu_prep.config import TEMPLATE_ROLES
 from gpu_prep.errors import ConfigError, Drop
 from gpu_prep.format import Conversation, Pair, RowError, Segments, Shape, Tokens, Unpaired
 from gpu_prep.locate import locate_contents, render_marked, render_text
@@ -161,6 +162,7 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
         real, regions, generated = ctx.affix.render(conv.messages)
     else:
         real, generated = render_marked(template, conv.messages, conv, marked=marked)
+        _writes_tool_calls(real, conv, template)
         regions = _locate(real, conv, template, ctx)
     roles = [m["role"] for m in conv.messages]
     if len(regions) == len(roles):  # every message located (regions name each message once)
@@ -209,6 +211,24 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
         else:  # the content and its end-of-turn token as one span
             spans.append((start, match.end() if match else end, labels[i], role))
     return real, spans, left_out, ()
+
+
+def _writes_tool_calls(real: str, conv: Conversation, template: ChatTemplate) -> None:
+    """Drops a row whose tool calls the template writes nothing of (a template without tool-call support,
+    seen as the rendering without them being the same): written, the call would be lost and the turn
+    trained as a reply without it."""
+    calls = [i for i, m in enumerate(conv.messages) if m.get("tool_calls")]
+    if not calls:
+        return
+    bare = [{k: v for k, v in m.items() if k != "tool_calls"} for m in conv.messages]
+    try:
+        if render_text(template, bare, conv) != real:
+            return
+    except RowError:  # refused without them: the template reads them
+        return
+    raise RowError(Drop.TEMPLATE_ERROR, f"the chat template writes nothing of the tool_calls of message {calls[0]} "
+                                        "(it does not render tool calls), so the call would be lost; use a template "
+                                        "that does (qwen2.5, qwen3 and llama3.1 do)")
 
 
 def _generation_spans(real: str, generated: list[tuple[int, int, int | None]], regions: list[tuple[int, int, int]],
@@ -530,6 +550,7 @@ def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
                 if budget.exceeded is not None:
                     raise RowError(Drop.TEMPLATE_LIMIT, budget.exceeded) from None
                 raise RowError(Drop.TEMPLATE_ERROR, f"the chat template refused the row: {exc}") from None
+        _completions_written(pair, wholes, start, ctx)
         alone = prompt
     else:
         prompt = ctx.prefix_text + pair.prompt
@@ -551,6 +572,23 @@ def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
     roles = ["chosen", "rejected"] if isinstance(pair, Pair) else ["desirable" if pair.label else "undesirable"]
     return RenderedRow(pieces, [False] * len(pieces), spans, num_bytes, span_roles=roles,
                        label=pair.label if isinstance(pair, Unpaired) else None, generation_prompt_differs=differs)
+
+
+def _completions_written(pair: Pair | Unpaired, wholes: list[str], start: int, ctx: RenderContext) -> None:
+    """Drops a pair a completion of which the template wrote nothing of (its messages' role unknown to it,
+    say: ShareGPT's gpt unmapped), naming the roles it does not know, rather than as cut off."""
+    for whole, completion, key in zip(wholes, pair.completions, _completion_keys(pair, ctx)):
+        if len(whole) <= start:
+            unknown = sorted({m["role"] for m in completion} - set(TEMPLATE_ROLES))
+            why = (f": its role {' and '.join(map(repr, unknown))} {'is' if len(unknown) == 1 else 'are'} not one "
+                   f"of {', '.join(TEMPLATE_ROLES)} (map it with input.roles)") if unknown else ""
+            raise RowError(Drop.NO_TRAINED_TOKENS, f"the chat template wrote nothing of the completion in field "
+                                                   f"{key!r}, so nothing is trained{why}")
+
+
+def _completion_keys(pair: Pair | Unpaired, ctx: RenderContext) -> list[str]:
+    inp = ctx.config.input
+    return [inp.chosen_key, inp.rejected_key] if isinstance(pair, Pair) else [inp.completion_key]
 
 
 def _common_prefix(a: str, b: str) -> int:

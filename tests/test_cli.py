@@ -453,3 +453,20 @@ def test_an_interrupted_run_leaves_ctrl_c_to_its_caller(tmp_path: Path, monkeypa
     result = _run_sft(tmp_path, "-o", tmp_path / "out")
     assert result.exit_code == 130 and "resumeitwith" in _squash(result.output)
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_validate_fails_on_roles_a_mapping_leaves_out(tmp_path: Path) -> None:
+    # Giving input.roles replaces the sharegpt default: a mapping without function_call and observation
+    # has run write their rows without those turns (warned); validate calls it an error.
+    data = tmp_path / "tools.jsonl"
+    data.write_text(json.dumps({"conversations": [
+        {"from": "human", "value": "Weather?"}, {"from": "function_call", "value": '{"name": "w", "arguments": {}}'},
+        {"from": "observation", "value": "21C"}, {"from": "gpt", "value": "21 degrees."}]}) + "\n", encoding="utf-8")
+    config = tmp_path / "partial.json"
+    config.write_text(json.dumps({"input": {"type": "sharegpt", "roles": {"user": ["human"], "assistant": ["gpt"]}},
+                                  "mask": {"assistant": "train"}}), encoding="utf-8")
+    result = _invoke("validate", "-c", config, data)
+    shown = _squash(result.stdout + result.stderr)
+    assert result.exit_code == 2 and "role'function_call'" in shown and "role'observation'" in shown, shown
+    config.write_text(json.dumps({"input": {"type": "sharegpt"}, "mask": {"assistant": "train"}}), encoding="utf-8")
+    assert _invoke("validate", "-c", config, data).exit_code == 0

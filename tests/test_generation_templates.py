@@ -58,7 +58,8 @@ def rows() -> list[dict[str, Any]]:
 
 
 def reference(folder: Path, template: str, kwargs: dict[str, Any], data: list[dict[str, Any]]) -> list[Any]:
-    """transformers' ids and assistant mask of each row, or None where the template refuses it."""
+    """transformers' ids and assistant mask of each row, or None where the template refuses it (or writes
+    nothing of its tool calls, which gpu-prep refuses: the call would be lost)."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from transformers import PreTrainedTokenizerFast
 
@@ -71,10 +72,25 @@ def reference(folder: Path, template: str, kwargs: dict[str, Any], data: list[di
         try:
             encoded = tok.apply_chat_template(row["messages"], tools=row.get("tools"), tokenize=True, return_dict=True,
                                               return_assistant_tokens_mask=True, **kwargs)
-            out.append((list(encoded["input_ids"]), list(encoded["assistant_masks"])))
         except Exception:  # noqa: BLE001  the template refused the row (raise_exception, a missing key, ...)
             out.append(None)
+            continue
+        out.append(None if _calls_unwritten(tok, row, kwargs) else
+                   (list(encoded["input_ids"]), list(encoded["assistant_masks"])))
     return out
+
+
+def _calls_unwritten(tok: Any, row: dict[str, Any], kwargs: dict[str, Any]) -> bool:
+    """Whether the row has tool calls the template writes nothing of: its rendering without them is the same
+    (one the template refuses without them it reads)."""
+    bare = [{k: v for k, v in m.items() if k != "tool_calls"} for m in row["messages"]]
+    if bare == row["messages"]:
+        return False
+    try:
+        return tok.apply_chat_template(bare, tools=row.get("tools"), tokenize=False, **kwargs) == \
+            tok.apply_chat_template(row["messages"], tools=row.get("tools"), tokenize=False, **kwargs)
+    except Exception:  # noqa: BLE001
+        return False
 
 
 @pytest.mark.parametrize("case", sorted(TEMPLATES))

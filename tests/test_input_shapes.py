@@ -384,7 +384,8 @@ def test_auto_reads_messages_given_as_json_text(tmp_path: Path) -> None:
 
 def test_sharegpt_role_names_include_llama_factorys_and_stand_for_one_role_each() -> None:
     # LLaMA-Factory's sharegpt tags: a function_call turn is the assistant's tool call, observation its result.
-    row = {"conversations": [{"from": "human", "value": "weather?"}, {"from": "function_call", "value": '{"name": "f"}'},
+    row = {"conversations": [{"from": "human", "value": "weather?"},
+                             {"from": "function_call", "value": '{"name": "f", "arguments": {}}'},
                              {"from": "observation", "value": "18C"}, {"from": "gpt", "value": "18 degrees"}]}
     conv = get_builder("sharegpt")(row, parse_config({"input": {"type": "sharegpt"}}))
     assert [m["role"] for m in conv.messages] == ["user", "assistant", "tool", "assistant"]
@@ -434,3 +435,106 @@ def test_a_bare_list_of_sharegpt_messages_is_a_conversation(tmp_path: Path, kind
     config = parse_config({"input": {"type": kind}, "chat_template": "chatml", "mask": {"assistant": "train"}})
     manifest = run(config, [str(data)], tmp_path / kind)
     assert manifest["totals"]["rows_written"] == 1, manifest["dropped_examples"]
+
+
+WEATHER = {"name": "get_weather", "description": "Get weather",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+SHAREGPT_CALL = {"conversations": [
+    {"from": "human", "value": "Weather in Paris and Rome?"},
+    {"from": "function_call", "value": json.dumps([{"name": "get_weather", "arguments": {"city": "Paris"}},
+                                                   {"name": "get_weather", "arguments": {"city": "Rome"}}])},
+    {"from": "observation", "value": '{"temp_c": 21}'}, {"from": "gpt", "value": "21 degrees in both."}],
+    "tools": json.dumps([WEATHER])}  # LLaMA-Factory's layout: a bare schema, calls as JSON text
+OPENAI_CALL = {"messages": [
+    {"role": "user", "content": "Weather in Paris and Rome?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": c}}} for c in ("Paris", "Rome")]},
+    {"role": "tool", "content": '{"temp_c": 21}'}, {"role": "assistant", "content": "21 degrees in both."}],
+    "tools": [{"type": "function", "function": WEATHER}]}
+
+
+def test_llama_factorys_function_call_turns_are_the_openai_rows_tool_calls(tmp_path: Path, qwen: Any) -> None:
+    # The default sharegpt roles read a function_call turn as the assistant's tool calls (a list: parallel
+    # calls) and wrap bare tool schemas, so Qwen's template writes <tool_call> blocks, trained, as for the
+    # OpenAI row (whose ids equal LLaMA-Factory's), not the bare JSON.
+    want = samples(run_rows(tmp_path, CHAT, [OPENAI_CALL], name="openai"))
+    out = run_rows(tmp_path, {"input": {"type": "sharegpt"}, "mask": {"assistant": "train"}}, [SHAREGPT_CALL])
+    assert _same(samples(out), want)
+    [(ids, mask)] = want
+    assert qwen.decode(ids[mask == 1]).count("<tool_call>\n{\"name\": \"get_weather\"") == 2
+    report = json.loads((out / "manifest.json").read_text())["totals"]["parse_report"]
+    assert report["tool_calls_parsed"] == 1 and report["tool_schemas_wrapped"] == 1 and report["unknown_roles"] == {}
+
+
+def test_a_function_call_turn_listed_under_assistant_stays_text() -> None:
+    roles = {"user": ["human"], "assistant": ["gpt", "function_call"], "tool": ["observation"]}
+    conv = get_builder("sharegpt")(SHAREGPT_CALL, parse_config({"input": {"type": "sharegpt", "roles": roles}}))
+    assert conv.messages[1] == {"role": "assistant", "content": SHAREGPT_CALL["conversations"][1]["value"]}
+
+
+@pytest.mark.parametrize(("call", "says"), [
+    ("get_weather(city='Paris')", "it is not JSON"),
+    ('{"arguments": {}}', "it holds an object with the keys ['arguments']"),
+    ("[]", "it is an empty list"),
+    ('["get_weather"]', "it holds str"),
+])
+def test_a_function_call_turn_that_is_no_call_drops_the_row_naming_it(call: str, says: str) -> None:
+    from gpu_prep.format import RowError
+
+    row = {"conversations": [{"from": "human", "value": "hi"}, {"from": "function_call", "value": call}]}
+    with pytest.raises(RowError) as caught:
+        get_builder("sharegpt")(row, parse_config({"input": {"type": "sharegpt"}}))
+    assert caught.value.reason == "wrong_type" and says in caught.value.detail
+    assert "field 'conversations[1].value' is a tool call (role 'function_call'" in caught.value.detail
+
+
+def test_tool_calls_a_template_does_not_write_drop_the_row(tmp_path: Path) -> None:
+    # ChatML writes nothing of tool_calls: written, the call would be lost and an empty reply trained.
+    rejects = tmp_path / "rejects.jsonl"
+    run_rows(tmp_path, {**CHAT, "chat_template": "chatml"}, [OPENAI_CALL, OPENAI[0]], rejects=rejects)
+    [reject] = [json.loads(line) for line in rejects.read_text().splitlines()]
+    assert reject["reason"] == "template_error" and "writes nothing of the tool_calls of message 1" in reject["detail"]
+
+
+HISTORY_ROW = {"instruction": "And 7 times 8?", "input": "", "output": "56.", "system": "You are a math tutor.",
+               "history": [["6 times 7?", "42."], ["6 times 8?", "48."]]}
+
+
+def test_alpaca_history_is_not_lost_silently(tmp_path: Path) -> None:
+    # input.format has no place for earlier turns: the row is dropped, naming the option that keeps them.
+    rejects = tmp_path / "rejects.jsonl"
+    out = run_rows(tmp_path, ALPACA, [HISTORY_ROW, {**HISTORY_ROW, "history": []}], rejects=rejects)
+    assert len(samples(out)) == 1
+    [reject] = [json.loads(line) for line in rejects.read_text().splitlines()]
+    assert reject["reason"] == "wrong_type" and "field 'history' holds 2 earlier turn(s)" in reject["detail"]
+    assert "input.alpaca_render: chat_template" in reject["detail"]
+
+
+def test_alpaca_rows_through_the_chat_template_are_llama_factorys_messages(tmp_path: Path) -> None:
+    # LLaMA-Factory's AlpacaDatasetConverter: system, the history's pairs, then instruction and input joined
+    # by a newline (empty parts left out) and the output, rendered with the chat template.
+    turns = [("system", "You are a math tutor."), ("user", "6 times 7?"), ("assistant", "42."),
+             ("user", "6 times 8?"), ("assistant", "48."), ("user", "And 7 times 8?"), ("assistant", "56.")]
+    chat = [{"messages": [{"role": r, "content": c} for r, c in turns]},
+            {"messages": [{"role": "user", "content": "Add.\n2 and 3"}, {"role": "assistant", "content": "5"}]}]
+    want = samples(run_rows(tmp_path, CHAT, chat, name="chat"))
+    config = {"input": {"type": "alpaca", "alpaca_render": "chat_template"}, "mask": {"assistant": "train"}}
+    rows = [HISTORY_ROW, {"instruction": "Add.", "input": "2 and 3", "output": "5"}]
+    assert _same(samples(run_rows(tmp_path, config, rows)), want)
+
+
+def test_alpaca_through_the_chat_template_is_masked_by_role() -> None:
+    from gpu_prep.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="mask.user / mask.assistant"):
+        parse_config({**ALPACA, "input": {"type": "alpaca", "alpaca_render": "chat_template"}})
+
+
+def test_the_shipped_sharegpt_config_keeps_tool_turns(tmp_path: Path) -> None:
+    # It once listed user, assistant and system roles as "the default": function_call and observation
+    # turns were left out of every row, with warnings only.
+    config = yaml.safe_load((REPO / "configs" / "sharegpt.yaml").read_text())
+    out = run_rows(tmp_path, config, [SHAREGPT_CALL])
+    totals = json.loads((out / "manifest.json").read_text())["totals"]
+    assert totals["rows_written"] == 1 and totals["messages_left_out_by_template"] == {}
+    assert totals["parse_report"]["tool_calls_parsed"] == 1

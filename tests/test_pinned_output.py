@@ -21,7 +21,7 @@ from gpu_prep.output.files import JOURNAL
 from gpu_prep.pipeline import Options, run
 from helpers import REPO, write_jsonl
 
-PINNED = "9094b1055c9ed0e48a9cf283682eff4016eb43bfaa1e6f260b857c414b664e7d"
+PINNED = "6c3e95f8716691495d578475cc7100e117ed1a585ec8e102c0ba590cf6c3a971"
 PINNED_EXAMPLE = "f1108f8a2db5cd6ef07d39dd6419a02e153b2cf91239293b9c983f0c1fb7b1be"
 MANIFEST_KEYS = ("totals", "domains", "packing")  # what the manifest says that no path or timing enters
 

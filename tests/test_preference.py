@@ -475,3 +475,22 @@ def test_trl_trainer_names_point_to_preference(name: str) -> None:
 
     with pytest.raises(ConfigError, match=f"input.type: '{name}' is not known; did you mean 'preference'"):
         check_registered(parse_config({"input": {"type": name}}))
+
+
+def test_llama_factorys_ranking_rows_one_message_each_and_unmapped_roles_named(tmp_path: Path, tokenizer_dir: Path) -> None:
+    # LLaMA-Factory's sharegpt ranking layout: chosen and rejected are one message each (a one-message
+    # completion, the same pair as the list of it). Its human / gpt roles, unmapped, are counted, and where the
+    # template writes nothing of them (Qwen2.5's) the drop names them rather than saying "cut off".
+    lists = {"conversations": [{"from": "human", "value": "Capital of France?"}],
+             "chosen": [{"from": "gpt", "value": "Paris."}], "rejected": [{"from": "gpt", "value": "Lyon."}]}
+    single = {**lists, "chosen": lists["chosen"][0], "rejected": lists["rejected"][0]}
+    keys = {"type": "preference", "prompt_key": "conversations", "role_key": "from", "content_key": "value"}
+    mapped = _config(tokenizer_dir, input={**keys, "roles": {"user": ["human"], "assistant": ["gpt"]}})
+    got = _table(run_rows(tmp_path, mapped, [single], name="single"))
+    assert got == _table(run_rows(tmp_path, mapped, [lists], name="lists")) and len(got) == 1
+    rejects = tmp_path / "rejects.jsonl"
+    out = run_rows(tmp_path, _config("qwen2.5", input=keys), [single, single], name="unmapped", rejects=rejects)
+    totals = json.loads((out / "manifest.json").read_text())["totals"]
+    assert totals["parse_report"]["unknown_roles"] == {"gpt": 4, "human": 2}
+    detail = json.loads(rejects.read_text().splitlines()[0])["detail"]
+    assert "wrote nothing of the completion in field 'chosen'" in detail and "its role 'gpt' is not one of" in detail

@@ -27,8 +27,8 @@ from gpu_prep.engines import HfEngine
 from gpu_prep.errors import Drop, EngineMismatch
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter import Deduplicator, filter_rows
-from gpu_prep.format import (Conversation, RowError, Segments, Tokens, auto_schema, dedup_text, domain_of,
-                             fuzzy_text, hashed_whole, sharegpt_keys, source_chars, split_text)
+from gpu_prep.format import (Conversation, Pair, RowError, Segments, Tokens, Unpaired, auto_schema, dedup_text,
+                             domain_of, fuzzy_text, hashed_whole, sharegpt_keys, source_chars, split_text)
 from gpu_prep.fuzzy import MinHasher, text_band_keys
 from gpu_prep.mask import (Masked, contiguous_places, kept_span_tokens, mask_from_ranges, offset_places, row_of,
                            span_tokens, truncate_and_filter)
@@ -190,6 +190,9 @@ def format_rows(chunk: RawChunk, base: PipelineConfig, sources: Sources | None =
             # never dropped silently: see messages_left_out_by_template).
             out.notes.update(["rows_with_tools"] * bool(shape.tools) + list(shape.notes))
             out.notes.update(f"unknown_role:{m['role']}" for m in shape.messages if m["role"] not in KNOWN_ROLES)
+        elif isinstance(shape, (Pair, Unpaired)) and shape.conversational:
+            out.notes.update(f"unknown_role:{m['role']}" for part in (shape.prompt, *shape.completions)
+                             for m in part if m["role"] not in KNOWN_ROLES)
         out.rows.index.append(i)
         out.rows.domain.append(domain)
         out.rows.payload.append(shape)
