@@ -632,8 +632,10 @@ class PipelineConfig(_Frozen):
             own = {**own, "type": "pretokenized"}  # the handler's rows are ids and labels
         if not own and spec.mask is None and spec.mask_default is None:
             return self
-        data = self.model_dump(exclude={"datasets"})
-        data["input"] = {**data["input"], **own}
+        # Only the keys the file set, as it set them: a default written out would count as set, and the
+        # defaults that depend on the input type (sharegpt's conversations / from / value) would lose.
+        data = self.model_dump(exclude={"datasets"}, exclude_unset=True)
+        data["input"] = {**data.get("input", {}), **own}
         if spec.mask is not None:
             data["mask"] = spec.mask
         if spec.mask_default is not None:

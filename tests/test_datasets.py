@@ -21,6 +21,7 @@ from gpu_prep.config import load_config, parse_config
 from gpu_prep.errors import ConfigError
 from gpu_prep.pipeline import run
 from gpu_prep.plugins import check_registered
+from helpers import samples
 
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")
 
@@ -225,6 +226,23 @@ def test_each_dataset_takes_its_own_input_and_mask_settings(tmp_path: Path, data
     assert chat[0] == "chat-0<|im_end|>"  # the chat dataset masks its prompts (the config's mask)
     with pytest.raises(ConfigError, match=r"datasets\[0\] \(chat\)"):
         check_registered(parse_config({**config, "datasets": [{**config["datasets"][0], "input": {"type": "nope"}}]}))
+
+
+def test_a_sharegpt_dataset_in_a_mix_reads_its_rows_as_the_top_level_sharegpt_type_does(tmp_path: Path) -> None:
+    # Its own input.type takes that type's defaults (conversations / from / value, the ShareGPT role names)
+    # wherever the config sets none of those keys, as input.type sharegpt at the top level does.
+    rows = [{"conversations": [{"from": "human", "value": f"Say sg-{i}."}, {"from": "gpt", "value": f"sg-{i}"}]}
+            for i in range(4)]
+    path = _write(tmp_path / "sg.jsonl", rows)
+    common = {"version": 1, "tokenizer": "qwen2.5", "mask": {"assistant": "train"},
+              "preprocessing": {"min_chars": 1}}
+    top = run(parse_config({**common, "input": {"type": "sharegpt"}}), [str(path)], tmp_path / "top")
+    mix = {**common, "datasets": [{"name": "sg", "data_paths": [str(path)], "input": {"type": "sharegpt"}}]}
+    assert run(parse_config(mix), [], tmp_path / "mix")["totals"]["rows_written"] == top["totals"]["rows_written"] == 4
+    def written(out: Path, domain: str | None = None) -> list[tuple[list[int], list[int]]]:
+        return [(ids.tolist(), mask.tolist()) for ids, mask in samples(out, domain)]
+
+    assert written(tmp_path / "mix", "sg") == written(tmp_path / "top")
 
 
 def test_handlers_that_use_the_tokenizer(tmp_path: Path, data: Path) -> None:
