@@ -424,19 +424,22 @@ def _segments(shape: Segments, ctx: RenderContext) -> RenderedRow:
     pieces: list[tuple[str, str | bool | None]] = [(t, label) for t, label in shape.pieces if t]
     end = ctx.eos_text if shape.add_eos else ctx.eod_text if shape.add_eod else None
     closed = bool(end and pieces)
+    # A tokenizer that closes every text with that very token itself (T5's </s>) gets it once: as the end
+    # piece, labelled and cut or kept under truncation as the end is, not again as its own suffix.
+    suffix = "" if closed and end == ctx.suffix_text else ctx.suffix_text
     if closed:
         text, label = pieces.pop()
         # A row (or data handler) that ends with the token already: it becomes a piece of its own all the
         # same (the same ids, as it is a special token the tokenizer splits off).
         rest = text[:-len(end)] if text.endswith(end) else text
         pieces += [(rest, label)] * bool(rest) + [(end, label)]
-    pieces = [(ctx.prefix_text, None)] * bool(ctx.prefix_text) + pieces + [(ctx.suffix_text, None)] * bool(ctx.suffix_text)
+    pieces = [(ctx.prefix_text, None)] * bool(ctx.prefix_text) + pieces + [(suffix, None)] * bool(suffix)
     trained = [shape.train_all or ctx.trains(label) for _, label in pieces]
     texts = [t for t, _ in pieces]
     # What closes the row outlives right truncation: the tokenizer's own suffix ([SEP]) and, for a text row,
     # the end-of-document token before it, so that documents packed or concatenated stay apart. (The eos
     # closing an instruction row's response is the response's: a cut response is not given one.)
-    closing = bool(ctx.suffix_text) + (closed and not shape.add_eos)
+    closing = bool(suffix) + (closed and not shape.add_eos)
     return RenderedRow(texts, trained, [], sum(len(t.encode("utf-8")) for t in texts), closing)
 
 
@@ -555,7 +558,7 @@ def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
     else:
         prompt = ctx.prefix_text + pair.prompt
         start, alone = len(prompt), prompt + ctx.suffix_text  # TRL tokenizes the prompt with special tokens
-        end = ctx.eos_text or ""
+        end = "" if ctx.eos_text == ctx.suffix_text else ctx.eos_text or ""  # T5's </s> closes it already
         wholes = [prompt + c + ("" if c.endswith(end) else end) + ctx.suffix_text for c in pair.completions]
     pieces, spans, total, num_bytes = [], [], 0, 0  # total: in the spans' units (characters with offsets, else bytes)
     for whole in [*wholes, alone]:

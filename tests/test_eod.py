@@ -88,6 +88,53 @@ def test_bert_ends_each_text_with_its_own_sep_once(tmp_path: Path) -> None:
     assert json.loads((out / "__default__" / "meta.json").read_text(encoding="utf-8"))["tokenizer"]["eod_id"] == sep
 
 
+def _t5_style(folder: Path) -> Path:
+    """A tokenizer whose post-processor closes every text with </s>, which is also its eos (T5's, mT5's)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    words = "<pad> </s> <unk> Document says something about topic . what is plus ? 0 1 2 3 4 5 6 7 8 9 10 11"
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words.split())}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["</s>", "<pad>", "<unk>"])
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "unk_token": "<unk>",
+                                                              "pad_token": "<pad>"}), encoding="utf-8")
+    return folder
+
+
+def test_a_tokenizer_that_closes_every_text_with_its_eos_gets_it_once(tmp_path: Path) -> None:
+    # Its </s> is both the eos a row is closed with and the token it closes every text with itself: written
+    # once, as tokenizer(text) gives it, for text rows (kept when cut, as BERT's [SEP]), instruction rows
+    # (trained with the response) and preference pairs.
+    from transformers import PreTrainedTokenizerFast
+
+    folder = _t5_style(tmp_path / "t5")
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), eos_token="</s>")
+    eos = 1
+    config = {**_text(), "tokenizer": str(folder)}
+    for (ids, mask), doc in zip(samples(run_rows(tmp_path, config, DOCS, name="text")), DOCS):
+        assert ids.tolist() == hf(doc["text"])["input_ids"] and mask.all()
+    cut = {**config, "preprocessing": {"max_seq_len": 4, "min_chars": 1}}
+    assert all(ids.tolist()[-1:] == [eos] and len(ids) == 4 for ids, _ in samples(run_rows(tmp_path, cut, DOCS, name="cut")))
+    rows = [{"prompt": f"what is {k} plus {k} ?", "response": f" {2 * k}"} for k in range(6)]
+    instruction = {"tokenizer": str(folder), "input": {"type": "instruction"}, "mask": {"response": "train"},
+                   "preprocessing": {"min_chars": 1}}
+    for (ids, mask), row in zip(samples(run_rows(tmp_path, instruction, rows, name="instruction")), rows):
+        assert ids.tolist() == hf(row["prompt"] + row["response"])["input_ids"]
+        assert mask.tolist() == [0] * (len(ids) - 2) + [1, 1]  # the answer and its eos
+    pairs = [{"prompt": f"what is {k} plus {k} ?", "chosen": f" {2 * k}", "rejected": f" {2 * k + 1}"} for k in range(5)]
+    preference = {"tokenizer": str(folder), "input": {"type": "preference"}, "output": {"storage_format": "parquet"},
+                  "preprocessing": {"min_chars": 1}}
+    out = run_rows(tmp_path, preference, pairs, name="pairs")
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(next((out / "__default__").glob("*.parquet"))).to_pylist()
+    for row, got in zip(pairs, table):
+        assert got["prompt_ids"] + got["chosen_ids"] == hf(row["prompt"] + row["chosen"])["input_ids"]
+
+
 def test_a_tokenizer_without_an_end_token_is_refused_unless_told(tmp_path: Path) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
