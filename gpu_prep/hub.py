@@ -33,6 +33,7 @@ def resolve_model_id(model_id: str, revision: str | None = None) -> tuple[Path, 
         raise ConfigError(f"tokenizer {model_id!r} is a model id, which needs huggingface_hub: "
                           'pip install "gpu-prep[hub]"') from None
     where = f"tokenizer {model_id!r}" + (f" at revision {revision!r}" if revision else "")
+    get = f"hf download {model_id}" + (f" --revision {revision}" if revision else "")
     # Read from the environment now (huggingface_hub reads it once, when first imported).
     cache = os.environ.get("HF_HUB_CACHE") or (os.path.join(os.environ["HF_HOME"], "hub") if os.environ.get("HF_HOME")
                                                else constants.HF_HUB_CACHE)
@@ -43,7 +44,7 @@ def resolve_model_id(model_id: str, revision: str | None = None) -> tuple[Path, 
     except LocalEntryNotFoundError:
         if offline:
             raise ConfigError(f"{where}: not in the hub cache ({cache}) and HF_HUB_OFFLINE is set; "
-                              f"on a machine with network run `hf download {model_id} --include 'tokenizer*' "
+                              f"on a machine with network run `{get} --include 'tokenizer*' "
                               "'*.jinja'` (or point HF_HOME / HF_HUB_CACHE at a cache that has it)") from None
         try:
             folder = snapshot_download(model_id, revision=revision, allow_patterns=TOKENIZER_PATTERNS, cache_dir=cache,
@@ -51,9 +52,9 @@ def resolve_model_id(model_id: str, revision: str | None = None) -> tuple[Path, 
         except Exception as exc:  # noqa: BLE001  network, authentication, unknown repository: one message
             raise ConfigError(f"{where}: not in the hub cache ({cache}) and not downloadable "
                               f"({type(exc).__name__}: {exc}); for a gated model set HF_TOKEN, or download it "
-                              f"where there is network with `hf download {model_id}`") from None
+                              f"where there is network with `{get}`") from None
     folder = Path(folder)
     if not (folder / "tokenizer.json").is_file():
         raise ConfigError(f"{where}: the hub cache's snapshot {folder} has no tokenizer.json; download the "
-                          f"tokenizer files with `hf download {model_id} --include 'tokenizer*' '*.jinja'`")
+                          f"tokenizer files with `{get} --include 'tokenizer*' '*.jinja'`")
     return folder, folder.name

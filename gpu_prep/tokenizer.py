@@ -14,6 +14,7 @@ fallback, Unigram, WordPiece) reports the characters each token came from, and m
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -414,6 +415,16 @@ def _file_given(spec: str, path: Path) -> str:
     return f"{head}. {_conversion(path, kind)}" if kind in CONVERTIBLE else head
 
 
+def _no_folder(spec: str, path: Path) -> str:
+    """What reads as a model id but whose organisation is a folder here (tok/lama3 beside tok/llama3): a path
+    mistyped, not a model to look for on the hub."""
+    names = sorted(p.name for p in path.parent.iterdir() if p.is_dir())
+    close = [str(path.parent / name) for name in difflib.get_close_matches(path.name, names, n=3)]
+    hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+    return (f"tokenizer {spec!r}: there is no folder {path} (the folder {path.parent} is here, so this names a path "
+            f"in it, not a model id on the hub){hint}")
+
+
 def load_tokenizer(spec: str, revision: str | None = None) -> Tokenizer:
     """A tokenizer directory, the name of a bundled tokenizer (gpu_prep.bundled), or a model id in the
     Hugging Face hub cache (at revision, else main)."""
@@ -426,6 +437,8 @@ def load_tokenizer(spec: str, revision: str | None = None) -> Tokenizer:
     if not directory.is_dir():
         if spec in bundled_names():
             directory, source = bundled_tokenizer_dir(spec), f"bundled {spec}"
+        elif looks_like_model_id(spec) and directory.parent.is_dir():
+            raise ConfigError(_no_folder(spec, directory))
         elif looks_like_model_id(spec):
             directory, commit = resolve_model_id(spec, revision)
             source = f"{spec}@{commit}"

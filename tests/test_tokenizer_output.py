@@ -104,11 +104,23 @@ def test_a_missing_model_id_says_which_and_how_to_get_it(tmp_path: Path, offline
     with pytest.raises(ConfigError, match=r"tokenizer 'meta-llama/Llama-3.1-8B-Instruct': not in the hub cache "
                                           r".*HF_HUB_OFFLINE is set; .*hf download meta-llama/Llama-3.1-8B-Instruct"):
         load_tokenizer("meta-llama/Llama-3.1-8B-Instruct")
-    with pytest.raises(ConfigError, match="at revision 'v2'"):
+    with pytest.raises(ConfigError, match="at revision 'v2'.* `hf download Qwen/Qwen2.5-7B-Instruct --revision v2 --include"):
         load_tokenizer("Qwen/Qwen2.5-7B-Instruct", "v2")
     result = gpu_prep_cli("run", "-c", "configs/sft.json", "examples/chat.jsonl", "-o", tmp_path / "o",
                           "--tokenizer", "nobody/nothing", env={"HF_HUB_CACHE": str(offline_cache), "HF_HUB_OFFLINE": "1"})
     assert result.returncode != 0 and "nobody/nothing" in result.stderr and "hf download" in result.stderr
+
+
+def test_a_mistyped_folder_that_reads_as_a_model_id_is_named_as_a_path(tmp_path: Path, offline_cache: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # tok/lama3 reads as a model id, but tok/ is a folder here: a typo of tok/llama3, not a model to download.
+    (tmp_path / "tok" / "llama3").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        load_tokenizer("tok/lama3")
+    message = str(caught.value)
+    assert "there is no folder tok/lama3" in message and "did you mean 'tok/llama3'?" in message
+    assert "hub cache" not in message and "hf download" not in message
 
 
 def test_what_reads_as_a_model_id() -> None:
