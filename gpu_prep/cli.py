@@ -286,6 +286,7 @@ def validate(
     config: ConfigOpt,
     data: Annotated[Optional[list[str]], typer.Argument(help="Input files to check the config against (a sample of their first rows); the config's datasets when none.")] = None,
     sample: Annotated[int, typer.Option(min=1, help="Rows of the data to read and run.")] = 100,
+    tokenizer: Annotated[Optional[str], typer.Option(help="Tokenizer directory, bundled name or model id; overrides the config, as for run.")] = None,
     plugin: PluginOpt = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key, as for run.")] = None,
 ) -> None:
@@ -301,13 +302,16 @@ def validate(
         check_registered(cfg, str(config))
     except GpuPrepError as exc:
         raise _fail(exc) from None
+    digest = cfg.sha256()[:12]  # the file's, as run's manifest has it (run's --tokenizer is not part of it)
+    if tokenizer is not None:  # what is checked is what run --tokenizer would run
+        cfg = cfg.model_copy(update={"tokenizer": cfg.tokenizer.model_copy(update={"name": tokenizer})})
     shown = cfg.model_dump(mode="json")
     shown["tokenizer"]["name"] = cfg.tokenizer.name or DEFAULT_TOKENIZER  # what a run resolves it to
     out.print_json(json.dumps(shown))
     for warning in cfg.warnings():
         _warn(warning)
     if not data and not cfg.datasets:
-        out.print(f"[green]ok[/]: {escape(str(config))} is a valid config (sha256 {cfg.sha256()[:12]}); give data "
+        out.print(f"[green]ok[/]: {escape(str(config))} is a valid config (sha256 {digest}); give data "
                   "to check it against a sample", highlight=False)
         return
     report = None
@@ -336,7 +340,7 @@ def validate(
             remove_sample(report)
     if report.errors:
         raise typer.Exit(2)
-    out.print(f"[green]ok[/]: {escape(str(config))} is a valid config for this data (sha256 {cfg.sha256()[:12]})",
+    out.print(f"[green]ok[/]: {escape(str(config))} is a valid config for this data (sha256 {digest})",
               highlight=False)
 
 

@@ -191,6 +191,17 @@ def test_overwrite_never_deletes_a_directory_that_is_not_a_run(tmp_path: Path) -
     assert (out / "notes.txt").read_text(encoding="utf-8") == "keep me"
 
 
+def test_validate_takes_tokenizer_as_run_does(tmp_path: Path) -> None:
+    # --tokenizer overrides the config's, for validate's sample run as for run (here: a folder that is none).
+    sft, chat = REPO / "configs" / "sft.json", REPO / "examples" / "chat.jsonl"
+    _assert_clear_error(_invoke("validate", "-c", sft, chat, "--tokenizer", tmp_path / "nowhere"),
+                        f"tokenizer '{tmp_path / 'nowhere'}'", "no such directory")
+    bert = _invoke("validate", "-c", sft, "--tokenizer", "bert-uncased")
+    assert bert.exit_code == 0 and '"name": "bert-uncased"' in bert.stdout, bert.output
+    plain = _invoke("validate", "-c", sft)
+    assert plain.stdout.splitlines()[-1] == bert.stdout.splitlines()[-1]  # the sha256 is the file's, as run's
+
+
 def test_validate_accepts_the_sft_config() -> None:
     result = _invoke("validate", "-c", REPO / "configs" / "sft.json")
     assert result.exit_code == 0, result.output
