@@ -147,14 +147,23 @@ def _turn_spans(real: str, regions: list[tuple[int, int, int]], roles: list[str]
     return [(a, b, roles[i]) for (i, _, _), a, b in zip(regions, bounds, bounds[1:])]
 
 
+def _no_template(rows: str, ctx: RenderContext, fix: str) -> ConfigError:
+    """Rows that need a chat template, where the run has none: a tokenizer with only named templates (as
+    transformers keeps a tool_use one) has one to pick."""
+    named = ctx.template_source.named if ctx.template_source is not None else ()
+    if named:
+        fix = f"the tokenizer has only named ones, no default; name one with chat_template_name: {' or '.join(named)}"
+    return ConfigError(f"{rows} need a chat template: {fix}")
+
+
 def conversation_spans(conv: Conversation, ctx: RenderContext
                        ) -> tuple[str, list[Span], tuple[str, ...], tuple[str, ...]]:
     """The rendered conversation, its labelled character spans, the roles of messages whose content the
     template left out (a role it does not know, say: counted, since their text is not in the row), and
     the roles of trained messages the template's {% generation %} markers never mark (reported)."""
     if ctx.template is None:
-        raise ConfigError("chat rows need a chat template: the tokenizer's tokenizer_config.json has none; "
-                          'name one with the config key chat_template (say "chatml")')
+        raise _no_template("chat rows", ctx, 'the tokenizer\'s tokenizer_config.json has none; name one with the '
+                                             'config key chat_template (say "chatml")')
     generated: list[tuple[int, int, int | None]] = []
     template = ctx.template_for(conv)
     marked = ctx.generation and template.marked
@@ -538,7 +547,7 @@ def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
     differs = False
     if pair.conversational:
         if ctx.template is None:
-            raise ConfigError("conversational preference rows need a chat template: name one with chat_template")
+            raise _no_template("conversational preference rows", ctx, "name one with chat_template")
         conv = Conversation([*pair.prompt, *pair.completions[0]], tools=pair.tools)
         template = ctx.template_for(conv)
         with row_limits(*ctx.limits) as budget:

@@ -95,6 +95,7 @@ class Chosen:
     source: str
     end_of_turn: tuple[str, ...] = ()  # end-of-turn texts beyond the tokenizer's own (a named template's)
     tool_text: str | None = None
+    named: tuple[str, ...] = ()  # with no text: the tokenizer's named templates, one of which chat_template_name picks
 
     def describe(self) -> dict[str, Any]:
         digest = hashlib.sha256(self.text.encode("utf-8")).hexdigest() if self.text is not None else None
@@ -117,7 +118,7 @@ def resolve_template(choice: str, name: str | None, own: dict[str, tuple[str, st
             tool = own.get(TOOL_USE)
             return Chosen(own["default"][0], f"tokenizer {own['default'][1]}", (), tool[0] if tool else None)
         if choice == "tokenizer_default":
-            return Chosen(None, "none")
+            return Chosen(None, "none", named=tuple(sorted(own)))
         choice = "chatml"
     if name is not None:
         raise ConfigError("chat_template_name picks one of the tokenizer's own templates: set chat_template to "

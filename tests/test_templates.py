@@ -151,6 +151,25 @@ def test_a_runs_template_comes_from_chat_template_jinja_and_tool_rows_take_tool_
     assert manifest["chat_template"]["mask_method"] == "roles"
 
 
+@pytest.mark.parametrize(("where", "names"), [("files", "tool_use"), ("config list", "rag or tool_use")])
+def test_a_tokenizer_with_only_named_templates_says_to_name_one(tmp_path: Path, qwen: Any, where: str,
+                                                                 names: str) -> None:
+    # As transformers keeps them: additional_chat_templates/*.jinja, or tokenizer_config.json's list of
+    # {name, template}; with no default among them, chat_template_name is the fix, not chat_template.
+    jinja = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+    if where == "files":
+        folder = _tokenizer_with(tmp_path, qwen, **{"additional_chat_templates__tool_use.jinja": jinja})
+    else:
+        folder = write_tokenizer_dir(tmp_path / "tok", [{"name": "rag", "template": jinja},
+                                                        {"name": "tool_use", "template": jinja}])
+    config = {"tokenizer": str(folder), "input": {"type": "chat"}, "mask": {"assistant": "train"}}
+    with pytest.raises(ConfigError, match=f"the tokenizer has only named ones, no default; name one with "
+                                          f"chat_template_name: {names}$"):
+        run_rows(tmp_path, config, [{"messages": CONVERSATION[1:3]}])
+    out = run_rows(tmp_path, {**config, "chat_template_name": "tool_use"}, [{"messages": CONVERSATION[1:3]}], name="named")
+    assert qwen.decode(samples(out)[0][0]) == "[user]Hi there[assistant]Hello."
+
+
 def test_chat_template_kwargs_reach_the_template(tmp_path: Path, qwen: Any) -> None:
     """SmolLM3's template writes an empty think block into each answer when enable_thinking is false, and
     a custom variable is there for the template to read."""
