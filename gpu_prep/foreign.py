@@ -19,6 +19,17 @@ FOREIGN_KEYS = {
     "special_tokens": "input.end_of_turn_tokens (what ends a turn) and input.eod_token (what ends a document); "
                       "the tokenizer's own special tokens are read from it",
     "completion_only_loss": "mask (mask.prompt: mask, mask.response: train)",
+    # LLaMA-Factory's (dataset_info.json's columns and tags, and its training config's).
+    "columns": "input.messages_key (columns.messages; alpaca's prompt, query, response, system are "
+               "input.field_instruction, field_input, field_output, field_system; chosen, rejected, kto_tag are "
+               "input.chosen_key, rejected_key, label_key)",
+    "tags": "input.role_key and input.content_key (role_tag, content_tag), and input.roles (user_tag, "
+            "assistant_tag, ...: {user: [human], assistant: [gpt]})",
+    "train_on_prompt": "mask (train_on_prompt: true is mask: {user: train, assistant: train}; "
+                       "{prompt: train, response: train} for instruction rows)",
+    "neat_packing": "preprocessing.packing (bfd: packed rows record where each sample starts, so samples stay apart)",
+    "tokenized_path": "the output folder (gpu-prep run -o OUT)",
+    "dataset_dir": "data_paths (each dataset's files, folders or globs; no dataset_info.json is read)",
     # The QLoRA seed's keys, read at the top level of a config (gpu_prep/qlora_keys.py), found in a section.
     "dataset_schema": "input.type (the QLoRA seed's dataset_schema is read at the top level)",
     "messages_field": "input.messages_key (the QLoRA seed's messages_field is read at the top level)",

@@ -349,6 +349,20 @@ def test_other_tools_configs_get_messages_that_name_the_keys(tmp_path: Path) -> 
     assert "allowed keys here: (none)" not in text and "allowed keys here: ," not in text
 
 
+def test_llama_factory_keys_get_gpu_preps_names_not_a_near_spelling(tmp_path: Path) -> None:
+    lf = tmp_path / "lf.yaml"
+    lf.write_text("columns: {messages: conversations}\ntags: {role_tag: from}\ntrain_on_prompt: true\n"
+                  "neat_packing: true\ntokenized_path: out\ndataset_dir: data\n")
+    result = gpu_prep_cli("validate", "-c", lf)
+    text = " ".join(result.stderr.split())
+    assert result.returncode == 2
+    for key, ours in [("columns", "input.messages_key"), ("tags", "input.role_key"), ("train_on_prompt", "mask"),
+                      ("neat_packing", "preprocessing.packing (bfd"), ("tokenized_path", "the output folder"),
+                      ("dataset_dir", "data_paths")]:
+        assert f"{key}: unknown key; other tools' '{key}' is gpu-prep's {ours}" in text, key
+    assert "did you mean" not in text
+
+
 @pytest.mark.parametrize(("rows", "kind"), [(CHATS, "chat"), ([{"prompt": "2+2?", "response": "4"}] * 3, "instruction"),
                                             ([{"text": "a document"}, {"messages": CHATS[0]["messages"]}], "auto")])
 def test_init_writes_a_starter_config_that_runs(tmp_path: Path, rows: list, kind: str) -> None:
