@@ -25,8 +25,8 @@ FOREIGN_KEYS = {
                "input.chosen_key, rejected_key, label_key)",
     "tags": "input.role_key and input.content_key (role_tag, content_tag), and input.roles (user_tag, "
             "assistant_tag, ...: {user: [human], assistant: [gpt]})",
-    "train_on_prompt": "mask (train_on_prompt: true is mask: {user: train, assistant: train}; "
-                       "{prompt: train, response: train} for instruction rows)",
+    "train_on_prompt": "mask_default (train_on_prompt: true is mask_default: train, with input.mask_scope: turn "
+                       "to train the turns' headers too)",
     "neat_packing": "preprocessing.packing (bfd: packed rows record where each sample starts, so samples stay apart)",
     "tokenized_path": "the output folder (gpu-prep run -o OUT)",
     "dataset_dir": "data_paths (each dataset's files, folders or globs; no dataset_info.json is read)",

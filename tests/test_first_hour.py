@@ -356,7 +356,7 @@ def test_llama_factory_keys_get_gpu_preps_names_not_a_near_spelling(tmp_path: Pa
     result = gpu_prep_cli("validate", "-c", lf)
     text = " ".join(result.stderr.split())
     assert result.returncode == 2
-    for key, ours in [("columns", "input.messages_key"), ("tags", "input.role_key"), ("train_on_prompt", "mask"),
+    for key, ours in [("columns", "input.messages_key"), ("tags", "input.role_key"), ("train_on_prompt", "mask_default"),
                       ("neat_packing", "preprocessing.packing (bfd"), ("tokenized_path", "the output folder"),
                       ("dataset_dir", "data_paths")]:
         assert f"{key}: unknown key; other tools' '{key}' is gpu-prep's {ours}" in text, key
