@@ -45,7 +45,7 @@ from gpu_prep.run.manifest import Outcome, build_manifest
 from gpu_prep.run.outdir import (MANIFEST, check_output, check_paths, check_rejects, output_lock, prepare_output,
                                  rejects_name, remove_partial_files)
 from gpu_prep.run.overlap import Stopwatch, deaf_to_ctrl_c, in_background
-from gpu_prep.tokenizer import Tokenizer, load_tokenizer
+from gpu_prep.tokenizer import load_tokenizer
 
 __all__ = ["MANIFEST", "Options", "run"]
 
@@ -73,14 +73,29 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, options:
     left_out = inputs_left_out(config, inputs)  # recorded in the manifest (the CLI warns of them)
     with output_lock(out_dir):
         check_output(out_dir, options.overwrite, options.resume)
-        tok = clock.time("load tokenizer", load_tokenizer, options.tokenizer_for(config), config.tokenizer.revision)
-        clock.time("load tokenizer", tok.prepare_engines, config.tokenizer.engine)
-        # On a cluster this process only decides, accounts and writes: the workers take the GPUs.
-        device = options.device_for(config)
-        backend = CPU if options.cluster is not None else select_backend(device, config.gpu.rmm_pool_size, config.gpu.spill)
+        run_ctx = _context(config, files, datasets, options, clock)
         prepare_output(out_dir, options.overwrite, options.resume)
         with journal(out_dir):
-            return _run(config, files, datasets, out_dir, options, tok, backend, clock, left_out)
+            return _run(run_ctx, out_dir, options, clock, left_out)
+
+
+def _context(config: PipelineConfig, files: list[InputFile], datasets: Any, options: Options,
+             clock: Stopwatch) -> RunContext:
+    """The run context (tokenizer, backend, chat template), built before the output directory is touched:
+    a tokenizer, template, device or option that cannot be used (exit 2) must not cost an --overwrite run
+    the previous output, nor leave a fresh folder with gpu-prep's files in it."""
+    tok = clock.time("load tokenizer", load_tokenizer, options.tokenizer_for(config), config.tokenizer.revision)
+    clock.time("load tokenizer", tok.prepare_engines, config.tokenizer.engine)
+    device = options.device_for(config)
+    if options.cluster is not None:
+        from gpu_prep.cluster.driver import check_cluster
+
+        check_cluster(options.cluster, device)
+    # On a cluster this process only decides, accounts and writes: the workers take the GPUs.
+    backend = CPU if options.cluster is not None else select_backend(device, config.gpu.rmm_pool_size, config.gpu.spill)
+    run_ctx = build_context(config, tok, backend, files, datasets, options.workers, options.strict)
+    Storage.from_config(config, run_ctx.render.vocab_size)  # refuses an output.token_dtype too narrow for the ids
+    return run_ctx
 
 
 def _finished(config: PipelineConfig, files: list[InputFile], out_dir: Path, options: Options) -> dict[str, Any]:
@@ -104,10 +119,11 @@ def _finished(config: PipelineConfig, files: list[InputFile], out_dir: Path, opt
     return manifest
 
 
-def _run(config: PipelineConfig, files: list[InputFile], datasets: Any, out_dir: Path, options: Options, tok: Tokenizer,
-         backend: Any, clock: Stopwatch, left_out: dict[str, list[str]]) -> dict[str, Any]:
+def _run(run_ctx: RunContext, out_dir: Path, options: Options, clock: Stopwatch, left_out: dict[str, list[str]]
+         ) -> dict[str, Any]:
     """The run proper, in an output directory this process holds and journals (left_out: the input
     folders' files not read, by folder)."""
+    config, files, tok = run_ctx.config, run_ctx.files, run_ctx.tok
     identity = {"config_sha256": config.sha256(), "tokenizer": tok.identity()}  # hashes files: once a run
     resume_identity = run_identity(config.output_sha256(), files, identity["tokenizer"])
     resumed = load_for_resume(out_dir, resume_identity) if options.resume else None
@@ -115,7 +131,6 @@ def _run(config: PipelineConfig, files: list[InputFile], datasets: Any, out_dir:
     # The inputs' checksums are taken beside the run (hashing releases the GIL), not after it.
     checksums = in_background(lambda: [sha256_file(f.path) for f in files])
     try:
-        run_ctx = build_context(config, tok, backend, files, datasets, options.workers, options.strict)
         outcome = _process(run_ctx, out_dir, options, checkpoints, resumed or {}, clock)
         hashes = clock.time("checksums", checksums)
         check_unchanged(files, resume_identity["inputs"])

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 Span = tuple[int, int, str | bool, str]  # start, end, label (a role, or True / False outright), message role
 AFFIX_CHECK_ROWS = 256  # rows of the first chunk rendered both ways before the Jinja-free path is trusted
+NO_TEMPLATE_FIX = 'the tokenizer\'s tokenizer_config.json has none; name one with the config key chat_template (say "chatml")'
 
 
 @dataclass(frozen=True)
@@ -147,10 +148,10 @@ def _turn_spans(real: str, regions: list[tuple[int, int, int]], roles: list[str]
     return [(a, b, roles[i]) for (i, _, _), a, b in zip(regions, bounds, bounds[1:])]
 
 
-def _no_template(rows: str, ctx: RenderContext, fix: str) -> ConfigError:
+def no_template(rows: str, source: Chosen | None, fix: str) -> ConfigError:
     """Rows that need a chat template, where the run has none: a tokenizer with only named templates (as
     transformers keeps a tool_use one) has one to pick."""
-    named = ctx.template_source.named if ctx.template_source is not None else ()
+    named = source.named if source is not None else ()
     if named:
         fix = f"the tokenizer has only named ones, no default; name one with chat_template_name: {' or '.join(named)}"
     return ConfigError(f"{rows} need a chat template: {fix}")
@@ -162,8 +163,7 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
     template left out (a role it does not know, say: counted, since their text is not in the row), and
     the roles of trained messages the template's {% generation %} markers never mark (reported)."""
     if ctx.template is None:
-        raise _no_template("chat rows", ctx, 'the tokenizer\'s tokenizer_config.json has none; name one with the '
-                                             'config key chat_template (say "chatml")')
+        raise no_template("chat rows", ctx.template_source, NO_TEMPLATE_FIX)
     generated: list[tuple[int, int, int | None]] = []
     template = ctx.template_for(conv)
     marked = ctx.generation and template.marked
@@ -547,7 +547,7 @@ def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
     differs = False
     if pair.conversational:
         if ctx.template is None:
-            raise _no_template("conversational preference rows", ctx, "name one with chat_template")
+            raise no_template("conversational preference rows", ctx.template_source, "name one with chat_template")
         conv = Conversation([*pair.prompt, *pair.completions[0]], tools=pair.tools)
         template = ctx.template_for(conv)
         with row_limits(*ctx.limits) as budget:

@@ -202,6 +202,40 @@ def test_validate_takes_tokenizer_as_run_does(tmp_path: Path) -> None:
     assert plain.stdout.splitlines()[-1] == bert.stdout.splitlines()[-1]  # the sha256 is the file's, as run's
 
 
+def _without_template(folder: Path) -> Path:
+    """The bundled Qwen2.5 tokenizer in a folder whose tokenizer_config.json has no chat template."""
+    from gpu_prep.bundled import bundled_tokenizer_dir
+
+    source = bundled_tokenizer_dir("qwen2.5")
+    folder.mkdir()
+    (folder / "tokenizer.json").write_bytes((source / "tokenizer.json").read_bytes())
+    config = json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    return folder
+
+
+@pytest.mark.parametrize(("bad", "said"), [
+    (["--set", "chat_template_name=foo"], "chat_template_name 'foo'"),
+    (["--set", "chat_template=nonexist.jinja"], "chat_template 'nonexist.jinja': cannot read it"),
+    (["--tokenizer", "NO_TEMPLATE"], "chat rows need a chat template"),
+    (["--set", "output.token_dtype=uint16"], "cannot hold the vocabulary's ids"),
+    (["--cluster", "bogus"], "--cluster 'bogus'"),
+])
+def test_an_unusable_template_or_option_keeps_the_previous_output(tmp_path: Path, bad: list[str], said: str) -> None:
+    # Exit 2 is found before the output is touched: --overwrite loses nothing, a fresh folder is not made.
+    bad = [str(_without_template(tmp_path / "tok")) if a == "NO_TEMPLATE" else a for a in bad]
+    out = tmp_path / "out"
+    assert _run_sft(tmp_path, "-o", out).exit_code == 0
+    before = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    _assert_clear_error(_run_sft(tmp_path, "-o", out, "--overwrite", *bad), said)
+    assert {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
+    assert _invoke("verify", out).exit_code == 0
+    _assert_clear_error(_run_sft(tmp_path, "-o", tmp_path / "fresh", *bad), said)
+    assert not (tmp_path / "fresh").exists()
+
+
 def test_validate_accepts_the_sft_config() -> None:
     result = _invoke("validate", "-c", REPO / "configs" / "sft.json")
     assert result.exit_code == 0, result.output

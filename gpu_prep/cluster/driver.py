@@ -32,28 +32,52 @@ from gpu_prep.run.stages import Done
 DASK_EXTRA = 'pip install "gpu-prep[dask]"'
 
 
-@contextmanager
-def connect(spec: str, gpu: bool, config: PipelineConfig) -> Iterator[Any]:
-    """A Dask client: on a local cluster of N worker processes ("local:N"; with the GPU backend, dask-cuda
-    workers, one per GPU), or on the scheduler at an address ("tcp://host:port")."""
+def check_cluster(spec: str, device: str) -> bool:
+    """Refuse a --cluster that cannot run (no Dask, a spec of no known form, a local GPU cluster without
+    dask-cuda or without a GPU) before anything is written; whether a local cluster's workers take GPUs
+    (auto: where this machine has one)."""
     try:
-        from dask.distributed import Client, LocalCluster
+        import dask.distributed  # noqa: F401
     except ImportError:
         raise ConfigError(f"--cluster needs Dask: {DASK_EXTRA}") from None
+    gpu = device != "cpu" and gpu_missing_reason() is None
     if "://" in spec:
-        with Client(spec) as client:
-            yield client
-        return
+        return gpu
+    _local_workers(spec)
+    if device == "gpu" and not gpu:
+        raise ConfigError(f"--device gpu: {gpu_missing_reason()}")
+    if gpu:
+        try:
+            import dask_cuda  # noqa: F401
+        except ImportError:
+            raise ConfigError('--cluster with the GPU backend needs dask-cuda: pip install "gpu-prep[gpu,dask]"') from None
+    return gpu
+
+
+def _local_workers(spec: str) -> int | None:
+    """The workers of a local cluster, "local" (None: one a core, or a GPU) or "local:N"; any other spec is
+    refused."""
     name, _, count = spec.partition(":")
     if name != "local" or (count and not (count.isdigit() and int(count) > 0)):
         raise ConfigError(f"--cluster {spec!r}: give local, local:N (N workers) or a scheduler's address "
                           "such as tcp://host:8786")
-    n = int(count) if count else None
+    return int(count) if count else None
+
+
+@contextmanager
+def connect(spec: str, gpu: bool, config: PipelineConfig) -> Iterator[Any]:
+    """A Dask client: on a local cluster of N worker processes ("local:N"; with the GPU backend, dask-cuda
+    workers, one per GPU), or on the scheduler at an address ("tcp://host:port")."""
+    from dask.distributed import Client, LocalCluster
+
+    if "://" in spec:
+        with Client(spec) as client:
+            yield client
+        return
+    n = _local_workers(spec)
     if gpu:
-        try:
-            from dask_cuda import LocalCUDACluster
-        except ImportError:
-            raise ConfigError('--cluster with the GPU backend needs dask-cuda: pip install "gpu-prep[gpu,dask]"') from None
+        from dask_cuda import LocalCUDACluster
+
         start = functools.partial(LocalCUDACluster, n_workers=n, threads_per_worker=1,
                                   rmm_pool_size=config.gpu.rmm_pool_size, enable_cudf_spill=config.gpu.spill)
     else:
@@ -135,9 +159,7 @@ def _drive(run: RunContext, dedup: Deduplicator | None, decisions: Decisions, ro
            clock: Stopwatch, info: dict[str, Any]) -> Iterator[Done]:
     """The device asked for goes to the workers (auto: each takes its GPU when it has one)."""
     spec, device, config = options.cluster, options.device_for(run.config), run.config
-    gpu = device != "cpu" and gpu_missing_reason() is None  # a local cluster of dask-cuda workers
-    if device == "gpu" and not gpu and "://" not in spec:
-        raise ConfigError(f"--device gpu: {gpu_missing_reason()}")
+    gpu = check_cluster(spec, device)  # a local cluster of dask-cuda workers
     with connect(spec, gpu, config) as client:
         workers = len(client.scheduler_info()["workers"]) or 1
         info.update({"scheduler": client.scheduler.address, "workers": workers, "dashboard": client.dashboard_link})

@@ -23,7 +23,7 @@ from gpu_prep.format import columnar_schema
 from gpu_prep.mix import HANDLERS, Dataset, with_tokenizer
 from gpu_prep.read import Columnar, InputFile, ReadAs, check_columns, expand_inputs, names_of, unread_files
 from gpu_prep.sources import hub_dataset
-from gpu_prep.render import RenderContext
+from gpu_prep.render import NO_TEMPLATE_FIX, RenderContext, no_template
 from gpu_prep.templates import resolve_template
 from gpu_prep.tokenizer import Tokenizer
 
@@ -162,6 +162,11 @@ def build_context(config: PipelineConfig, tok: Tokenizer, backend: Backend, file
                       threads, strict)
 
 
+# The input types whose every row is a conversation, which only a chat template renders (auto's and a
+# preference row's shape is the data's: those are refused at the first conversation without one).
+CONVERSATION_TYPES = frozenset({"chat", "sharegpt", "prompt_response"})
+
+
 def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
     chosen = resolve_template(config.chat_template, config.chat_template_name, tok.templates())
     kwargs = config.chat_template_kwargs
@@ -169,6 +174,8 @@ def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
     template = ChatTemplate(chosen.text, tok.special_tokens, kwargs, origin=origin) if chosen.text is not None else None
     tool_template = (ChatTemplate(chosen.tool_text, tok.special_tokens, kwargs, origin=f"{origin}, tool_use")
                      if chosen.tool_text else None)
+    if template is None and config.input_types() & CONVERSATION_TYPES:  # not left to the first row, mid-run
+        raise no_template("chat rows", chosen, NO_TEMPLATE_FIX)
     generation = mask_method(config, template)
     chat = template is not None and config.input.type == "chat"
     marked = generation and template is not None and template.marked
