@@ -130,7 +130,7 @@ def run_sample(config: PipelineConfig, inputs: list[str], sample: int, report: S
     report.out_dir = out
     # What would make `run` fail on these rows fails the check too: no row written, or too many dropped;
     # and an input none of whose sample rows could be read (a file of another shape, whatever its size).
-    from gpu_prep.run.manifest import run_problems
+    from gpu_prep.run.manifest import run_problems, truncation_warning
 
     report.errors.extend(f"the sample run: {problem} (run would exit non-zero)"
                          for problem in run_problems(report.manifest, config, sample=True))
@@ -141,6 +141,8 @@ def run_sample(config: PipelineConfig, inputs: list[str], sample: int, report: S
             report.errors.append(f"the sample run: the chat template left out {n} message(s) with role {role!r}, "
                                  f"which is not one of {', '.join(TEMPLATE_ROLES)}: their rows would be written "
                                  "without them; map the role with input.roles")
+    if cut := truncation_warning(report.manifest):
+        report.warnings.append(f"the sample run: {cut}")
     for entry in report.manifest["inputs"]:  # (on one or two rows, a bad first line: a warning)
         dropped = entry["rows_dropped"]
         if entry["rows_read"] and not entry["rows_written"] and set(dropped) <= Drop.BAD_DATA:

@@ -120,6 +120,8 @@ def _resume_command() -> str:
 
 
 def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
+    from gpu_prep.run.manifest import truncation_warning
+
     totals = manifest["totals"]
     seconds = manifest["seconds"]["total"] or 1e-9
     table = Table(title=f"gpu-prep: {out_dir}", show_header=True)
@@ -152,6 +154,8 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
         table.add_row(f"dataset {d['name']}", f"{d['rows_read']:,} read, {d['rows_written']:,} written, {dropped:,} "
                       f"dropped; {d['share_of_rows']:.1%} of rows, {d['share_of_tokens']:.1%} of tokens{asked}")
     out.print(table)
+    if cut := truncation_warning(manifest):
+        _warn(cut)
     for split, counts in totals.get("splits", {}).items():
         if counts["rows_written"] == 0:
             _warn(f"split {split!r} (a {counts['share']:.0%} share) got none of the {totals['rows_written']:,} rows "

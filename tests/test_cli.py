@@ -202,6 +202,25 @@ def test_validate_takes_tokenizer_as_run_does(tmp_path: Path) -> None:
     assert plain.stdout.splitlines()[-1] == bert.stdout.splitlines()[-1]  # the sha256 is the file's, as run's
 
 
+def test_a_run_that_cuts_most_rows_warns_naming_max_seq_len(tmp_path: Path) -> None:
+    # Still exit 0 (the rows are written as asked), but a max_seq_len shorter than the typical row is rarely
+    # meant; truncation split cuts pretraining text into windows on purpose, and is not warned about.
+    chat, sft = REPO / "examples" / "chat.jsonl", REPO / "configs" / "sft.json"
+    short = ("--set", "preprocessing.max_seq_len=16")
+    cut = _invoke("run", chat, "-c", sft, "-o", tmp_path / "cut", *short, "--set", "preprocessing.truncation=left")
+    warning = "10 of the 10 rows written (100%) were cut to preprocessing.max_seq_len (16 tokens, truncation left)"
+    assert cut.exit_code == 0 and _squash(warning) in _squash(cut.stderr), cut.output
+    checked = _invoke("validate", "-c", sft, chat, *short, "--set", "preprocessing.truncation=left")
+    assert _squash(f"the sample run: {warning}") in _squash(checked.stderr), checked.output
+    whole = _invoke("run", chat, "-c", sft, "-o", tmp_path / "whole")
+    assert whole.exit_code == 0 and "were cut to" not in whole.stderr, whole.output
+    pretrain = ("run", REPO / "examples" / "pretrain.jsonl", "-c", REPO / "configs" / "pretrain.json", *short)
+    right = _invoke(*pretrain, "-o", tmp_path / "right")
+    assert right.exit_code == 0 and "were cut to preprocessing.max_seq_len" in right.stderr, right.output
+    windows = _invoke(*pretrain, "-o", tmp_path / "split", "--set", "preprocessing.truncation=split")
+    assert windows.exit_code == 0 and "were cut to" not in windows.stderr, windows.output
+
+
 def _without_template(folder: Path) -> Path:
     """The bundled Qwen2.5 tokenizer in a folder whose tokenizer_config.json has no chat template."""
     from gpu_prep.bundled import bundled_tokenizer_dir

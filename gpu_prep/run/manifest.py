@@ -19,6 +19,9 @@ from gpu_prep.tokenizer import COPY_DIR
 
 
 LEFT_OUT_LISTED = 100  # an input folder's unread files the manifest names (it counts them all)
+# A max_seq_len that suits the data cuts its long tail; one that cuts more than this share of the rows
+# written is shorter than the typical row, which is rarely meant (a typo, a value from another run).
+TRUNCATED_SHARE = 0.5
 
 
 @dataclass
@@ -148,6 +151,18 @@ def run_problems(manifest: dict[str, Any], config: PipelineConfig, sample: bool 
         problems.append(f"{dropped / totals['rows_read']:.0%} of the rows read were dropped, over "
                         f"preprocessing.max_drop_share {limit:g}")
     return problems
+
+
+def truncation_warning(manifest: dict[str, Any]) -> str | None:
+    """Why a run that cut most of its rows to max_seq_len may not be what was meant (None: it cut few, or
+    truncation split cut them into windows, which is what it is for)."""
+    totals, rules = manifest["totals"], manifest["config"]["preprocessing"]
+    cut, written = totals["rows_truncated"], totals["rows_written"]
+    if rules["truncation"] == "split" or not written or cut / written <= TRUNCATED_SHARE:
+        return None
+    return (f"{cut:,} of the {written:,} rows written ({cut / written:.0%}) were cut to preprocessing.max_seq_len "
+            f"({rules['max_seq_len']:,} tokens, truncation {rules['truncation']}): most rows are longer than that; "
+            "check max_seq_len (the manifest counts them in totals.rows_truncated)")
 
 
 def drop_lines(manifest: dict[str, Any]) -> list[str]:
