@@ -38,8 +38,8 @@ from gpu_prep.run.accounting import Accounting
 from gpu_prep.run.checkpoint import Checkpointer, has_checkpoint, load_for_resume, run_identity
 from gpu_prep.run.commit import Committer
 from gpu_prep.read import InputFile
-from gpu_prep.run.context import (Decisions, Options, RunContext, build_context, check_unchanged, inputs_left_out,
-                                  run_inputs)
+from gpu_prep.run.context import (Decisions, LeftOut, Options, RunContext, build_context, check_unchanged,
+                                  inputs_left_out, run_inputs)
 from gpu_prep.run.local import run_chunks, run_here
 from gpu_prep.run.manifest import Outcome, build_manifest
 from gpu_prep.run.outdir import (MANIFEST, check_output, check_paths, check_rejects, output_lock, prepare_output,
@@ -119,10 +119,9 @@ def _finished(config: PipelineConfig, files: list[InputFile], out_dir: Path, opt
     return manifest
 
 
-def _run(run_ctx: RunContext, out_dir: Path, options: Options, clock: Stopwatch, left_out: dict[str, list[str]]
-         ) -> dict[str, Any]:
-    """The run proper, in an output directory this process holds and journals (left_out: the input
-    folders' files not read, by folder)."""
+def _run(run_ctx: RunContext, out_dir: Path, options: Options, clock: Stopwatch, left_out: LeftOut) -> dict[str, Any]:
+    """The run proper, in an output directory this process holds and journals (left_out: what the input
+    folders hold that is not read)."""
     config, files, tok = run_ctx.config, run_ctx.files, run_ctx.tok
     identity = {"config_sha256": config.sha256(), "tokenizer": tok.identity()}  # hashes files: once a run
     resume_identity = run_identity(config.output_sha256(), files, identity["tokenizer"])

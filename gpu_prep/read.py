@@ -30,7 +30,7 @@ from gpu_prep.errors import ConfigError, Drop, InputError
 from gpu_prep.jsonscan import LBRACKET, QUOTE
 from gpu_prep.sources import (KNOWN, READ_ERRORS, batch_rows, batch_sizes, column_names, csv_header, csv_rows,
                               dataset_folder_files, file_size, hub_rows, inspect_file, is_url, json_array_rows, open_bytes, parquet_rows, remote_files,
-                              split_name, text_rows, text_size)
+                              default_split, split_name, split_names, text_rows, text_size)
 
 # A JSON Lines chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so
 # memory stays bounded whatever the rows' sizes (Parquet and JSON-array rows count rows only).
@@ -195,6 +195,19 @@ def unread_files(patterns: list[str], how: ReadAs | None = None) -> dict[str, li
             read, unread = folder_files(Path(pattern), how.builder)
             if read and unread:  # a folder with nothing read is refused as a whole (expand_inputs)
                 left[pattern] = unread
+    return left
+
+
+def unread_splits(patterns: list[str], how: ReadAs | None = None) -> dict[str, tuple[str, list[str]]]:
+    """For each DatasetDict or datasets cache folder among the patterns that is read as its default split
+    (no input.split names one), the split read and the others it holds, which are not read."""
+    how = how or ReadAs()
+    left = {}
+    for pattern in patterns:
+        splits = [] if how.split is not None or is_url(pattern) else split_names(Path(pattern))
+        if len(splits) > 1:
+            chosen = default_split(splits)
+            left[pattern] = (chosen, [s for s in splits if s != chosen])
     return left
 
 

@@ -206,6 +206,28 @@ def test_a_dataset_dict_reads_the_split_asked_for(tmp_path: Path) -> None:
         run(parse_config({**config, "input": {"type": "text", "split": "test"}}), [str(plain)], tmp_path / "p")
 
 
+def test_a_folder_of_splits_read_as_its_default_says_which_and_what_it_leaves(tmp_path: Path) -> None:
+    # train is read by default (documented), but load_from_disk gives every split, so a user may not know
+    # that test is left: run and validate say so, and the manifest records it with the other inputs left
+    # out; a split named in the config is what was asked for, and is not remarked on.
+    from typer.testing import CliRunner
+
+    from gpu_prep.cli import app
+
+    _dataset_dict(text_rows(), tmp_path)
+    folder = str(tmp_path / "dict")
+    settings = {"input": {"type": "text"}, "preprocessing": {"min_chars": 1, "deduplicate": False}}
+    (tmp_path / "text.json").write_text(json.dumps(settings), encoding="utf-8")
+    said = f"input folder {folder!r}: read split 'train'; it also holds 'test' (input.split names another)"
+    for command in (["run", folder, "-o", tmp_path / "out"], ["validate", folder]):
+        result = CliRunner().invoke(app, [*map(str, command), "-c", str(tmp_path / "text.json")])
+        assert result.exit_code == 0 and said in " ".join(result.stderr.split()), result.output
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["inputs_left_out"] == {folder: {"split_read": "train", "splits_not_read": ["test"]}}
+    asked = run(parse_config({**settings, "input": {"type": "text", "split": "train"}}), [folder], tmp_path / "asked")
+    assert "inputs_left_out" not in asked
+
+
 def test_a_datasets_cache_folder_reads_one_split_not_all(tmp_path: Path) -> None:
     # The folder load_dataset leaves in its cache holds every split's Arrow files beside dataset_info.json:
     # it used to be read whole, the test split first (and with dedup the train rows dropped as its repeats).
@@ -220,6 +242,8 @@ def test_a_datasets_cache_folder_reads_one_split_not_all(tmp_path: Path) -> None
         inp = {"type": "text", **({"split": split} if split else {})}
         got = run(parse_config({**config, "input": inp}), [str(folder)], tmp_path / f"o-{split}")
         assert got["totals"]["rows_read"] == want and [i["path"].endswith(f"-{split or 'train'}.arrow") for i in got["inputs"]] == [True]
+        assert got.get("inputs_left_out") == (None if split else {str(folder): {"split_read": "train",
+                                                                               "splits_not_read": ["test"]}})
     with pytest.raises(ConfigError, match="a datasets cache folder with the splits train, test; input.split 'dev'"):
         run(parse_config({**config, "input": {"type": "text", "split": "dev"}}), [str(folder)], tmp_path / "o-dev")
 

@@ -21,7 +21,8 @@ from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError, InputError
 from gpu_prep.format import columnar_schema
 from gpu_prep.mix import HANDLERS, Dataset, with_tokenizer
-from gpu_prep.read import Columnar, InputFile, ReadAs, check_columns, expand_inputs, names_of, unread_files
+from gpu_prep.read import (Columnar, InputFile, ReadAs, check_columns, expand_inputs, names_of, unread_files,
+                           unread_splits)
 from gpu_prep.sources import hub_dataset
 from gpu_prep.render import NO_TEMPLATE_FIX, RenderContext, no_template
 from gpu_prep.templates import resolve_template
@@ -270,21 +271,37 @@ def run_inputs(config: PipelineConfig, inputs: list[str]) -> tuple[list[InputFil
     return files, datasets
 
 
-def inputs_left_out(config: PipelineConfig, inputs: list[str]) -> dict[str, list[str]]:
-    """The files of the input folders (the command line's, or each dataset's) that are not read, their names
-    saying no format gpu-prep reads, by folder."""
+@dataclass
+class LeftOut:
+    """What the input folders (the command line's, or each dataset's) hold that is not read, by folder: files
+    whose names say no format gpu-prep reads, and the splits of a DatasetDict or datasets cache folder
+    besides the one read by default (split read, the others)."""
+
+    files: dict[str, list[str]] = field(default_factory=dict)
+    splits: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.files or self.splits)
+
+
+def inputs_left_out(config: PipelineConfig, inputs: list[str]) -> LeftOut:
     if not config.datasets:
-        return unread_files(inputs, read_as(config))
-    left: dict[str, list[str]] = {}
+        return LeftOut(unread_files(inputs, read_as(config)), unread_splits(inputs, read_as(config)))
+    left = LeftOut()
     for k, spec in enumerate(config.datasets):
-        left.update(unread_files(spec.data_paths or [], read_as(config.dataset_config(k), spec.builder)))
+        how = read_as(config.dataset_config(k), spec.builder)
+        left.files.update(unread_files(spec.data_paths or [], how))
+        left.splits.update(unread_splits(spec.data_paths or [], how))
     return left
 
 
-def left_out_warnings(left_out: dict[str, list[str]]) -> list[str]:
-    return [f"input folder {folder!r}: {len(names):,} file(s) in it are not read, their names saying no format "
-            f"gpu-prep reads ({names_of(folder, names)}); rename them with their format's extension, or read them "
-            "with a dataset whose builder names their format" for folder, names in left_out.items()]
+def left_out_warnings(left_out: LeftOut) -> list[str]:
+    files = [f"input folder {folder!r}: {len(names):,} file(s) in it are not read, their names saying no format "
+             f"gpu-prep reads ({names_of(folder, names)}); rename them with their format's extension, or read them "
+             "with a dataset whose builder names their format" for folder, names in left_out.files.items()]
+    splits = [f"input folder {folder!r}: read split {read!r}; it also holds {', '.join(map(repr, others))} "
+              "(input.split names another)" for folder, (read, others) in left_out.splits.items()]
+    return files + splits
 
 
 def needed_columns(config: PipelineConfig) -> tuple[str | tuple[str, ...], ...]:

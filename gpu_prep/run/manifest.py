@@ -14,7 +14,7 @@ from gpu_prep.output import pack
 from gpu_prep.pairs import PAIR_COUNTS
 from gpu_prep.output.files import manifest_checksum, sha256_file, written_files
 from gpu_prep.run.accounting import Accounting
-from gpu_prep.run.context import RunContext
+from gpu_prep.run.context import LeftOut, RunContext
 from gpu_prep.tokenizer import COPY_DIR
 
 
@@ -37,11 +37,10 @@ class Outcome:
 
 
 def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], checksums: list[str],
-                   seconds: dict[str, float], out_dir: Path, left_out: dict[str, list[str]] | None = None
-                   ) -> dict[str, Any]:
+                   seconds: dict[str, float], out_dir: Path, left_out: LeftOut | None = None) -> dict[str, Any]:
     """identity: the config's sha256 and the tokenizer's identity (hashed once a run); seconds: timings;
-    left_out: the input folders' files not read (their names say no format), by folder. The manifest lists
-    every file of the output with its size, and carries its own checksum."""
+    left_out: what the input folders hold that is not read. The manifest lists every file of the output with
+    its size, and carries its own checksum."""
     config, acct, tok = run.config, outcome.acct, run.tok
     packing = config.preprocessing.packing != "none"
     domains = outcome.domains
@@ -59,8 +58,7 @@ def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], 
         "device": outcome.cluster.get("device", run.backend.name),
         **({"cluster": outcome.cluster} if outcome.cluster else {}),
         "inputs": acct.per_file(checksums),
-        **({"inputs_left_out": {folder: {"files": len(names), "first": names[:LEFT_OUT_LISTED]}
-                                for folder, names in left_out.items()}} if left_out else {}),
+        **({"inputs_left_out": left_out_summary(left_out)} if left_out else {}),
         "totals": {**acct.totals(), **({"splits": split_totals(config.output.splits, acct, domains)}
                                        if config.output.splits else {}),
                    **({"preference": {k: acct.pairs.get(k, 0) for k in PAIR_COUNTS}}
@@ -78,6 +76,15 @@ def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], 
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
     }
     return {**manifest, "manifest_sha256": manifest_checksum(manifest)}
+
+
+def left_out_summary(left_out: LeftOut) -> dict[str, Any]:
+    """By folder: its files not read (counted, the first named), or the split read and the others."""
+    files = {folder: {"files": len(names), "first": names[:LEFT_OUT_LISTED]}
+             for folder, names in left_out.files.items()}
+    splits = {folder: {"split_read": read, "splits_not_read": others}
+              for folder, (read, others) in left_out.splits.items()}
+    return {**files, **splits}
 
 
 def _lsh(config: PipelineConfig) -> dict[str, Any]:
