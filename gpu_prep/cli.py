@@ -120,7 +120,7 @@ def _resume_command() -> str:
 
 
 def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
-    from gpu_prep.run.manifest import truncation_warning
+    from gpu_prep.run.manifest import duplicate_warning, truncation_warning
 
     totals = manifest["totals"]
     seconds = manifest["seconds"]["total"] or 1e-9
@@ -154,8 +154,9 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
         table.add_row(f"dataset {d['name']}", f"{d['rows_read']:,} read, {d['rows_written']:,} written, {dropped:,} "
                       f"dropped; {d['share_of_rows']:.1%} of rows, {d['share_of_tokens']:.1%} of tokens{asked}")
     out.print(table)
-    if cut := truncation_warning(manifest):
-        _warn(cut)
+    for warning in (truncation_warning(manifest), duplicate_warning(manifest)):
+        if warning:
+            _warn(warning)
     for split, counts in totals.get("splits", {}).items():
         if counts["rows_written"] == 0:
             _warn(f"split {split!r} (a {counts['share']:.0%} share) got none of the {totals['rows_written']:,} rows "

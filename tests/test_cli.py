@@ -221,6 +221,30 @@ def test_a_run_that_cuts_most_rows_warns_naming_max_seq_len(tmp_path: Path) -> N
     assert windows.exit_code == 0 and "were cut to" not in windows.stderr, windows.output
 
 
+def test_many_rows_dropped_by_a_shared_opening_warn_naming_dedup_prefix_chars(tmp_path: Path) -> None:
+    # Five reviews under one 220-character instruction share their first 200 characters: four are dropped as
+    # duplicates (20% of the rows read), which warns, still exit 0; whole-text dedup keeps them all, silently.
+    from helpers import write_jsonl
+
+    task = ("Classify the sentiment of the review below as positive or negative. Answer with one word, in lower "
+            "case. Weigh the tone of the whole text rather than single words, and ignore any spelling mistakes "
+            "that the reviewer made. Review:")
+    assert len(task) > 200
+    rows = [{"instruction": task, "input": f"review {k}: " + ("good " if k % 2 else "bad ") * 5,
+             "output": "positive" if k % 2 else "negative"} for k in range(5)]
+    rows += [{"instruction": f"Question {k}: what is {k} plus {k}? Show the sum and nothing else, as digits.",
+              "input": "", "output": str(2 * k)} for k in range(15)]
+    data = write_jsonl(tmp_path / "reviews.jsonl", rows)
+    alpaca = REPO / "configs" / "alpaca.yaml"
+    prefix = _invoke("run", data, "-c", alpaca, "-o", tmp_path / "prefix")
+    warning = ("4 of the 20 rows read (20%) were dropped as duplicates of an earlier row's first 200 characters")
+    assert prefix.exit_code == 0 and _squash(warning) in _squash(prefix.stderr), prefix.output
+    assert _squash("preprocessing.dedup_prefix_chars: null compares whole texts") in _squash(prefix.stderr)
+    whole = _invoke("run", data, "-c", alpaca, "-o", tmp_path / "whole", "--set", "preprocessing.dedup_prefix_chars=null")
+    assert whole.exit_code == 0 and "dropped as duplicates" not in whole.stderr, whole.output
+    assert json.loads((tmp_path / "whole" / "manifest.json").read_text(encoding="utf-8"))["totals"]["rows_written"] == 20
+
+
 def _without_template(folder: Path) -> Path:
     """The bundled Qwen2.5 tokenizer in a folder whose tokenizer_config.json has no chat template."""
     from gpu_prep.bundled import bundled_tokenizer_dir

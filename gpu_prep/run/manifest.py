@@ -22,6 +22,9 @@ LEFT_OUT_LISTED = 100  # an input folder's unread files the manifest names (it c
 # A max_seq_len that suits the data cuts its long tail; one that cuts more than this share of the rows
 # written is shorter than the typical row, which is rarely meant (a typo, a value from another run).
 TRUNCATED_SHARE = 0.5
+# Exact copies are a small share of most curated SFT sets; past this share of the rows read, rows dropped as
+# repeats of an earlier row's first characters more often share a long opening (an instruction, a passage).
+PREFIX_DUPLICATE_SHARE = 0.05
 
 
 @dataclass
@@ -170,6 +173,20 @@ def truncation_warning(manifest: dict[str, Any]) -> str | None:
     return (f"{cut:,} of the {written:,} rows written ({cut / written:.0%}) were cut to preprocessing.max_seq_len "
             f"({rules['max_seq_len']:,} tokens, truncation {rules['truncation']}): most rows are longer than that; "
             "check max_seq_len (the manifest counts them in totals.rows_truncated)")
+
+
+def duplicate_warning(manifest: dict[str, Any]) -> str | None:
+    """Why many rows dropped as duplicates by their first characters may not all be repeats (None: few were,
+    or dedup hashed whole texts or whole rows)."""
+    totals, config = manifest["totals"], manifest["config"]
+    prefix, dropped = config["preprocessing"]["dedup_prefix_chars"], totals["rows_dropped"].get("duplicate", 0)
+    if prefix is None or config["input"]["type"] in ("preference", "kto", "pretokenized") or not totals["rows_read"] \
+            or dropped / totals["rows_read"] <= PREFIX_DUPLICATE_SHARE:
+        return None
+    return (f"{dropped:,} of the {totals['rows_read']:,} rows read ({dropped / totals['rows_read']:.0%}) were dropped as "
+            f"duplicates of an earlier row's first {prefix:,} characters: rows that share a long opening (an "
+            "instruction, a passage) and differ after it count as repeats; preprocessing.dedup_prefix_chars: null "
+            "compares whole texts")
 
 
 def drop_lines(manifest: dict[str, Any]) -> list[str]:
