@@ -337,25 +337,26 @@ def test_inspect_keeps_wordpiece_spaces_and_escapes_markers_in_the_text(tmp_path
     assert "⟦It marks trained text, twice over.<|im_end|>⟧" in shown.stdout
 
 
-def test_other_tools_configs_get_messages_that_name_the_keys(tmp_path: Path) -> None:
-    axolotl = tmp_path / "axolotl.yaml"
-    axolotl.write_text("base_model: Qwen/Qwen2.5-7B\nsequence_len: 2048\nsample_packing: true\n"
-                       "datasets:\n  - path: data.jsonl\n    type: chat_template\n")
-    result = gpu_prep_cli("validate", "-c", axolotl)
-    text = " ".join(result.stderr.split())
+def _refused_config(tmp_path: Path, text: str) -> str:
+    """validate's complaint (exit 2) about a config written as another tool writes its own, on one line."""
+    config = tmp_path / "other.yaml"
+    config.write_text(text)
+    result = gpu_prep_cli("validate", "-c", config)
     assert result.returncode == 2
+    return " ".join(result.stderr.split())
+
+
+def test_other_tools_configs_get_messages_that_name_the_keys(tmp_path: Path) -> None:
+    text = _refused_config(tmp_path, "base_model: Qwen/Qwen2.5-7B\nsequence_len: 2048\nsample_packing: true\n"
+                                     "datasets:\n  - path: data.jsonl\n    type: chat_template\n")
     assert "datasets.0.path: unknown key; other tools' 'path' is gpu-prep's data_paths (a list); allowed keys here: name," in text
     assert "sequence_len: unknown key; other tools' 'sequence_len' is gpu-prep's preprocessing.max_seq_len" in text
     assert "allowed keys here: (none)" not in text and "allowed keys here: ," not in text
 
 
 def test_llama_factory_keys_get_gpu_preps_names_not_a_near_spelling(tmp_path: Path) -> None:
-    lf = tmp_path / "lf.yaml"
-    lf.write_text("columns: {messages: conversations}\ntags: {role_tag: from}\ntrain_on_prompt: true\n"
-                  "neat_packing: true\ntokenized_path: out\ndataset_dir: data\n")
-    result = gpu_prep_cli("validate", "-c", lf)
-    text = " ".join(result.stderr.split())
-    assert result.returncode == 2
+    text = _refused_config(tmp_path, "columns: {messages: conversations}\ntags: {role_tag: from}\ntrain_on_prompt: true\n"
+                                     "neat_packing: true\ntokenized_path: out\ndataset_dir: data\n")
     for key, ours in [("columns", "input.messages_key"), ("tags", "input.role_key"), ("train_on_prompt", "mask_default"),
                       ("neat_packing", "preprocessing.packing (bfd"), ("tokenized_path", "the output folder"),
                       ("dataset_dir", "data_paths")]:
