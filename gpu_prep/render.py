@@ -237,7 +237,9 @@ def _writes_tool_calls(real: str, conv: Conversation, template: ChatTemplate) ->
         return
     raise RowError(Drop.TEMPLATE_ERROR, f"the chat template writes nothing of the tool_calls of message {calls[0]} "
                                         "(it does not render tool calls), so the call would be lost; use a template "
-                                        "that does (qwen2.5, qwen3 and llama3.1 do)")
+                                        "that does (qwen2.5, qwen3 and llama3.1 do), or, for a sharegpt row's "
+                                        "function_call turn, list its role under assistant in input.roles to train "
+                                        "the call as text")
 
 
 def _generation_spans(real: str, generated: list[tuple[int, int, int | None]], regions: list[tuple[int, int, int]],

@@ -415,14 +415,14 @@ def _file_given(spec: str, path: Path) -> str:
     return f"{head}. {_conversion(path, kind)}" if kind in CONVERTIBLE else head
 
 
-def _no_folder(spec: str, path: Path) -> str:
-    """What reads as a model id but whose organisation is a folder here (tok/lama3 beside tok/llama3): a path
-    mistyped, not a model to look for on the hub."""
+def _no_folder(spec: str, path: Path, hub: ConfigError) -> str:
+    """What reads as a model id that the hub has not got, but whose organisation is a folder here (tok/lama3
+    beside tok/llama3): most likely a path mistyped."""
     names = sorted(p.name for p in path.parent.iterdir() if p.is_dir())
     close = [str(path.parent / name) for name in difflib.get_close_matches(path.name, names, n=3)]
     hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
-    return (f"tokenizer {spec!r}: there is no folder {path} (the folder {path.parent} is here, so this names a path "
-            f"in it, not a model id on the hub){hint}")
+    return (f"tokenizer {spec!r}: there is no folder {path} (the folder {path.parent} is here, so this most likely "
+            f"names a path in it){hint}; as a model id: {hub}")
 
 
 def load_tokenizer(spec: str, revision: str | None = None) -> Tokenizer:
@@ -437,10 +437,11 @@ def load_tokenizer(spec: str, revision: str | None = None) -> Tokenizer:
     if not directory.is_dir():
         if spec in bundled_names():
             directory, source = bundled_tokenizer_dir(spec), f"bundled {spec}"
-        elif looks_like_model_id(spec) and directory.parent.is_dir():
-            raise ConfigError(_no_folder(spec, directory))
         elif looks_like_model_id(spec):
-            directory, commit = resolve_model_id(spec, revision)
+            try:
+                directory, commit = resolve_model_id(spec, revision)
+            except ConfigError as exc:  # a model id, unless its organisation is a folder here: then a path mistyped
+                raise ConfigError(_no_folder(spec, directory, exc) if directory.parent.is_dir() else str(exc)) from None
             source = f"{spec}@{commit}"
         else:
             raise ConfigError(f"tokenizer {spec!r}: no such directory, not a bundled tokenizer "

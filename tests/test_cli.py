@@ -243,6 +243,18 @@ def test_many_rows_dropped_by_a_shared_opening_warn_naming_dedup_prefix_chars(tm
     whole = _invoke("run", data, "-c", alpaca, "-o", tmp_path / "whole", "--set", "preprocessing.dedup_prefix_chars=null")
     assert whole.exit_code == 0 and "dropped as duplicates" not in whole.stderr, whole.output
     assert json.loads((tmp_path / "whole" / "manifest.json").read_text(encoding="utf-8"))["totals"]["rows_written"] == 20
+    # Repeats among pre-tokenized rows, which dedup hashes whole, are no shared opening: a mix says nothing of them.
+    ids = write_jsonl(tmp_path / "ids.jsonl", [{"input_ids": [100 + k % 3, 7, 8, 9]} for k in range(12)])
+    mix = tmp_path / "mix.yaml"
+    mix.write_text(json.dumps({"version": 1, "tokenizer": "qwen2.5", "mask": {"prompt": "mask", "response": "train"},
+                               "datasets": [{"name": "alpaca", "data_paths": [str(data)], "input": {"type": "alpaca"}},
+                                            {"name": "ids", "data_paths": [str(ids)], "input": {"type": "pretokenized"}}],
+                               "preprocessing": {"min_chars": 0}}))
+    mixed = _invoke("run", "-c", mix, "-o", tmp_path / "mixed")
+    assert mixed.exit_code == 0, mixed.output
+    counts = json.loads((tmp_path / "mixed" / "manifest.json").read_text(encoding="utf-8"))["datasets"]
+    assert [d["rows_dropped"].get("duplicate", 0) for d in counts] == [4, 9]
+    assert _squash(warning.replace("4 of the 20", "4 of the 32").replace("(20%)", "(12%)")) in _squash(mixed.stderr)
 
 
 def _without_template(folder: Path) -> Path:
@@ -263,6 +275,8 @@ def _without_template(folder: Path) -> Path:
     (["--set", "chat_template_name=foo"], "chat_template_name 'foo'"),
     (["--set", "chat_template=nonexist.jinja"], "chat_template 'nonexist.jinja': cannot read it"),
     (["--tokenizer", "NO_TEMPLATE"], "chat rows need a chat template"),
+    (["--tokenizer", "NO_TEMPLATE", "--set", "input.type=alpaca", "--set", "input.alpaca_render=chat_template"],
+     "alpaca rows (input.alpaca_render: chat_template) need a chat template"),
     (["--set", "output.token_dtype=uint16"], "cannot hold the vocabulary's ids"),
     (["--cluster", "bogus"], "--cluster 'bogus'"),
 ])

@@ -168,6 +168,16 @@ def build_context(config: PipelineConfig, tok: Tokenizer, backend: Backend, file
 CONVERSATION_TYPES = frozenset({"chat", "sharegpt", "prompt_response"})
 
 
+def _template_needed(config: PipelineConfig) -> str | None:
+    """Which of the run's rows all need a chat template (None: no input type's every row does)."""
+    for c in config.all_configs():
+        if c.input.type in CONVERSATION_TYPES:
+            return "chat rows"
+        if c.input.type == "alpaca" and c.input.alpaca_render == "chat_template":
+            return "alpaca rows (input.alpaca_render: chat_template)"
+    return None
+
+
 def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
     chosen = resolve_template(config.chat_template, config.chat_template_name, tok.templates())
     kwargs = config.chat_template_kwargs
@@ -175,8 +185,8 @@ def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
     template = ChatTemplate(chosen.text, tok.special_tokens, kwargs, origin=origin) if chosen.text is not None else None
     tool_template = (ChatTemplate(chosen.tool_text, tok.special_tokens, kwargs, origin=f"{origin}, tool_use")
                      if chosen.tool_text else None)
-    if template is None and config.input_types() & CONVERSATION_TYPES:  # not left to the first row, mid-run
-        raise no_template("chat rows", chosen, NO_TEMPLATE_FIX)
+    if template is None and (rows := _template_needed(config)):  # not left to the first row, mid-run
+        raise no_template(rows, chosen, NO_TEMPLATE_FIX)
     generation = mask_method(config, template)
     chat = template is not None and config.input.type == "chat"
     marked = generation and template is not None and template.marked

@@ -25,6 +25,7 @@ TRUNCATED_SHARE = 0.5
 # Exact copies are a small share of most curated SFT sets; past this share of the rows read, rows dropped as
 # repeats of an earlier row's first characters more often share a long opening (an instruction, a passage).
 PREFIX_DUPLICATE_SHARE = 0.05
+WHOLE_ROW_TYPES = ("preference", "kto", "pretokenized")  # input types dedup hashes whole, whatever the prefix
 
 
 @dataclass
@@ -126,14 +127,15 @@ def dataset_totals(config: PipelineConfig, datasets: list[Dataset], acct: Accoun
     rows_out = sum(c.rows_written for c in acct.counts) or 1
     tokens_out = sum(acct.tokens_by_file) or 1
     out = []
-    for spec, dataset in zip(config.datasets or [], datasets):
+    for k, (spec, dataset) in enumerate(zip(config.datasets or [], datasets)):
         counts = [acct.counts[f.index] for f in dataset.files]
         dropped: Counter = Counter()
         for c in counts:
             dropped.update(c.dropped)
         written = sum(c.rows_written for c in counts)
         tokens = sum(acct.tokens_by_file[f.index] for f in dataset.files)
-        out.append({"name": spec.name, "files": [f.path for f in dataset.files], "sampling": spec.sampling,
+        out.append({"name": spec.name, "input_type": config.dataset_config(k).input.type,
+                    "files": [f.path for f in dataset.files], "sampling": spec.sampling,
                     "rows_read": sum(c.rows_read for c in counts), "rows_written": written,
                     "rows_dropped": dict(sorted(dropped.items())), "tokens": tokens,
                     "share_of_rows": written / rows_out, "share_of_tokens": tokens / tokens_out})
@@ -179,14 +181,14 @@ def duplicate_warning(manifest: dict[str, Any]) -> str | None:
     """Why many rows dropped as duplicates by their first characters may not all be repeats (None: few were,
     or dedup hashed whole texts or whole rows)."""
     totals, config = manifest["totals"], manifest["config"]
-    prefix, dropped = config["preprocessing"]["dedup_prefix_chars"], totals["rows_dropped"].get("duplicate", 0)
-    if prefix is None or config["input"]["type"] in ("preference", "kto", "pretokenized") or not totals["rows_read"] \
-            or dropped / totals["rows_read"] <= PREFIX_DUPLICATE_SHARE:
+    prefix, read = config["preprocessing"]["dedup_prefix_chars"], totals["rows_read"]
+    parts = manifest.get("datasets") or [{"input_type": config["input"]["type"], "rows_dropped": totals["rows_dropped"]}]
+    dropped = sum(d["rows_dropped"].get("duplicate", 0) for d in parts if d["input_type"] not in WHOLE_ROW_TYPES)
+    if prefix is None or not read or dropped / read <= PREFIX_DUPLICATE_SHARE:
         return None
-    return (f"{dropped:,} of the {totals['rows_read']:,} rows read ({dropped / totals['rows_read']:.0%}) were dropped as "
-            f"duplicates of an earlier row's first {prefix:,} characters: rows that share a long opening (an "
-            "instruction, a passage) and differ after it count as repeats; preprocessing.dedup_prefix_chars: null "
-            "compares whole texts")
+    return (f"{dropped:,} of the {read:,} rows read ({dropped / read:.0%}) were dropped as duplicates of an earlier "
+            f"row's first {prefix:,} characters: if rows share a long opening (an instruction, a passage) and "
+            "differ after it, preprocessing.dedup_prefix_chars: null compares whole texts and keeps them")
 
 
 def drop_lines(manifest: dict[str, Any]) -> list[str]:
