@@ -222,8 +222,8 @@ def test_a_run_that_cuts_most_rows_warns_naming_max_seq_len(tmp_path: Path) -> N
 
 
 def test_many_rows_dropped_by_a_shared_opening_warn_naming_dedup_prefix_chars(tmp_path: Path) -> None:
-    # Five reviews under one 220-character instruction share their first 200 characters: four are dropped as
-    # duplicates (20% of the rows read), which warns, still exit 0; whole-text dedup keeps them all, silently.
+    # Twelve reviews under one 220-character instruction share their first 200 characters: eleven are dropped
+    # as duplicates (41% of the rows read), which warns, still exit 0; whole-text dedup keeps them all, silently.
     from helpers import write_jsonl
 
     task = ("Classify the sentiment of the review below as positive or negative. Answer with one word, in lower "
@@ -231,20 +231,20 @@ def test_many_rows_dropped_by_a_shared_opening_warn_naming_dedup_prefix_chars(tm
             "that the reviewer made. Review:")
     assert len(task) > 200
     rows = [{"instruction": task, "input": f"review {k}: " + ("good " if k % 2 else "bad ") * 5,
-             "output": "positive" if k % 2 else "negative"} for k in range(5)]
+             "output": "positive" if k % 2 else "negative"} for k in range(12)]
     rows += [{"instruction": f"Question {k}: what is {k} plus {k}? Show the sum and nothing else, as digits.",
               "input": "", "output": str(2 * k)} for k in range(15)]
     data = write_jsonl(tmp_path / "reviews.jsonl", rows)
     alpaca = REPO / "configs" / "alpaca.yaml"
     prefix = _invoke("run", data, "-c", alpaca, "-o", tmp_path / "prefix")
-    warning = ("4 of the 20 rows read (20%) were dropped as duplicates of an earlier row's first 200 characters")
+    warning = ("11 of the 27 rows read (41%) were dropped as duplicates of an earlier row's first 200 characters")
     assert prefix.exit_code == 0 and _squash(warning) in _squash(prefix.stderr), prefix.output
     assert _squash("preprocessing.dedup_prefix_chars: null compares whole texts") in _squash(prefix.stderr)
     whole = _invoke("run", data, "-c", alpaca, "-o", tmp_path / "whole", "--set", "preprocessing.dedup_prefix_chars=null")
     assert whole.exit_code == 0 and "dropped as duplicates" not in whole.stderr, whole.output
-    assert json.loads((tmp_path / "whole" / "manifest.json").read_text(encoding="utf-8"))["totals"]["rows_written"] == 20
+    assert json.loads((tmp_path / "whole" / "manifest.json").read_text(encoding="utf-8"))["totals"]["rows_written"] == 27
     # Repeats among pre-tokenized rows, which dedup hashes whole, are no shared opening: a mix says nothing of them.
-    ids = write_jsonl(tmp_path / "ids.jsonl", [{"input_ids": [100 + k % 3, 7, 8, 9]} for k in range(12)])
+    ids = write_jsonl(tmp_path / "ids.jsonl", [{"input_ids": [100 + k % 6, 7, 8, 9]} for k in range(12)])
     mix = tmp_path / "mix.yaml"
     mix.write_text(json.dumps({"version": 1, "tokenizer": "qwen2.5", "mask": {"prompt": "mask", "response": "train"},
                                "datasets": [{"name": "alpaca", "data_paths": [str(data)], "input": {"type": "alpaca"}},
@@ -253,8 +253,11 @@ def test_many_rows_dropped_by_a_shared_opening_warn_naming_dedup_prefix_chars(tm
     mixed = _invoke("run", "-c", mix, "-o", tmp_path / "mixed")
     assert mixed.exit_code == 0, mixed.output
     counts = json.loads((tmp_path / "mixed" / "manifest.json").read_text(encoding="utf-8"))["datasets"]
-    assert [d["rows_dropped"].get("duplicate", 0) for d in counts] == [4, 9]
-    assert _squash(warning.replace("4 of the 20", "4 of the 32").replace("(20%)", "(12%)")) in _squash(mixed.stderr)
+    assert [d["rows_dropped"].get("duplicate", 0) for d in counts] == [11, 6]
+    assert _squash(warning.replace("of the 27", "of the 39").replace("(41%)", "(28%)")) in _squash(mixed.stderr)
+    # A small file's one repeat says nothing of shared openings (the bundled example has one).
+    example = _invoke("run", REPO / "examples" / "chat.jsonl", "-c", REPO / "configs" / "sft.json", "-o", tmp_path / "ex")
+    assert example.exit_code == 0 and "dropped as duplicates" not in example.stderr, example.output
 
 
 def _without_template(folder: Path) -> Path:

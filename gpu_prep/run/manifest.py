@@ -22,9 +22,10 @@ LEFT_OUT_LISTED = 100  # an input folder's unread files the manifest names (it c
 # A max_seq_len that suits the data cuts its long tail; one that cuts more than this share of the rows
 # written is shorter than the typical row, which is rarely meant (a typo, a value from another run).
 TRUNCATED_SHARE = 0.5
-# Exact copies are a small share of most curated SFT sets; past this share of the rows read, rows dropped as
-# repeats of an earlier row's first characters more often share a long opening (an instruction, a passage).
-PREFIX_DUPLICATE_SHARE = 0.05
+# Exact copies are a small share of most curated SFT sets; past this share of the rows read (and this many
+# rows, so a small file's one or two repeats say nothing), rows dropped as repeats of an earlier row's first
+# characters more often share a long opening (an instruction, a passage).
+PREFIX_DUPLICATE_SHARE, PREFIX_DUPLICATE_ROWS = 0.05, 10
 WHOLE_ROW_TYPES = ("preference", "kto", "pretokenized")  # input types dedup hashes whole, whatever the prefix
 
 
@@ -184,7 +185,7 @@ def duplicate_warning(manifest: dict[str, Any]) -> str | None:
     prefix, read = config["preprocessing"]["dedup_prefix_chars"], totals["rows_read"]
     parts = manifest.get("datasets") or [{"input_type": config["input"]["type"], "rows_dropped": totals["rows_dropped"]}]
     dropped = sum(d["rows_dropped"].get("duplicate", 0) for d in parts if d["input_type"] not in WHOLE_ROW_TYPES)
-    if prefix is None or not read or dropped / read <= PREFIX_DUPLICATE_SHARE:
+    if prefix is None or dropped < PREFIX_DUPLICATE_ROWS or dropped / read <= PREFIX_DUPLICATE_SHARE:
         return None
     return (f"{dropped:,} of the {read:,} rows read ({dropped / read:.0%}) were dropped as duplicates of an earlier "
             f"row's first {prefix:,} characters: if rows share a long opening (an instruction, a passage) and "
