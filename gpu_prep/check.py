@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_prep.builders import BuilderTokenizer, build_row
-from gpu_prep.config import TEMPLATE_ROLES, PipelineConfig
+from gpu_prep.config import PAIR_TYPES, TEMPLATE_ROLES, PipelineConfig
 from gpu_prep.errors import Drop
 from gpu_prep.format import Conversation, RowError, detect_schema, registered
 from gpu_prep.mix import config_rows
@@ -171,8 +171,14 @@ _STARTER_MASK = {
     "preference": ("{}", "each pair's chosen and rejected completions; the prompt never"),
     "kto": ("{}", "each row's completion; the prompt never"),
 }
-# Preference and kto rows: TRL's columns, which the README's DPOTrainer and KTOTrainer recipes read.
-_PAIRS = ("preference", "kto")
+
+# The starter's comments on dedup and truncation, and its storage: preference and kto rows in TRL's columns,
+# which the README's DPOTrainer and KTOTrainer recipes read.
+_PAIR_STARTER = ("rows equal to an earlier row (prompt, completions, label) are dropped",
+                 "completions are cut (truncation: right | drop)", "parquet      # TRL's columns; or bin")
+_ROW_STARTER = ("rows whose first 200 characters repeat an earlier row's are dropped",
+                "longer rows are cut (truncation: right | left | drop | split | structured)",
+                "bin          # bin | h5 | megatron | parquet")
 
 
 def starter_config(inputs: list[str], tokenizer: str | None, rows: int = 50) -> str:
@@ -198,11 +204,7 @@ def starter_config(inputs: list[str], tokenizer: str | None, rows: int = 50) -> 
     kind = max(found, key=found.get) if len(found) == 1 else "auto"
     mask, why = _STARTER_MASK.get(kind, ("{assistant: train, response: train}", "assistant turns and responses"))
     shapes = ", ".join(f"{k} {n}" for k, n in sorted(found.items(), key=lambda item: -item[1]))
-    dedup = ("rows equal to an earlier row (prompt, completions, label) are dropped" if kind in _PAIRS else
-             "rows whose first 200 characters repeat an earlier row's are dropped")
-    cut = ("completions are cut (truncation: right | drop)" if kind in _PAIRS else
-           "longer rows are cut (truncation: right | left | drop | split | structured)")
-    storage = "parquet      # TRL's columns; or bin" if kind in _PAIRS else "bin          # bin | h5 | megatron | parquet"
+    dedup, cut, storage = _PAIR_STARTER if kind in PAIR_TYPES else _ROW_STARTER
     return f"""# gpu-prep config written by `gpu-prep init` from the first {seen} rows of {', '.join(inputs)}
 # (shapes found: {shapes}). Run it with: gpu-prep run -c THIS_FILE {' '.join(inputs)} -o out/
 # Check it against the data first with: gpu-prep validate -c THIS_FILE {' '.join(inputs)}

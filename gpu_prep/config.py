@@ -63,6 +63,9 @@ ALPACA_FORMAT = ("Below is an instruction that describes a task, paired with an 
                  "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n")
 ALPACA_NO_INPUT_FORMAT = ("Below is an instruction that describes a task. Write a response that appropriately "
                           "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n")
+# The input types whose rows are TRL's preference pairs or unpaired rows, and those of pretraining text.
+PAIR_TYPES = frozenset({"preference", "kto"})
+TEXT_TYPES = frozenset({"text", "pretokenized"})
 # The roles chat templates know.
 TEMPLATE_ROLES = ("system", "user", "assistant", "tool")
 # Not a template role: a row role listed under it is the assistant's tool call, its content JSON of
@@ -578,7 +581,7 @@ class PipelineConfig(_Frozen):
 
     @model_validator(mode="after")
     def _preference(self) -> PipelineConfig:
-        kinds = self.input_types() & {"preference", "kto"}
+        kinds = self.input_types() & PAIR_TYPES
         if not kinds:
             return self
         kind = kinds.pop()
@@ -608,7 +611,7 @@ class PipelineConfig(_Frozen):
 
     @model_validator(mode="after")
     def _split_text_only(self) -> PipelineConfig:
-        others = self.input_types() - {"text", "pretokenized"}
+        others = self.input_types() - TEXT_TYPES
         if self.preprocessing.truncation == "split" and others:
             raise ValueError(f"preprocessing.truncation split cuts rows into windows of max_seq_len tokens wherever "
                              f"they fall, for pretraining text (input.type text or pretokenized); input.type "
@@ -665,7 +668,7 @@ class PipelineConfig(_Frozen):
     def warnings(self) -> list[str]:
         """What this config does that its author may not mean (printed before a run and by validate)."""
         rules, found = self.preprocessing, []
-        pairs = self.input_types() & {"preference", "kto"}
+        pairs = self.input_types() & PAIR_TYPES
         if pairs and any(c.mask for c in self.all_configs()):
             found.append(f"mask has no effect on input.type {pairs.pop()}: each completion is trained, the prompt "
                          "never (TRL trains them so); remove mask")
@@ -677,13 +680,13 @@ class PipelineConfig(_Frozen):
                          f"preprocessing.{' and '.join(dedup)} drops each row drawn again as a duplicate, so no dataset "
                          "comes out larger than it is: to oversample, turn dedup off (the mix's repeats are then kept), "
                          "or set sampling_stopping_strategy first_exhausted to draw no row twice")
-        turns = self.input_types() - {"text", "pretokenized"}
+        turns = self.input_types() - TEXT_TYPES
         if rules.packing == "wrapped" and turns:
             found.append(f"preprocessing.packing wrapped cuts the stream every max_seq_len tokens, for pretraining "
                          f"text; input.type {', '.join(sorted(turns))} rows would be cut inside turns, and a sequence "
                          "would train answers whose prompt is in the one before: pack them with bfd (whole samples)")
         if self.output.storage_format == "megatron" and "truncation" not in rules.model_fields_set \
-                and self.input_types() & {"text", "pretokenized"}:
+                and self.input_types() & TEXT_TYPES:
             found.append(f"output.storage_format megatron: documents over preprocessing.max_seq_len ({rules.max_seq_len} "
                          "tokens) are cut there (truncation 'right', the default), and Megatron makes its own samples "
                          "across documents: set preprocessing.truncation to split to keep every token, or to right to "

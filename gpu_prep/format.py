@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
-from gpu_prep.config import TOOL_CALL_ROLE
+from gpu_prep.config import PAIR_TYPES, TOOL_CALL_ROLE
 from gpu_prep.errors import Drop
 
 if TYPE_CHECKING:
@@ -572,7 +572,7 @@ def auto_schema(record: dict[str, Any], config: PipelineConfig) -> str:
     """The input type of a row of input.type auto (rows of several shapes in one input): the one its keys
     name, else unknown_schema."""
     schema = detect_schema(record, config)
-    if schema in ("preference", "kto"):  # prompt and completions: the run's output must be of them throughout
+    if schema in PAIR_TYPES:  # prompt and completions: the run's output must be of them throughout
         raise RowError(Drop.UNKNOWN_SCHEMA, f"a {schema} row: input.type auto writes one sample a row; set "
                                             f"input.type {schema}")
     if schema is None:

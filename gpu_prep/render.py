@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import os
 import re
 import unicodedata
 from dataclasses import dataclass, field
@@ -148,7 +149,7 @@ def _turn_spans(real: str, regions: list[tuple[int, int, int]], roles: list[str]
     return [(a, b, roles[i]) for (i, _, _), a, b in zip(regions, bounds, bounds[1:])]
 
 
-def no_template(rows: str, source: Chosen | None, fix: str) -> ConfigError:
+def no_template(rows: str, source: Chosen | None, fix: str = NO_TEMPLATE_FIX) -> ConfigError:
     """Rows that need a chat template, where the run has none: a tokenizer with only named templates (as
     transformers keeps a tool_use one) has one to pick."""
     named = source.named if source is not None else ()
@@ -163,7 +164,7 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
     template left out (a role it does not know, say: counted, since their text is not in the row), and
     the roles of trained messages the template's {% generation %} markers never mark (reported)."""
     if ctx.template is None:
-        raise no_template("chat rows", ctx.template_source, NO_TEMPLATE_FIX)
+        raise no_template("chat rows", ctx.template_source)
     generated: list[tuple[int, int, int | None]] = []
     template = ctx.template_for(conv)
     marked = ctx.generation and template.marked
@@ -526,17 +527,21 @@ def _reasoning_not_shown(conv: Conversation, text: str) -> bool:
             return False
         if m["role"] == "assistant":
             reasoning = m.get("reasoning_content")
-            return isinstance(reasoning, str) and bool(reasoning.strip()) and reasoning.strip()[:32] not in text
+            return isinstance(reasoning, str) and _not_shown(reasoning, text)
     return False
+
+
+def _not_shown(reasoning: str, text: str) -> bool:
+    """Whether the rendered text leaves out a (non-blank) reasoning: its first characters are not in it."""
+    return bool(reasoning.strip()) and reasoning.strip()[:32] not in text
 
 
 def _think_blocks_not_shown(conv: Conversation, text: str) -> int:
     """How many messages hold a <think> block in their content (read as written, extract_think_tags off) of
     which the template wrote nothing: Qwen3 strips it from the turns before the last user turn, as it strips
     their reasoning. The ids follow the template; the count makes the lost text visible."""
-    thoughts = [_split_think(m["content"])[0].strip() for m in conv.messages
-                if isinstance(m.get("content"), str) and "</think>" in m["content"]]
-    return sum(1 for thought in thoughts if thought and thought[:32] not in text)
+    return sum(_not_shown(_split_think(m["content"])[0], text) for m in conv.messages
+               if isinstance(m.get("content"), str) and "</think>" in m["content"])
 
 
 def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
@@ -607,10 +612,7 @@ def _completion_keys(pair: Pair | Unpaired, ctx: RenderContext) -> list[str]:
 
 def _common_prefix(a: str, b: str) -> int:
     """How many characters a and b share at their start."""
-    if b.startswith(a):
-        return len(a)
-    n = min(len(a), len(b))
-    return next((k for k in range(n) if a[k] != b[k]), n)
+    return len(os.path.commonprefix((a, b)))
 
 
 def _diverges_late(head: str, prompt: str, wholes: list[str], start: int) -> None:

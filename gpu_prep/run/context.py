@@ -24,7 +24,7 @@ from gpu_prep.mix import HANDLERS, Dataset, with_tokenizer
 from gpu_prep.read import (Columnar, InputFile, ReadAs, check_columns, expand_inputs, names_of, unread_files,
                            unread_splits)
 from gpu_prep.sources import hub_dataset
-from gpu_prep.render import NO_TEMPLATE_FIX, RenderContext, no_template
+from gpu_prep.render import RenderContext, no_template
 from gpu_prep.templates import resolve_template
 from gpu_prep.tokenizer import Tokenizer
 
@@ -186,7 +186,7 @@ def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
     tool_template = (ChatTemplate(chosen.tool_text, tok.special_tokens, kwargs, origin=f"{origin}, tool_use")
                      if chosen.tool_text else None)
     if template is None and (rows := _template_needed(config)):  # not left to the first row, mid-run
-        raise no_template(rows, chosen, NO_TEMPLATE_FIX)
+        raise no_template(rows, chosen)
     generation = mask_method(config, template)
     chat = template is not None and config.input.type == "chat"
     marked = generation and template is not None and template.marked

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_prep import __version__
-from gpu_prep.config import PipelineConfig
+from gpu_prep.config import PAIR_TYPES, PipelineConfig
 from gpu_prep.mix import Dataset
 from gpu_prep.output import pack
 from gpu_prep.pairs import PAIR_COUNTS
@@ -26,7 +26,7 @@ TRUNCATED_SHARE = 0.5
 # rows, so a small file's one or two repeats say nothing), rows dropped as repeats of an earlier row's first
 # characters more often share a long opening (an instruction, a passage).
 PREFIX_DUPLICATE_SHARE, PREFIX_DUPLICATE_ROWS = 0.05, 10
-WHOLE_ROW_TYPES = ("preference", "kto", "pretokenized")  # input types dedup hashes whole, whatever the prefix
+WHOLE_ROW_TYPES = PAIR_TYPES | {"pretokenized"}  # input types dedup hashes whole, whatever the prefix
 
 
 @dataclass
@@ -67,7 +67,7 @@ def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], 
         "totals": {**acct.totals(), **({"splits": split_totals(config.output.splits, acct, domains)}
                                        if config.output.splits else {}),
                    **({"preference": {k: acct.pairs.get(k, 0) for k in PAIR_COUNTS}}
-                      if config.input.type in ("preference", "kto") else {})},
+                      if config.input.type in PAIR_TYPES else {})},
         **({"datasets": dataset_totals(config, run.datasets, acct)} if run.datasets is not None else {}),
         "dropped_examples": acct.examples,
         **({"packing": pack.summary([{"num_samples": m["num_samples"], **m["packing"]} for m in domains.values()],

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from gpu_prep.builders import BuilderTokenizer, build_row
-from gpu_prep.config import TEMPLATE_ROLES, PipelineConfig
+from gpu_prep.config import PAIR_TYPES, TEMPLATE_ROLES, PipelineConfig
 from gpu_prep.engines import HfEngine
 from gpu_prep.errors import Drop, EngineMismatch
 from gpu_prep.failpoint import failpoint
@@ -483,7 +483,7 @@ def mask_rows(run: RunContext, rendered: list[RenderedRow], tokens: Encoded) -> 
     ends = piece_offsets[1:]
     keep_tail = piece_tokens[ends] - piece_tokens[np.maximum(ends - closing, piece_offsets[:-1])]
     lengths = np.diff(token_offsets)
-    pairs = run.config.input.type in ("preference", "kto")  # cut by pairs.cut_pairs, below, not here
+    pairs = run.config.input.type in PAIR_TYPES  # cut by pairs.cut_pairs, below, not here
     over = lengths > rules.max_seq_len if rules.truncation in ("drop", "raise") and not pairs \
         else np.zeros(num_rows, dtype=bool)
     # split: the writer cuts rows into windows, so none is truncated here
@@ -495,8 +495,9 @@ def mask_rows(run: RunContext, rendered: list[RenderedRow], tokens: Encoded) -> 
     kept = xp.zeros(num_rows, dtype=xp.int64)
     kept[masked.kept_rows] = 1
     if pairs:
-        host = Masked(*(backend.to_host(a) for a in (masked.ids, masked.loss_mask, masked.offsets, masked.kept_rows,
-                                                   masked.no_trained_rows, masked.truncated_rows)))
+        # cut_pairs masks and cuts the sequences itself: the device's mask and truncation are not copied over
+        host = dataclasses.replace(masked, loss_mask=None, truncated_rows=None, **{
+            name: backend.to_host(getattr(masked, name)) for name in ("ids", "offsets", "kept_rows", "no_trained_rows")})
         differs = np.fromiter((r.generation_prompt_differs for r in rendered), bool, num_rows)
         sides = 2 if run.config.input.type == "preference" else 1
         samples, drops, counts, by_span = cut_pairs(host, tokens_per_piece, rules, num_rows, differs, sides)
