@@ -21,8 +21,8 @@ from gpu_prep.config import PAIR_TYPES, TEMPLATE_ROLES, PipelineConfig
 from gpu_prep.errors import Drop
 from gpu_prep.format import Conversation, RowError, detect_schema, registered
 from gpu_prep.mix import config_rows
-from gpu_prep.read import first_rows, read_chunks, sample_shares
-from gpu_prep.run.context import DEFAULT_TOKENIZER, inputs_left_out, left_out_warnings, run_inputs
+from gpu_prep.read import LeftOut, first_rows, read_chunks, sample_shares
+from gpu_prep.run.context import DEFAULT_TOKENIZER, run_inputs
 from gpu_prep.tokenizer import load_tokenizer
 
 
@@ -45,8 +45,9 @@ def check_sample(config: PipelineConfig, inputs: list[str], sample: int) -> Samp
     """What a sample of about `sample` rows says of the config (without datasets: the first rows of each
     input, by its share of the input: read.sample_shares)."""
     report = SampleReport()
-    files, datasets = run_inputs(config, inputs)
-    report.warnings.extend(left_out_warnings(inputs_left_out(config, inputs)))
+    left_out = LeftOut()
+    files, datasets = run_inputs(config, inputs, left_out)
+    report.warnings.extend(left_out.warnings())
     # Each file's rows are built with its dataset's own config, in the order the run takes them (a mix's,
     # with the datasets' data handlers run), so the sample is the sample run's.
     own = {f.index: config.dataset_config(k) for k, d in enumerate(datasets or []) for f in d.files}

@@ -213,7 +213,6 @@ def run(
 
     from gpu_prep.pipeline import Options
     from gpu_prep.pipeline import run as run_pipeline
-    from gpu_prep.run.context import inputs_left_out, left_out_warnings
 
     if stats_only == (output is not None):
         raise _fail(ConfigError("give --output, or --stats-only (which writes nothing), but not both"))
@@ -229,14 +228,15 @@ def run(
         load_plugins(plugin or [])
         cfg = load_config(config, set_ or [])
         check_registered(cfg, str(config))
-        for warning in [] if quiet else [*cfg.warnings(), *left_out_warnings(inputs_left_out(cfg, inputs or []))]:
+        for warning in [] if quiet else cfg.warnings():
             _warn(warning)
         with Reporter(quiet, progress_interval) as report:
             announce = None if quiet else lambda link: err.print(f"Dask dashboard: {link}", highlight=False)
             options = Options(tokenizer=tokenizer, device=device, chunk_rows=chunk_rows, workers=workers,
                               overwrite=overwrite, resume=resume, rejects=rejects, strict=strict,
                               checkpoint_seconds=checkpoint_every, progress=report,
-                              cluster=cluster, announce=announce, plugins=tuple(plugin or []),
+                              cluster=cluster, announce=announce, warn=None if quiet else _warn,
+                              plugins=tuple(plugin or []),
                               part_bytes=int(part_mb * (1 << 20)), config_file=config)
             manifest = run_pipeline(cfg, inputs or [], output, options)
     except GpuPrepError as exc:

@@ -37,9 +37,8 @@ from gpu_prep.plugins import check_registered
 from gpu_prep.run.accounting import Accounting
 from gpu_prep.run.checkpoint import Checkpointer, has_checkpoint, load_for_resume, run_identity
 from gpu_prep.run.commit import Committer
-from gpu_prep.read import InputFile
-from gpu_prep.run.context import (Decisions, LeftOut, Options, RunContext, build_context, check_unchanged,
-                                  inputs_left_out, run_inputs)
+from gpu_prep.read import InputFile, LeftOut
+from gpu_prep.run.context import Decisions, Options, RunContext, build_context, check_unchanged, run_inputs
 from gpu_prep.run.local import run_chunks, run_here
 from gpu_prep.run.manifest import Outcome, build_manifest
 from gpu_prep.run.outdir import (MANIFEST, check_output, check_paths, check_rejects, output_lock, prepare_output,
@@ -59,7 +58,10 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, options:
     options = options or Options()
     clock = Stopwatch()
     check_registered(config)
-    files, datasets = run_inputs(config, inputs)
+    left_out = LeftOut()  # recorded in the manifest, and told to options.warn
+    files, datasets = run_inputs(config, inputs, left_out)
+    for warning in left_out.warnings() if options.warn is not None else []:
+        options.warn(warning)
     out_dir = Path(out_dir)
     rejects = Path(options.rejects) if options.rejects else None
     named = [p for spec in config.datasets or [] for p in spec.data_paths or []]
@@ -70,7 +72,6 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, options:
     if rejects is not None:
         resumed = options.resume and has_checkpoint(out_dir)  # its own rejects file: checked by Accounting
         check_rejects(rejects, out_dir, options.overwrite or resumed, config.output.splits or {})
-    left_out = inputs_left_out(config, inputs)  # recorded in the manifest (the CLI warns of them)
     with output_lock(out_dir):
         check_output(out_dir, options.overwrite, options.resume)
         run_ctx = _context(config, files, datasets, options, clock)

@@ -116,12 +116,34 @@ def _hub_hint(path: str) -> str:
             f"hf://datasets/{name})")
 
 
-def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: int = 0) -> list[InputFile]:
+@dataclass
+class LeftOut:
+    """What the input folders hold that is not read, by folder: files whose names say no format gpu-prep
+    reads, and the splits of a DatasetDict or datasets cache folder besides the one read by default (split
+    read, the others)."""
+
+    files: dict[str, list[str]] = field(default_factory=dict)
+    splits: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.files or self.splits)
+
+    def warnings(self) -> list[str]:
+        files = [f"input folder {folder!r}: {len(names):,} file(s) in it are not read, their names saying no format "
+                 f"gpu-prep reads ({names_of(folder, names)}); rename them with their format's extension, or read "
+                 "them with a dataset whose builder names their format" for folder, names in self.files.items()]
+        splits = [f"input folder {folder!r}: read split {read!r}; it also holds {', '.join(map(repr, others))} "
+                  "(input.split names another)" for folder, (read, others) in self.splits.items()]
+        return files + splits
+
+
+def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: int = 0,
+                  left_out: LeftOut | None = None) -> list[InputFile]:
     """Files, globs and folders -> input files in a fixed order (as given; globs and folders sorted), each
     checked to be what its name (or how.builder) says. A save_to_disk or DatasetDict folder is its Arrow
     files. Nothing unknown is taken: a ConfigError names the file and what it holds; so does a file the
-    list gives twice."""
-    how = how or ReadAs()
+    list gives twice. What the folders hold that is not read goes into left_out."""
+    how, left_out = how or ReadAs(), left_out if left_out is not None else LeftOut()
     paths: list[tuple[str, str]] = []  # (what was given, a file it gives)
     for pattern in patterns:
         if is_url(pattern):
@@ -132,9 +154,14 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
                 raise ConfigError(f"input {pattern!r}: input.split {how.split!r} names a split, and this folder has "
                                   "none (splits are read from DatasetDict and datasets cache folders)")
             if found is None:
-                found, left_out = folder_files(Path(pattern), how.builder)
+                found, unread = folder_files(Path(pattern), how.builder)
                 if not found:
-                    raise ConfigError(_nothing_read(pattern, left_out))
+                    raise ConfigError(_nothing_read(pattern, unread))
+                if unread:
+                    left_out.files[pattern] = unread
+            elif how.split is None and len(splits := split_names(Path(pattern))) > 1:  # the default split read
+                chosen = default_split(splits)
+                left_out.splits[pattern] = (chosen, [s for s in splits if s != chosen])
         elif how.split is not None:
             raise ConfigError(f"input {pattern!r}: input.split {how.split!r} names a split, and a file has none "
                               "(splits are read from DatasetDict and datasets cache folders)")
@@ -183,32 +210,6 @@ def folder_files(folder: Path, builder: str | None = None) -> tuple[list[str], l
             continue
         (read if builder or split_name(str(path))[0] else left_out).append(str(path))
     return sorted(read), sorted(left_out)
-
-
-def unread_files(patterns: list[str], how: ReadAs | None = None) -> dict[str, list[str]]:
-    """For each folder among the patterns that is read, the files in it left out because their names say
-    no format gpu-prep reads (with how.builder, there are none)."""
-    how = how or ReadAs()
-    left = {}
-    for pattern in patterns:
-        if not is_url(pattern) and os.path.isdir(pattern) and dataset_folder_files(Path(pattern), how.split) is None:
-            read, unread = folder_files(Path(pattern), how.builder)
-            if read and unread:  # a folder with nothing read is refused as a whole (expand_inputs)
-                left[pattern] = unread
-    return left
-
-
-def unread_splits(patterns: list[str], how: ReadAs | None = None) -> dict[str, tuple[str, list[str]]]:
-    """For each DatasetDict or datasets cache folder among the patterns that is read as its default split
-    (no input.split names one), the split read and the others it holds, which are not read."""
-    how = how or ReadAs()
-    left = {}
-    for pattern in patterns:
-        splits = [] if how.split is not None or is_url(pattern) else split_names(Path(pattern))
-        if len(splits) > 1:
-            chosen = default_split(splits)
-            left[pattern] = (chosen, [s for s in splits if s != chosen])
-    return left
 
 
 def names_of(folder: str, paths: list[str], most: int = 5) -> str:

@@ -21,8 +21,7 @@ from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError, InputError
 from gpu_prep.format import columnar_schema
 from gpu_prep.mix import HANDLERS, Dataset, with_tokenizer
-from gpu_prep.read import (Columnar, InputFile, ReadAs, check_columns, expand_inputs, names_of, unread_files,
-                           unread_splits)
+from gpu_prep.read import Columnar, InputFile, LeftOut, ReadAs, check_columns, expand_inputs
 from gpu_prep.sources import hub_dataset
 from gpu_prep.render import RenderContext, no_template
 from gpu_prep.templates import resolve_template
@@ -50,6 +49,7 @@ class Options:
     progress: Callable[[int, int, int | None, int], None] | None = None
     cluster: str | None = None  # a Dask cluster to run on: "local:N" or a scheduler's address
     announce: Callable[[str], None] | None = None  # told the cluster's dashboard address
+    warn: Callable[[str], None] | None = None  # told what the input folders hold that is not read
     plugins: tuple[str, ...] = ()  # --plugin modules, which a cluster's workers load too
     part_bytes: int | None = None  # a cluster's parts of JSON Lines files (default cluster.plan.PART_BYTES)
     config_file: str | Path | None = None  # the config read (a --rejects there would destroy it)
@@ -253,13 +253,15 @@ def mask_method(config: PipelineConfig, template: ChatTemplate | None) -> bool:
     return method != "roles"
 
 
-def run_inputs(config: PipelineConfig, inputs: list[str]) -> tuple[list[InputFile], list[Dataset] | None]:
+def run_inputs(config: PipelineConfig, inputs: list[str], left_out: LeftOut | None = None
+               ) -> tuple[list[InputFile], list[Dataset] | None]:
     """The run's input files, and its datasets when the config names them (their files, in order), each
-    file checked to be what its name says before anything is written."""
+    file checked to be what its name says before anything is written; what the input folders hold that is
+    not read goes into left_out."""
     if not config.datasets:
         if not inputs:
             raise ConfigError("no input: give files, folders or globs, or a config with datasets")
-        files = expand_inputs(inputs, read_as(config))
+        files = expand_inputs(inputs, read_as(config), left_out=left_out)
         check_columns(files, needed_columns(config))
         return files, None
     if inputs:
@@ -271,7 +273,8 @@ def run_inputs(config: PipelineConfig, inputs: list[str]) -> tuple[list[InputFil
             own = [hub_input(spec.hub.model_dump(), len(files))]
         else:
             try:
-                own = expand_inputs(spec.data_paths, read_as(config.dataset_config(k), spec.builder), len(files))
+                own = expand_inputs(spec.data_paths, read_as(config.dataset_config(k), spec.builder), len(files),
+                                    left_out)
                 if spec.builder is None:
                     check_columns(own, needed_columns(config.dataset_config(k)))
             except ConfigError as exc:  # which dataset's data_paths, in a config of several
@@ -279,39 +282,6 @@ def run_inputs(config: PipelineConfig, inputs: list[str]) -> tuple[list[InputFil
         files.extend(own)
         datasets.append(Dataset(spec.name, own, dataset_handlers(spec)))
     return files, datasets
-
-
-@dataclass
-class LeftOut:
-    """What the input folders (the command line's, or each dataset's) hold that is not read, by folder: files
-    whose names say no format gpu-prep reads, and the splits of a DatasetDict or datasets cache folder
-    besides the one read by default (split read, the others)."""
-
-    files: dict[str, list[str]] = field(default_factory=dict)
-    splits: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
-
-    def __bool__(self) -> bool:
-        return bool(self.files or self.splits)
-
-
-def inputs_left_out(config: PipelineConfig, inputs: list[str]) -> LeftOut:
-    if not config.datasets:
-        return LeftOut(unread_files(inputs, read_as(config)), unread_splits(inputs, read_as(config)))
-    left = LeftOut()
-    for k, spec in enumerate(config.datasets):
-        how = read_as(config.dataset_config(k), spec.builder)
-        left.files.update(unread_files(spec.data_paths or [], how))
-        left.splits.update(unread_splits(spec.data_paths or [], how))
-    return left
-
-
-def left_out_warnings(left_out: LeftOut) -> list[str]:
-    files = [f"input folder {folder!r}: {len(names):,} file(s) in it are not read, their names saying no format "
-             f"gpu-prep reads ({names_of(folder, names)}); rename them with their format's extension, or read them "
-             "with a dataset whose builder names their format" for folder, names in left_out.files.items()]
-    splits = [f"input folder {folder!r}: read split {read!r}; it also holds {', '.join(map(repr, others))} "
-              "(input.split names another)" for folder, (read, others) in left_out.splits.items()]
-    return files + splits
 
 
 def needed_columns(config: PipelineConfig) -> tuple[str | tuple[str, ...], ...]:

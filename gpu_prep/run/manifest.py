@@ -14,7 +14,8 @@ from gpu_prep.output import pack
 from gpu_prep.pairs import PAIR_COUNTS
 from gpu_prep.output.files import manifest_checksum, sha256_file, written_files
 from gpu_prep.run.accounting import Accounting
-from gpu_prep.run.context import LeftOut, RunContext
+from gpu_prep.read import LeftOut
+from gpu_prep.run.context import RunContext
 from gpu_prep.tokenizer import COPY_DIR
 
 
