@@ -39,6 +39,7 @@ class SampleReport:
     manifest: dict[str, Any] | None = None
     out_dir: Path | None = None
     shares: list[int] | None = None  # the rows of each input in the sample (None: a mix's first rows)
+    sample: int = 0  # the rows read (run_sample runs as many)
 
 
 def check_sample(config: PipelineConfig, inputs: list[str], sample: int) -> SampleReport:
@@ -56,6 +57,7 @@ def check_sample(config: PipelineConfig, inputs: list[str], sample: int) -> Samp
     if rows is None:  # the inputs in order: the first rows of each (a mix: its first rows, in its order)
         report.shares = sample_shares(files, sample)
         rows, sample = first_rows(files, report.shares), sum(report.shares)
+    report.sample = sample
     for chunk in read_chunks(files, 256, max_items=sample, rows=rows):
         for i, (record, error) in enumerate(zip(chunk.records, (chunk.errors.get(i) for i in range(len(chunk))))):
             report.rows += 1
@@ -119,14 +121,14 @@ def _judge(config: PipelineConfig, report: SampleReport) -> None:
                                    f"{config.mask_default!r} applies")
 
 
-def run_sample(config: PipelineConfig, inputs: list[str], sample: int, report: SampleReport) -> None:
+def run_sample(config: PipelineConfig, inputs: list[str], report: SampleReport) -> None:
     """The sample run for real (tokenizer, template, masks, drop reasons) of the rows check_sample read
     (report.shares), into a folder kept for showing a sample; the caller removes it (remove_sample)."""
     from gpu_prep.pipeline import Options, run
 
     out = Path(tempfile.mkdtemp(prefix="gpu-prep-validate-")) / "out"
-    cap = sample if report.shares is None else sum(report.shares)  # the rows check_sample read
-    limited = config.model_copy(update={"preprocessing": config.preprocessing.model_copy(update={"max_items": cap})})
+    limited = config.model_copy(update={"preprocessing": config.preprocessing.model_copy(
+        update={"max_items": report.sample})})
     report.manifest = run(limited, inputs, out, Options(overlap=False, per_file=report.shares))
     report.out_dir = out
     # What would make `run` fail on these rows fails the check too: no row written, or too many dropped;

@@ -323,7 +323,7 @@ def validate(
     try:
         report = check_sample(cfg, data or [], sample)
         if not report.errors:
-            run_sample(cfg, data or [], sample, report)
+            run_sample(cfg, data or [], report)
         for warning in report.warnings:
             _warn(warning)
         for error in report.errors:

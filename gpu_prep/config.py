@@ -13,10 +13,11 @@ import os
 import re
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     AliasChoices,
     BaseModel,
     ConfigDict,
@@ -92,6 +93,17 @@ def _one_setting(data: Any, alias: str, key: str, section: str) -> Any:
     return data
 
 
+def _field_name(value: str) -> str:
+    """A setting that names a row's field: an empty name would only have every row dropped as missing it."""
+    if value == "":
+        raise ValueError("is empty; it names a field of the rows (no row has a field named '')")
+    return value
+
+
+# A setting that names a row's field (input.*_key, output.domain_key, ...).
+FieldName = Annotated[str, AfterValidator(_field_name)]
+
+
 # Axolotl's dataset types and the input.type each is here.
 AXOLOTL_TYPES = {"completion": "text", "input_output": "segments", "chat_template": "chat", "": "pretokenized"}
 
@@ -101,7 +113,7 @@ class InputConfig(_Frozen):
     # plugins have loaded, not here.
     type: str = "chat"
     # field_messages is the name other trainers give it.
-    messages_key: str = Field("messages", validation_alias=AliasChoices("messages_key", "field_messages"))
+    messages_key: FieldName = Field("messages", validation_alias=AliasChoices("messages_key", "field_messages"))
     # {template key: row key} inside a message, e.g. {"role": "from", "content": "value"}; "role" and
     # "content" set role_key and content_key, other keys are renamed as given.
     message_property_mappings: dict[str, str] = {}
@@ -111,29 +123,29 @@ class InputConfig(_Frozen):
     roles: dict[str, list[str]] = {}
     # Roles trained where `mask` names no rule for them (then mask_default applies).
     roles_to_train: list[str] = []
-    prompt_key: str | None = "prompt"
-    response_key: str = "response"
+    prompt_key: FieldName | None = "prompt"
+    response_key: FieldName = "response"
     # input.type preference (TRL's formats): the completions' keys; prompt_key names the prompt, and a row
     # without one has the prompt chosen and rejected share at their start (prompt_key null: every row, its
     # prompt column left alone, as for UltraFeedback's rows whose chosen and rejected hold the prompt).
-    chosen_key: str = "chosen"
-    rejected_key: str = "rejected"
+    chosen_key: FieldName = "chosen"
+    rejected_key: FieldName = "rejected"
     # input.type kto (TRL's unpaired preference rows): the completion, and its label (true: desirable).
-    completion_key: str = "completion"
-    label_key: str = "label"
+    completion_key: FieldName = "completion"
+    label_key: FieldName = "label"
     # The input type auto gives a row with prompt_key and response_key: instruction (the two tokenized as
     # they are, no chat template) or prompt_response (a user turn and an assistant turn through the chat
     # template, as the QLoRA seed's dataset_schema auto reads them).
     auto_prompt_type: Literal["instruction", "prompt_response"] = "instruction"
-    text_key: str = "text"
+    text_key: FieldName = "text"
     # gpu-prep's own: a .txt input is one row (file) or a row per non-blank line (line), under text_key.
     text_rows: Literal["file", "line"] = "file"
     # gpu-prep's own: the split a DatasetDict folder (datasets' save_to_disk) is read from (null: train,
     # or its only split).
     split: str | None = None
     # gpu-prep's own: the keys inside one chat message.
-    role_key: str = "role"
-    content_key: str = "content"
+    role_key: FieldName = "role"
+    content_key: FieldName = "content"
     # gpu-prep's own: "content" trains a trained role's content and the end-of-turn token that closes it
     # (what trainers expect); "turn" labels the whole rendered turn, header included, as the seed's
     # per-message rendering did.
@@ -152,10 +164,10 @@ class InputConfig(_Frozen):
     # train_on_eot is accepted as another name for train_on_eos: both rule these tokens.
     end_of_turn_tokens: list[str] | None = None
     # A message key whose true / false trains or masks that message whatever its role's rule (null: none).
-    message_training_key: str | None = "training"
+    message_training_key: FieldName | None = "training"
     # A message key holding character ranges of its content trained or masked whatever the message's own
     # rule: [{"begin_offset": 0, "end_offset": 8, "train": false}, ...], end_offset included (null: none).
-    message_training_detail_key: str | None = "train_detail"
+    message_training_detail_key: FieldName | None = "train_detail"
     # Only the last trained message of a conversation is trained.
     train_last_turn_only: bool = False
     # A message's reasoning under any of these keys becomes its reasoning_content (what templates such as
@@ -180,9 +192,9 @@ class InputConfig(_Frozen):
     eod_token: str | None = None
     # Alpaca-style instruction rows (input.type "alpaca"): the fields, and how the prompt is written from
     # them ({instruction}, {input}, {system} are replaced; no_input_format when the input is absent or empty).
-    field_instruction: str = "instruction"
+    field_instruction: FieldName = "instruction"
     field_input: str | None = "input"
-    field_output: str = "output"
+    field_output: FieldName = "output"
     field_system: str | None = "system"
     system_prompt: str = ""
     format: str = ALPACA_FORMAT
@@ -205,13 +217,6 @@ class InputConfig(_Frozen):
     template_max_chars: int | None = Field(None, ge=1)
 
     _role_of: dict[str, str] = PrivateAttr(default_factory=dict)
-
-    @field_validator("messages_key", "prompt_key", "response_key", "chosen_key", "rejected_key", "completion_key",
-                     "label_key", "text_key", "role_key", "content_key", "message_training_key",
-                     "message_training_detail_key", "field_instruction", "field_output")
-    @classmethod
-    def _names_a_field(cls, value: str | None) -> str | None:
-        return _field_name(value)
 
     @field_validator("roles")
     @classmethod
@@ -340,18 +345,11 @@ class PreprocessingConfig(_Frozen):
     truncation_mode: Literal["keep_start", "keep_end"] = "keep_end"
 
 
-def _field_name(value: str | None) -> str | None:
-    """A setting that names a row's field: an empty name would only have every row dropped as missing it."""
-    if value == "":
-        raise ValueError("is empty; it names a field of the rows (no row has a field named '')")
-    return value
-
-
 SPLIT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 
 
 class OutputConfig(_Frozen):
-    domain_key: str | None = None
+    domain_key: FieldName | None = None
     # bin: the seed's raw arrays with meta.json; h5: one HDF5 file per shard; megatron: Megatron's
     # indexed dataset (.bin/.idx) and a .loss_mask.bin sidecar; parquet: rows of input_ids, attention_mask
     # (not when packed) and labels (-100 where the loss mask is 0), as Hugging Face trainers take
@@ -379,11 +377,6 @@ class OutputConfig(_Frozen):
     # whole sequence (what TRL's RewardTrainer takes without tokenizing again); dpo_legacy: prompt_input_ids,
     # chosen_input_ids, rejected_input_ids (TRL before 1.0).
     preference_columns: Literal["dpo", "reward", "dpo_legacy"] = "dpo"
-
-    @field_validator("domain_key")
-    @classmethod
-    def _names_a_field(cls, value: str | None) -> str | None:
-        return _field_name(value)
 
     @field_validator("splits")
     @classmethod
