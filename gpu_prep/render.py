@@ -662,22 +662,19 @@ def _structured(conv: Conversation, ctx: RenderContext) -> tuple[Conversation, t
     if _fits(conv.messages, conv, ctx):
         return conv, ()
     kept, dropped = _drop_turns(conv, ctx)
-    kept, trimmed = _trim_reasoning(kept, conv, ctx)
+    kept, trimmed, fits = _trim_reasoning(kept, conv, ctx)
     notes = ["structured_dropped_turns"] * dropped + ["structured_dropped_reasoning"] * trimmed
-    if ctx.config.preprocessing.structured_last_cut == "prompt" and not _fits(kept, conv, ctx):
+    if ctx.config.preprocessing.structured_last_cut == "prompt" and not fits:
         kept = _cut_prompt(kept, conv, ctx)
         notes.append("structured_cut_content")
     return dataclasses.replace(conv, messages=kept), tuple(notes)
 
 
-def _short(text: str, ctx: RenderContext) -> bool:
-    """Whether the text is within max_seq_len tokens (one of no more bytes is, uncounted: a token is >= 1 byte)."""
-    limit = ctx.config.preprocessing.max_seq_len
-    return len(text.encode("utf-8")) <= limit or ctx.count_tokens(text) <= limit
-
-
 def _fits(messages: list[dict], conv: Conversation, ctx: RenderContext) -> bool:
-    return _short(render_text(ctx.template_for(conv), messages, conv), ctx)
+    """Whether the messages render within max_seq_len tokens (a text of no more bytes does, uncounted: a
+    token is >= 1 byte)."""
+    text, limit = render_text(ctx.template_for(conv), messages, conv), ctx.config.preprocessing.max_seq_len
+    return len(text.encode("utf-8")) <= limit or ctx.count_tokens(text) <= limit
 
 
 def _drop_turns(conv: Conversation, ctx: RenderContext) -> tuple[list[dict], int]:
@@ -698,13 +695,14 @@ def _drop_turns(conv: Conversation, ctx: RenderContext) -> tuple[list[dict], int
     return without(low), low
 
 
-def _trim_reasoning(kept: list[dict], conv: Conversation, ctx: RenderContext) -> tuple[list[dict], int]:
+def _trim_reasoning(kept: list[dict], conv: Conversation, ctx: RenderContext) -> tuple[list[dict], int, bool]:
     """The kept messages with their reasoning dropped, oldest first, until they fit (the last one dropped
-    keeps its first tokens, as many as fit), and how many reasonings were cut."""
+    keeps its first tokens, as many as fit), how many reasonings were cut, and whether they fit. The
+    messages are rendered and counted again only when a cut changed them."""
     kept, template, cut = list(kept), ctx.template_for(conv), 0
+    fits = _fits(kept, conv, ctx)
     for k, message in enumerate(kept):
-        whole = render_text(template, kept, conv)
-        if _short(whole, ctx):
+        if fits:
             break
         reasoning = message.get("reasoning_content")
         if not reasoning and "</think>" in (message.get("content") or ""):
@@ -712,15 +710,16 @@ def _trim_reasoning(kept: list[dict], conv: Conversation, ctx: RenderContext) ->
             # off itself: the rendering is the same) is reasoning here too.
             thought, rest = _split_think(message["content"])
             split = {**message, "content": rest, "reasoning_content": thought}
-            if render_text(template, [*kept[:k], split, *kept[k + 1:]], conv) == whole:
+            if render_text(template, [*kept[:k], split, *kept[k + 1:]], conv) == render_text(template, kept, conv):
                 message, reasoning = split, thought
         if reasoning:
             kept[k] = {**message, "reasoning_content": ""}
             cut += 1
-            if ctx.first_tokens is not None and _fits(kept, conv, ctx):  # trimmed: its first tokens, as many as fit
+            fits = _fits(kept, conv, ctx)
+            if ctx.first_tokens is not None and fits:  # trimmed: its first tokens, as many as fit
                 n = _most_that_fit(kept, k, "reasoning_content", reasoning, conv, ctx, ctx.count_tokens(reasoning))
                 kept[k] = {**message, "reasoning_content": ctx.first_tokens(reasoning, n)}
-    return kept, cut
+    return kept, cut, fits
 
 
 def _most_that_fit(kept: list[dict], k: int, key: str, text: str, conv: Conversation, ctx: RenderContext,
