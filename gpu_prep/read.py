@@ -130,8 +130,7 @@ class LeftOut:
 
     def warnings(self) -> list[str]:
         files = [f"input folder {folder!r}: {len(names):,} file(s) in it are not read, their names saying no format "
-                 f"gpu-prep reads ({names_of(folder, names)}); rename them with their format's extension, or read "
-                 "them with a dataset whose builder names their format" for folder, names in self.files.items()]
+                 f"gpu-prep reads ({names_of(folder, names)}); {RENAME_FIX}" for folder, names in self.files.items()]
         splits = [f"input folder {folder!r}: read split {read!r}; it also holds {', '.join(map(repr, others))} "
                   "(input.split names another)" for folder, (read, others) in self.splits.items()]
         return files + splits
@@ -151,8 +150,7 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
         elif os.path.isdir(pattern):
             found = dataset_folder_files(Path(pattern), how.split)
             if found is None and how.split is not None:
-                raise ConfigError(f"input {pattern!r}: input.split {how.split!r} names a split, and this folder has "
-                                  "none (splits are read from DatasetDict and datasets cache folders)")
+                raise ConfigError(_no_split(pattern, how.split, "this folder has"))
             if found is None:
                 found, unread = folder_files(Path(pattern), how.builder)
                 if not found:
@@ -163,8 +161,7 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
                 chosen = default_split(splits)
                 left_out.splits[pattern] = (chosen, [s for s in splits if s != chosen])
         elif how.split is not None:
-            raise ConfigError(f"input {pattern!r}: input.split {how.split!r} names a split, and a file has none "
-                              "(splits are read from DatasetDict and datasets cache folders)")
+            raise ConfigError(_no_split(pattern, how.split, "a file has"))
         elif glob.has_magic(pattern):
             found = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
         else:
@@ -192,6 +189,7 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
     return files
 
 
+DELIMITERS = {"csv": ",", "tsv": "\t"}  # of the CSV and TSV layouts
 # What a datasets cache folder holds beside its data: metadata, and the cache files .map and .filter leave.
 _DATASETS_METADATA = frozenset({"dataset_info.json", "state.json", "dataset_dict.json"})
 
@@ -212,6 +210,16 @@ def folder_files(folder: Path, builder: str | None = None) -> tuple[list[str], l
     return sorted(read), sorted(left_out)
 
 
+def _no_split(pattern: str, split: str, which: str) -> str:
+    return (f"input {pattern!r}: input.split {split!r} names a split, and {which} none (splits are read from "
+            "DatasetDict and datasets cache folders)")
+
+
+# What to do about files an input folder holds whose names say no format gpu-prep reads.
+RENAME_FIX = (f"rename them with their format's extension ({KNOWN}), or read them with a dataset whose builder "
+              "names their format")
+
+
 def names_of(folder: str, paths: list[str], most: int = 5) -> str:
     """The first few of a folder's files, by their names within it."""
     names = [os.path.relpath(p, folder) for p in paths[:most]]
@@ -222,8 +230,7 @@ def _nothing_read(folder: str, left_out: list[str]) -> str:
     if not left_out:
         return f"input {folder!r}: the folder holds no files (hidden ones are not read)"
     return (f"input {folder!r}: the folder holds {len(left_out):,} file(s), none named as a format gpu-prep reads "
-            f"({names_of(folder, left_out)}); rename them with their format's extension ({KNOWN}), or read "
-            "them with a dataset whose builder names their format")
+            f"({names_of(folder, left_out)}); {RENAME_FIX}")
 
 
 def _check_given_once(paths: list[tuple[str, str]]) -> None:
@@ -259,7 +266,7 @@ def check_columns(files: list[InputFile], needed: tuple[str | tuple[str, ...], .
     for file in files:
         if file.layout in ("csv", "tsv") and needed:
             try:
-                have = csv_header(file.path, file.compression, "," if file.layout == "csv" else "\t", file.encoding)
+                have = csv_header(file.path, file.compression, DELIMITERS[file.layout], file.encoding)
             except READ_ERRORS:  # an empty or unreadable file: its reader says so, where it reads it
                 continue
         elif file.layout == "parquet" or file.layout.startswith("arrow"):
@@ -494,7 +501,7 @@ def _rows_of(file: InputFile, columnar: Columnar | None, max_row_bytes: int) -> 
     if layout == "parquet" or layout.startswith("arrow"):
         return batch_rows(file.path, layout)
     if layout in ("csv", "tsv"):
-        return csv_rows(file.path, file.compression, "," if layout == "csv" else "\t", encoding)
+        return csv_rows(file.path, file.compression, DELIMITERS[layout], encoding)
     if layout == "txt":
         return text_rows(file.path, file.compression, file.text_key, file.text_per_line, encoding)
     if layout == "json":

@@ -38,7 +38,7 @@ class FileCounts:
     dropped: Counter = field(default_factory=Counter)
 
 
-def _check_resumed_rejects(rejects: Path | None, had: bool, began: str | None = None) -> None:
+def _check_resumed_rejects(rejects: Path | None, had: bool, began: str | None) -> None:
     """A resumed run writes the rejects file the interrupted one began (at began, where its checkpoint says),
     or none where it wrote none: either way round, the rows dropped before the interruption would be missing
     from it; and another file given instead would be cut to the length of the one begun."""

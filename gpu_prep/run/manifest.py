@@ -43,7 +43,7 @@ class Outcome:
 
 
 def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], checksums: list[str],
-                   seconds: dict[str, float], out_dir: Path, left_out: LeftOut | None = None) -> dict[str, Any]:
+                   seconds: dict[str, float], out_dir: Path, left_out: LeftOut) -> dict[str, Any]:
     """identity: the config's sha256 and the tokenizer's identity (hashed once a run); seconds: timings;
     left_out: what the input folders hold that is not read. The manifest lists every file of the output with
     its size, and carries its own checksum."""

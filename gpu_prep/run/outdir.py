@@ -22,7 +22,7 @@ LOCK = ".gpu-prep-lock"  # holds the pid of the run writing the directory, locke
 CONTROL = {RUN_MARKER, LOCK, JOURNAL}  # the files that say whose folder it is
 
 
-def check_paths(out_dir: Path, rejects: Path | None, inputs: Iterable[str], also_read: Iterable[str | None] = ()) -> None:
+def check_paths(out_dir: Path, rejects: Path | None, inputs: Iterable[str], also_read: Iterable[str | None]) -> None:
     """Refuse an output directory or rejects file that is an input, holds one, or lies inside one, and a
     rejects file that is or lies inside another path the run reads (also_read: its config, chat template,
     tokenizer folder, plugins)."""
@@ -46,7 +46,7 @@ def _clash(path: Path, sources: Iterable[str | Path | None]) -> tuple[str, Path]
     return None
 
 
-def check_rejects(rejects: Path, out_dir: Path, replace: bool, splits: Iterable[str] = ()) -> None:
+def check_rejects(rejects: Path, out_dir: Path, replace: bool, splits: Iterable[str]) -> None:
     """Refuse, before anything is written, a rejects path that would replace a file gpu-prep did not write
     for this run: a folder; inside the output, a place where the run writes its own files (a subfolder, a
     hidden name, manifest.json, tokenizer, a split's folder) or a file of the user's kept there; elsewhere, a
