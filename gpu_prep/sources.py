@@ -28,6 +28,7 @@ import bz2
 import codecs
 import gzip
 import io
+import itertools
 import json
 import lzma
 import os
@@ -561,25 +562,32 @@ class _Then(io.RawIOBase):
         return len(data)
 
 
-def _record_line(path: str, compression: str | None, delimiter: str, encoding: str | None, number: int) -> int:
-    """The line record `number` starts on (the header being 1, blank lines not counted, as pyarrow counts)."""
+def _csv_records(path: str, compression: str | None, delimiter: str, encoding: str | None) -> Iterator[tuple[int, int]]:
+    """(the line it starts on, its cell count) of each record of a CSV or TSV file, read with the standard csv
+    module; blank lines are no record, as pyarrow skips them."""
     import csv
     import sys
 
-    limit = csv.field_size_limit(sys.maxsize)
+    limit = csv.field_size_limit(sys.maxsize)  # a cell may hold a whole document
     try:
         with open_bytes(path, compression, encoding) as handle:
             reader = csv.reader(io.TextIOWrapper(handle, encoding="utf-8-sig", errors="replace", newline=""),
                                 delimiter=delimiter)
-            line = records = 0
+            line = 0
             for record in reader:
-                records += bool(record)
-                if records == number:
-                    return line + 1
+                if record:
+                    yield line + 1, len(record)
                 line = reader.line_num
     finally:
         csv.field_size_limit(limit)
-    return line + 1
+
+
+def _record_line(path: str, compression: str | None, delimiter: str, encoding: str | None, number: int) -> int:
+    """The line record `number` starts on (the header being 1)."""
+    line = 1
+    for line, _ in itertools.islice(_csv_records(path, compression, delimiter, encoding), number):
+        pass
+    return line
 
 
 def csv_header(path: str, compression: str | None, delimiter: str, encoding: str | None = None) -> list[str]:
@@ -601,21 +609,14 @@ def _position(handle: Any, otherwise: int) -> int:
 
 
 def _ragged_records(path: str, compression: str | None, delimiter: str, encoding: str | None, cells: int) -> list[int]:
-    """The numbers (the header being 1; blank lines not counted, as pyarrow skips them) of the records that
-    do not have `cells` cells, read with the standard csv module."""
+    """The numbers (the header being 1) of the records that do not have `cells` cells."""
     import csv
-    import sys
 
-    limit = csv.field_size_limit(sys.maxsize)  # a cell may hold a whole document
     try:
-        with open_bytes(path, compression, encoding) as handle:
-            text = io.TextIOWrapper(handle, encoding="utf-8-sig", errors="replace", newline="")
-            records = (r for r in csv.reader(text, delimiter=delimiter) if r)
-            return [n for n, record in enumerate(records, start=1) if len(record) != cells]
+        return [n for n, (_, count) in enumerate(_csv_records(path, compression, delimiter, encoding), start=1)
+                if count != cells]
     except csv.Error:  # what pyarrow reads, the csv module may not: the rows are then numbered in order read
         return []
-    finally:
-        csv.field_size_limit(limit)
 
 
 def text_rows(path: str, compression: str | None, key: str, per_line: bool,
