@@ -167,7 +167,8 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
               "input.roles)")
     for role, n in totals.get("messages_left_out_by_template", {}).items():
         _warn(f"the chat template left out the content of {n:,} message(s) with role {role!r} (a role it does not "
-              "render): their rows were rendered without that text")
+              "render, or text beside tool calls that it writes alone, as Llama 3.1's and Mistral's do): their rows "
+              "were rendered and trained without that text")
     if n := totals.get("parse_report", {}).get("reasoning_not_rendered"):
         _warn(f"the chat template wrote none of the reasoning of {n:,} row(s) (it shows no reasoning): they were "
               "rendered without it: use a template that shows it (qwen3), or input.think_mode: drop to leave it "

@@ -83,25 +83,27 @@ def locate_contents(real: str, conv: Conversation, template: ChatTemplate) -> li
     every = {i: m["content"] for i, m in enumerate(conv.messages)}
     non_empty = {i: c for i, c in every.items() if c}
     if len(non_empty) == len(every):
-        return _content_regions(real, skeleton(every), every)
-    with_every = skeleton(every)
-    regions = _content_regions(real, with_every, every, exact_only=True)
-    if regions is None:
-        regions = _place_empty(real, with_every, _content_regions(real, skeleton(non_empty), non_empty))
+        regions = _content_regions(real, skeleton(every), every)
+    else:
+        with_every = skeleton(every)
+        regions = _content_regions(real, with_every, every, exact_only=True)
+        if regions is None:
+            regions = _place_empty(real, with_every, _content_regions(real, skeleton(non_empty), non_empty))
     return _place_tool_turns(real, conv, template, regions)
 
 
 def _place_tool_turns(real: str, conv: Conversation, template: ChatTemplate,
                       regions: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    """Empty regions for assistant turns that only call tools, where the template writes their calls in a
-    branch that never writes the content (Llama 3.1, Mistral): such a turn starts where the rendering of
-    the messages before it, with the generation prompt (the assistant's header), ends, when the real
-    rendering starts with that text. From there the turn's text runs on to its end-of-turn token, as any
-    trained content does. A turn that cannot be placed so stays without a region (reported as left out)."""
+    """Empty regions for assistant turns that call tools where the template writes their calls in a
+    branch that never writes the content (Llama 3.1, Mistral: a call alone, or the call without the text
+    beside it): such a turn starts where the rendering of the messages before it, with the generation
+    prompt (the assistant's header), ends, when the real rendering starts with that text. From there the
+    turn's text runs on to its end-of-turn token, as any trained content does. A turn that cannot be placed
+    so stays without a region; either way a content not written is reported as left out."""
     located = {i for i, _, _ in regions}
     placed = list(regions)
     for i, message in enumerate(conv.messages):
-        if i in located or message["content"] or not message.get("tool_calls") or message["role"] != "assistant":
+        if i in located or not message.get("tool_calls") or message["role"] != "assistant":
             continue
         header = _render_with_prompt(template, conv.messages[:i], conv)
         before = max((end for j, _, end in placed if j < i), default=0)

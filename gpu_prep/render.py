@@ -175,12 +175,11 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
         _writes_tool_calls(real, conv, template)
         regions = _locate(real, conv, template, ctx)
     roles = [m["role"] for m in conv.messages]
-    if len(regions) == len(roles):  # every message located (regions name each message once)
-        left_out: tuple[str, ...] = ()
-    else:
-        located = {i for i, _, _ in regions}
-        left_out = tuple(roles[i] for i, m in enumerate(conv.messages)
-                         if (m["content"] or m.get("tool_calls")) and i not in located)
+    # A message is left out where nothing of it was located, or its content was not (a call written alone,
+    # the text beside it not: _place_tool_turns).
+    located = {i for i, start, end in regions if end > start or not conv.messages[i]["content"].strip()}
+    left_out = tuple(roles[i] for i, m in enumerate(conv.messages)
+                     if (m["content"] or m.get("tool_calls")) and i not in located)
     if not regions:
         return real, [], left_out, ()
     labels = _labels(conv, ctx)
@@ -205,21 +204,25 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
         if ctx.config.input.think_loss and i in trained:
             start = _reasoning_start(real, conv.messages[i], previous_end, start)
         previous_end = end
-        match = eot.search(real, end, limit) if policy != "none" else None
-        if match is not None and policy == "last" and (not trained or i != trained[-1]):
-            match = None
-        detail = _detail(conv.messages[i], i, real[content:end], ctx.config.input.message_training_detail_key)
+        found = eot.search(real, end, limit)
+        match = found if policy in ("turn", "all") or (policy == "last" and trained and i == trained[-1]) else None
         role = roles[i]  # the role a span's trained tokens are counted under
+        # An assistant's output runs on to its end-of-turn token, trained or not: what the template writes
+        # between them (tool calls; a space only with the token) is the turn's. Other roles' glue is markup
+        # (Qwen3's </tool_response>).
+        output_end = end
+        if found is not None and role == "assistant" and (match is not None or real[end:found.start()].strip()):
+            output_end = found.start()
+        detail = _detail(conv.messages[i], i, real[content:end], ctx.config.input.message_training_detail_key)
         reasoning = [(start, content, labels[i], role)] if content > start else []
-        if match is not None and policy == "all" and i not in trained:
+        closing = [] if match is None else [(match.start(), match.end(), labels[i] if i in trained or policy != "all"
+                                             else True, role)]
+        if detail:
             spans.extend(reasoning + _split(content, end, labels[i], role, detail))
-            spans.append((match.start(), match.end(), True, role))
-        elif detail:
-            spans.extend(reasoning + _split(content, end, labels[i], role, detail))
-            if match is not None:
-                spans.append((end, match.end(), labels[i], role))
-        else:  # the content and its end-of-turn token as one span
-            spans.append((start, match.end() if match else end, labels[i], role))
+            spans.extend([(end, output_end, labels[i], role)] if output_end > end else [])
+        else:
+            spans.append((start, output_end, labels[i], role))
+        spans.extend(closing)
     return real, spans, left_out, ()
 
 

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from helpers import run_rows, samples
@@ -20,11 +21,16 @@ TURNS = [{"role": "system", "content": "Be terse."}, {"role": "user", "content":
          {"role": "assistant", "content": "Goodbye."}]
 
 
-def _trained(tmp_path: Path, qwen: Any, messages: list[dict], **options: Any) -> str:
-    config = {"chat_template": "chatml", "input": {"type": "chat", **options}, "mask": {"assistant": "train"}}
+def _trained(tmp_path: Path, qwen: Any, messages: list[dict], template: str | None = "chatml",
+             mask: dict | None = None, sep: str = "", **options: Any) -> str:
+    """The trained text of one conversation, its stretches apart joined by sep (template None: the
+    tokenizer's own, Qwen2.5's)."""
+    config = {"input": {"type": "chat", **options}, "mask": mask or {"assistant": "train"},
+              **({"chat_template": template} if template else {})}
     name = f"run{len(list(tmp_path.glob('run*-out')))}"
-    [(ids, mask)] = samples(run_rows(tmp_path, config, [{"messages": messages}], name=name))
-    return qwen.decode(ids[mask == 1])
+    [(ids, mask_)] = samples(run_rows(tmp_path, config, [{"messages": messages}], name=name))
+    trained = np.flatnonzero(mask_ == 1)
+    return sep.join(qwen.decode(ids[part]) for part in np.split(trained, np.flatnonzero(np.diff(trained) > 1) + 1))
 
 
 @pytest.mark.parametrize(("policy", "want"), [
@@ -35,6 +41,33 @@ def _trained(tmp_path: Path, qwen: Any, messages: list[dict], **options: Any) ->
 ])
 def test_train_on_eos(tmp_path: Path, qwen: Any, policy: str, want: str) -> None:
     assert _trained(tmp_path, qwen, TURNS, train_on_eos=policy) == want
+
+
+CALL = [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
+CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+TOOL_TURNS = [{"role": "user", "content": "Weather in Paris?"},
+              {"role": "assistant", "content": "Let me check.", "tool_calls": CALL},
+              {"role": "tool", "content": "18 C"},
+              {"role": "assistant", "content": "", "tool_calls": CALL},
+              {"role": "tool", "content": "18 C"},
+              {"role": "assistant", "content": "It is 18 C."}]
+
+
+@pytest.mark.parametrize(("policy", "want"), [
+    ("turn", f"Let me check.\n{CALL_TEXT}{EOT}|{CALL_TEXT}{EOT}|It is 18 C.{EOT}"),
+    ("last", f"Let me check.\n{CALL_TEXT}|{CALL_TEXT}|It is 18 C.{EOT}"),
+    ("none", f"Let me check.\n{CALL_TEXT}|{CALL_TEXT}|It is 18 C."),
+])
+def test_a_tool_call_is_trained_whether_or_not_the_end_of_turn_token_is(tmp_path: Path, qwen: Any, policy: str,
+                                                                       want: str) -> None:
+    # The call is the assistant's output: train_on_eos decides the end-of-turn token alone.
+    assert _trained(tmp_path, qwen, TOOL_TURNS, template=None, sep="|", train_on_eos=policy) == want
+
+
+def test_a_trained_tool_result_leaves_the_template_markup_around_it_untrained(tmp_path: Path, qwen: Any) -> None:
+    # Qwen2.5 writes a result as <tool_response>\n...\n</tool_response>: neither tag is the tool's text.
+    trained = _trained(tmp_path, qwen, TOOL_TURNS, template=None, mask={"tool": "train"}, sep="|")
+    assert trained == f"18 C|{EOT}|18 C|{EOT}"
 
 
 def test_train_end_of_turn_false_means_none(tmp_path: Path, qwen: Any) -> None:

@@ -162,8 +162,9 @@ def test_a_trained_role_the_markers_never_mark_is_reported(tmp_path: Path) -> No
 def test_role_span_options_under_markers_are_an_error_not_ignored(tmp_path: Path) -> None:
     from gpu_prep.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="input.train_on_eos would be ignored: set input.mask_method to roles"):
-        _run(tmp_path, {"input": {"train_on_eos": "all"}}, [{"messages": CHAT}])
+    for method in ("auto", "generation"):  # asked for by name, the markers ignore it all the same
+        with pytest.raises(ConfigError, match="input.train_on_eos would be ignored: set input.mask_method to roles"):
+            _run(tmp_path, {"input": {"train_on_eos": "all", "mask_method": method}}, [{"messages": CHAT}])
     manifest, _ = _run(tmp_path, {"input": {"train_on_eos": "all", "mask_method": "roles"}}, [{"messages": CHAT}],
                        name="roles")
     assert manifest["chat_template"]["mask_method"] == "roles"

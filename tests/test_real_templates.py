@@ -45,6 +45,7 @@ class Case:
     strips: bool = False  # the template trims contents
     extra: dict[str, Any] = field(default_factory=dict)  # more tokenizer_config.json entries
     think_loss: bool = False  # input.think_loss: a shown reasoning (or empty block) is trained from its <think> tag
+    calls_alone: bool = False  # a turn that calls tools is written as its calls, without its text
 
 
 CASES = {
@@ -63,7 +64,7 @@ CASES = {
     "llama3.1": Case("meta-llama-Llama-3.1-8B-Instruct", "<|begin_of_text|>", "<|eot_id|>", "<|eot_id|>",
                      "<|start_header_id|>assistant<|end_header_id|>\n\n",
                      ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>",
-                      "<|python_tag|>"), strips=True),
+                      "<|python_tag|>"), strips=True, calls_alone=True),
     "qwen3": Case("Qwen-Qwen3-0.6B", None, "<|im_end|>", "<|im_end|>", "<|im_start|>assistant\n", ()),
     "qwen3-think-loss": Case("Qwen-Qwen3-0.6B", None, "<|im_end|>", "<|im_end|>", "<|im_start|>assistant\n", (),
                              think_loss=True),
@@ -100,7 +101,7 @@ def hf(directory: Path) -> Any:
 
 
 def rendered_content(case: Case, message: dict) -> str:
-    content = message.get("content") or ""
+    content = "" if case.calls_alone and message.get("tool_calls") else message.get("content") or ""
     return content.strip() if case.strips else content
 
 
@@ -193,12 +194,13 @@ def reasoning_rows() -> list[dict]:
 
 
 def tool_call_rows(name: str) -> list[dict]:
-    """Assistant turns that only call a tool (null content, as OpenAI writes them, no content key, and
-    empty content), then answer from the result: the templates that write such a call without the turn's content."""
+    """Assistant turns that call a tool (null content, as OpenAI writes them, no content key, empty content,
+    and text beside the call), then answer from the result: the templates that write such a call without
+    the turn's content."""
     call_id = "call00001"
     calls = [{"id": call_id, "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
     rows = []
-    for content in (None, "", "absent"):
+    for content in (None, "", "absent", "Let me look that up."):
         call = {"role": "assistant", "content": content, "tool_calls": calls}
         if content == "absent":  # as transformers hands templates a null content: no key at all
             del call["content"]
@@ -255,6 +257,10 @@ def test_masks_equal_the_reference_under_real_templates(name: str, tmp_path: Pat
     assert not differing, f"{len(differing)} of {len(rows)} rows differ; first: {differing[:3]}"
     assert manifest["totals"]["trained_tokens"] == sum(sum(m) for _, m in expected)
     assert manifest["totals"]["trained_tokens_by_role"] == {"assistant": manifest["totals"]["trained_tokens"]}
+    # the text beside a call that the template leaves out is counted as left out, the call trained all the same
+    unwritten = sum(1 for row in rows for m in row["messages"]
+                    if case.calls_alone and m.get("tool_calls") and (m.get("content") or "").strip())
+    assert manifest["totals"].get("messages_left_out_by_template", {}).get("assistant", 0) == unwritten
 
 
 def test_the_reasoning_rows_exercise_what_they_claim() -> None:

@@ -243,13 +243,13 @@ def mask_method(config: PipelineConfig, template: ChatTemplate | None) -> bool:
     if method == "generation" and (template is None or not template.marked):
         raise ConfigError("input.mask_method is generation, but the chat template has no {% generation %} markers; "
                           "use mask_method auto or roles, or a template that marks what the assistant generates")
-    if method == "auto" and template is not None and template.marked:
+    if method != "roles" and template is not None and template.marked:
         default = type(config.input)()
         changed = [k for k in ROLE_SPAN_OPTIONS if getattr(config.input, k) != getattr(default, k)]
         if changed:
             raise ConfigError(f"the chat template's {{% generation %}} markers say which text is trained, so "
                               f"input.{changed[0]} would be ignored: set input.mask_method to roles to mask by role "
-                              "spans with it, or to generation to follow the markers and drop the option")
+                              "spans with it, or drop the option to follow the markers")
     return method != "roles"
 
 
