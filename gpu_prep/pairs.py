@@ -54,6 +54,15 @@ def prompt_end(mask: np.ndarray) -> int:
     return int(trained[0]) if len(trained) else len(mask)
 
 
+def sequence_tokens(tokens_per_piece: np.ndarray, piece_offsets: np.ndarray, per_sequence: np.ndarray) -> np.ndarray:
+    """The tokens of each sequence of the rows, whose pieces (from piece_offsets) come per_sequence[row] to
+    a sequence (a standard pair's prefix is a piece of its own)."""
+    if (per_sequence == 1).all():
+        return tokens_per_piece
+    groups = np.repeat(per_sequence, np.diff(piece_offsets) // per_sequence)
+    return np.add.reduceat(tokens_per_piece, offsets_from_lengths(np, groups)[:-1])
+
+
 def cut_pairs(masked: Masked, tokens_per_piece: np.ndarray, rules: Any, num_rows: int, differs: np.ndarray,
               sides_per_row: int = 2) -> tuple[Masked, list[tuple[int, str, str]], Counter, np.ndarray]:
     """Each kept row's sequences (pieces, untruncated in masked: a pair's two, an unpaired row's one, then

@@ -110,6 +110,7 @@ class RenderedRow:
     # A pair's prompt as the template renders it with its generation prompt does not begin prompt +
     # completion's rendering (Gemma 4's empty thought channel): counted as generation_prompt_differs.
     generation_prompt_differs: bool = False
+    sequence_pieces: int = 1  # a pair's pieces that make one of its sequences (a standard row's prefix apart)
 
     @property
     def labelled(self) -> bool:
@@ -579,21 +580,26 @@ def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
         start, alone = len(prompt), prompt + ctx.suffix_text  # TRL tokenizes the prompt with special tokens
         end = "" if ctx.eos_text == ctx.suffix_text else ctx.eos_text or ""  # T5's </s> closes it already
         wholes = [prompt + c + ("" if c.endswith(end) else end) + ctx.suffix_text for c in pair.completions]
+    # A standard row's prefix (BOS) is a piece of its own, as the post-processor adds it to the text tokenized
+    # alone: joined to the prompt, a SentencePiece tokenizer would not mark the prompt's first word as one.
+    prefix = "" if pair.conversational else ctx.prefix_text
     pieces, spans, total, num_bytes = [], [], 0, 0  # total: in the spans' units (characters with offsets, else bytes)
     for whole in [*wholes, alone]:
-        trained = [(start, len(whole))] if whole is not alone else []
-        if ctx.offsets:
-            text, span, width, size = whole, trained, len(whole), len(whole.encode("utf-8"))
-        else:
-            text, byte_spans, size = _to_bytes(whole, [(a, b, True, "") for a, b in trained], ctx.normalization)
-            span, width = [(a, b) for a, b, _, _ in byte_spans], size
-        pieces.append(text)
-        spans += [(total + a, total + b) for a, b in span]
-        total += width
-        num_bytes += size
+        trained = [(start - len(prefix), len(whole) - len(prefix))] if whole is not alone else []
+        for piece, piece_spans in [*([(prefix, [])] if prefix else []), (whole[len(prefix):], trained)]:
+            if ctx.offsets:
+                text, span, width, size = piece, piece_spans, len(piece), len(piece.encode("utf-8"))
+            else:
+                text, byte_spans, size = _to_bytes(piece, [(a, b, True, "") for a, b in piece_spans], ctx.normalization)
+                span, width = [(a, b) for a, b, _, _ in byte_spans], size
+            pieces.append(text)
+            spans += [(total + a, total + b) for a, b in span]
+            total += width
+            num_bytes += size
     roles = ["chosen", "rejected"] if isinstance(pair, Pair) else ["desirable" if pair.label else "undesirable"]
     return RenderedRow(pieces, [False] * len(pieces), spans, num_bytes, span_roles=roles,
-                       label=pair.label if isinstance(pair, Unpaired) else None, generation_prompt_differs=differs)
+                       label=pair.label if isinstance(pair, Unpaired) else None, generation_prompt_differs=differs,
+                       sequence_pieces=2 if prefix else 1)
 
 
 def _completions_written(pair: Pair | Unpaired, wholes: list[str], start: int, ctx: RenderContext) -> None:

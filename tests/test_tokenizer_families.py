@@ -209,6 +209,41 @@ def test_ids_and_masks_equal_transformers(cases: dict[str, Case], name: str, met
     assert manifest["tokenizer"]["engine"] == "hf"
 
 
+@pytest.mark.parametrize("kind", ["preference", "kto"])
+def test_standard_pairs_tokenize_the_prompt_as_trl_does(cases: dict[str, Case], kind: str, tmp_path: Path) -> None:
+    # TRL tokenizes "The sky is" with the tokenizer's BOS added: ['<s>', '▁The', ...]. The BOS written into
+    # the text before the prompt would give ['<s>', 'The', ...]: Metaspace marks a word only at the start.
+    import pyarrow.parquet as pq
+    from transformers import PreTrainedTokenizerFast
+
+    source = cases["sentencepiece-bpe"].folder  # as converted, its post-processor adds nothing: Llama-2's adds <s>
+    spec = json.loads((source / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["post_processor"] = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                                                       {"Sequence": {"id": "A", "type_id": 0}}],
+                              "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                              "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}}
+    folder = tmp_path / "llama2-like"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    (folder / "tokenizer_config.json").write_bytes((source / "tokenizer_config.json").read_bytes())
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), bos_token="<s>", eos_token="</s>")
+    assert hf.convert_ids_to_tokens(hf("The sky is")["input_ids"])[:2] == ["<s>", "\u2581The"]
+    rows = [{"prompt": "The sky is", "chosen": " blue.", "rejected": " green."},
+            {"prompt": "Grass is", "chosen": " green.", "rejected": " blue."}]
+    if kind == "kto":
+        rows = [{"prompt": r["prompt"], "completion": r["chosen"], "label": True} for r in rows]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    config = parse_config({"tokenizer": str(folder), "input": {"type": kind}, "output": {"storage_format": "parquet"},
+                           "preprocessing": {"deduplicate": False, "min_chars": 0}})
+    run(config, [str(data)], tmp_path / "out")
+    table = pq.read_table(next((tmp_path / "out" / "__default__").glob("*.parquet"))).to_pylist()
+    for row, got in zip(rows, table):
+        assert got["prompt_ids"] == hf(row["prompt"])["input_ids"]
+        key = "completion" if kind == "kto" else "chosen"
+        assert got["prompt_ids"] + got[f"{key}_ids"] == hf(row["prompt"] + row[key])["input_ids"] + [hf.eos_token_id]
+
+
 # ---------------------------------------------------------------- offsets themselves
 
 

@@ -32,7 +32,7 @@ from gpu_prep.format import (Conversation, Pair, RowError, Segments, Tokens, Unp
 from gpu_prep.fuzzy import MinHasher, text_band_keys
 from gpu_prep.mask import (Masked, contiguous_places, kept_span_tokens, mask_from_ranges, offset_places, row_of,
                            span_tokens, truncate_and_filter)
-from gpu_prep.pairs import cut_pairs
+from gpu_prep.pairs import cut_pairs, sequence_tokens
 from gpu_prep.ragged import offsets_from_lengths
 from gpu_prep.read import RawChunk
 from gpu_prep.render import RenderContext, RenderedRow, affix_disagreement, render_row
@@ -500,7 +500,9 @@ def mask_rows(run: RunContext, rendered: list[RenderedRow], tokens: Encoded) -> 
             name: backend.to_host(getattr(masked, name)) for name in ("ids", "offsets", "kept_rows", "no_trained_rows")})
         differs = np.fromiter((r.generation_prompt_differs for r in rendered), bool, num_rows)
         sides = 2 if run.config.input.type == "preference" else 1
-        samples, drops, counts, by_span = cut_pairs(host, tokens_per_piece, rules, num_rows, differs, sides)
+        per_sequence = np.fromiter((r.sequence_pieces for r in rendered), np.int64, num_rows)
+        samples, drops, counts, by_span = cut_pairs(host, sequence_tokens(tokens_per_piece, piece_offsets, per_sequence),
+                                                    rules, num_rows, differs, sides)
         labels = None if sides == 2 else np.array([rendered[r].label for r in samples.kept_rows.tolist()], np.int8)
         return MaskResult(samples, backend.to_host(valid), over, by_span, sides, drops, counts, labels)
     by_role = kept_span_tokens(xp, first, stop, span_offsets_d, offsets_d, limit, side, kept)
