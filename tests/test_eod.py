@@ -200,3 +200,26 @@ def test_an_empty_text_row_is_dropped_as_too_short_not_written_without_its_end(t
     manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
     assert manifest["totals"]["rows_dropped"] == {"too_short": 1}
     assert len(samples(out)) == 2
+
+
+def test_a_chat_end_of_turn_as_end_of_document_is_warned_about(tmp_path: Path) -> None:
+    # The bundled qwen2.5 is Qwen's instruct tokenizer: its eos, <|im_end|>, closes chat turns, while Qwen's
+    # documents end with <|endoftext|>. A run left to the eos says so, and one that names a token does not.
+    from gpu_prep.pipeline import Options, run
+
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in DOCS), encoding="utf-8")
+    for key, warned in ((None, True), ("<|endoftext|>", False), ("<|im_end|>", False)):
+        said: list[str] = []
+        config = parse_config(_text(**({"eod_token": key} if key else {})))
+        run(config, [str(data)], tmp_path / f"out-{key is None}-{warned}-{len(key or '')}", Options(warn=said.append))
+        hits = [s for s in said if "set input.eod_token to '<|endoftext|>'" in s]
+        assert bool(hits) == warned, (key, said)
+    # A tokenizer whose eos is no chat turn's end (BERT closes a text with [SEP]) is not warned about.
+    said = []
+    bert = parse_config({**_text(), "tokenizer": "bert-uncased"})
+    try:
+        run(bert, [str(data)], tmp_path / "bert", Options(warn=said.append))
+    except ConfigError:
+        pytest.skip("the WordPiece package is not installed")
+    assert not [s for s in said if "eod_token" in s]

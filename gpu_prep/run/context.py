@@ -25,7 +25,7 @@ from gpu_prep.read import Columnar, InputFile, LeftOut, ReadAs, check_columns, e
 from gpu_prep.sources import hub_dataset
 from gpu_prep.render import RenderContext, no_template
 from gpu_prep.templates import resolve_template
-from gpu_prep.tokenizer import Tokenizer
+from gpu_prep.tokenizer import KNOWN_END_OF_TURN, Tokenizer
 
 DEFAULT_TOKENIZER = "qwen2.5"
 
@@ -49,7 +49,7 @@ class Options:
     progress: Callable[[int, int, int | None, int], None] | None = None
     cluster: str | None = None  # a Dask cluster to run on: "local:N" or a scheduler's address
     announce: Callable[[str], None] | None = None  # told the cluster's dashboard address
-    warn: Callable[[str], None] | None = None  # told what the input folders hold that is not read
+    warn: Callable[[str], None] | None = None  # told what the input folders hold that is not read, and the like
     plugins: tuple[str, ...] = ()  # --plugin modules, which a cluster's workers load too
     part_bytes: int | None = None  # a cluster's parts of JSON Lines files (default cluster.plan.PART_BYTES)
     config_file: str | Path | None = None  # the config read (a --rejects there would destroy it)
@@ -209,6 +209,25 @@ def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
         first_tokens=tok.first_tokens,
         count_tokens=tok.count_tokens,
     )
+
+
+# What ends a document in the vocabularies whose chat tokenizers name their end of turn as eos (Qwen, Llama-3).
+DOCUMENT_ENDS = ("<|endoftext|>", "<|end_of_text|>")
+
+
+def chat_turn_ends_documents(config: PipelineConfig, tok: Tokenizer, eod: str | None) -> str | None:
+    """A warning where pretraining documents would end with a chat model's end-of-turn token (the eos of
+    Qwen's and Llama-3's instruct tokenizers, the bundled qwen2.5 included) while the vocabulary has an end
+    of document of its own: a base model trained so learns to close text with the chat token."""
+    if eod not in KNOWN_END_OF_TURN or not any(c.input.type == "text" and c.input.append_eod and c.input.eod_token is None
+                                               for c in config.all_configs()):
+        return None
+    own = next((t for t in DOCUMENT_ENDS if tok.token_id(t) is not None), None)
+    if own is None:
+        return None
+    return (f"text rows end with {eod!r}, the tokenizer's eos, which is its chat template's end of turn; the "
+            f"vocabulary's end of document is {own!r}: set input.eod_token to {own!r} for pretraining (or to {eod!r} "
+            "to keep it)")
 
 
 def end_of_document(config: PipelineConfig, tok: Tokenizer) -> str | None:
