@@ -105,15 +105,22 @@ def _judge(config: PipelineConfig, report: SampleReport) -> None:
     if not report.roles:
         return
     known = set(report.roles) | set(TEMPLATE_ROLES)
-    for role in config.mask:
+    named = [(f"mask.{role}", role) for role in config.mask] + \
+        [(f"input.roles_to_train: {role}", role) for role in config.input.roles_to_train]
+    for key, role in named:
         if role in report.roles or role in ("prompt", "response"):
             continue
+        mapped = config.input.role_names.get(role)
+        if mapped is not None:  # ShareGPT's gpt: the rules see the role it is mapped to
+            report.errors.append(f"{key}: the rules name roles as input.roles maps them, and it maps {role!r} to "
+                                 f"{mapped!r}: write {mapped!r}")
+            continue
         close = difflib.get_close_matches(role, sorted(known), n=1, cutoff=0.6)
-        if close and close[0] not in config.mask:
-            report.errors.append(f"mask.{role}: no message of the sample has role {role!r}; did you mean "
+        if close and close[0] not in {r for _, r in named}:
+            report.errors.append(f"{key}: no message of the sample has role {role!r}; did you mean "
                                  f"{close[0]!r}? (roles in the data: {', '.join(sorted(report.roles))})")
         else:
-            report.warnings.append(f"mask.{role}: no message of the sample has role {role!r} "
+            report.warnings.append(f"{key}: no message of the sample has role {role!r} "
                                    f"(roles in the data: {', '.join(sorted(report.roles))})")
     for role in sorted(report.roles):
         if role not in config.mask and role not in config.input.roles_to_train:

@@ -242,6 +242,19 @@ def test_validate_checks_a_config_against_a_sample_of_the_data(tmp_path: Path) -
     result = gpu_prep_cli("validate", "-c", typo, data, "--sample", 10)
     assert result.returncode == 2
     assert "mask.assitant: no message of the sample has role 'assitant'; did you mean 'assistant'?" in result.stderr
+    # input.roles_to_train is checked as the mask rules are; a ShareGPT name the rules never see is named
+    sharegpt = write_jsonl(tmp_path / "sharegpt.jsonl", [
+        {"conversations": [{"from": "human", "value": m["messages"][0]["content"]},
+                           {"from": "gpt", "value": m["messages"][1]["content"]}]} for m in CHATS[:5]])
+    for rules, says in (({"input": {"type": "chat", "roles_to_train": ["asistant"]}, "mask": {}},
+                         "input.roles_to_train: asistant: no message of the sample has role 'asistant'; did you mean "
+                         "'assistant'?"),
+                        ({"input": {"type": "sharegpt", "roles_to_train": ["gpt"]}, "mask": {}},
+                         "input.roles_to_train: gpt: the rules name roles as input.roles maps them, and it maps 'gpt' to "
+                         "'assistant': write 'assistant'")):
+        named = _config(tmp_path, rules, "named.json")
+        result = gpu_prep_cli("validate", "-c", named, sharegpt if "sharegpt" in str(rules) else data)
+        assert result.returncode == 2 and says in " ".join(result.stderr.split()), result.stderr
     wrong = _config(tmp_path, {"input": {"type": "instruction"}, "mask": {"response": "train"}}, "wrong.json")
     result = gpu_prep_cli("validate", "-c", wrong, data)
     assert result.returncode == 2
