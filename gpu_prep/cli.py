@@ -176,6 +176,10 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
     if n := totals.get("parse_report", {}).get("think_blocks_not_rendered"):
         _warn(f"the chat template wrote nothing of the <think> block in the content of {n:,} message(s) (Qwen3 "
               "strips those of turns before the last user turn): they were rendered and trained without it")
+    if n := totals.get("parse_report", {}).get("think_blocks_trained"):
+        _warn(f"{n:,} trained message(s) hold a <think> block in their content, trained as content although "
+              "input.think_loss is false (it masks reasoning given as reasoning_content): set "
+              "input.extract_think_tags: true to read a leading block as the turn's reasoning")
     if n := totals.get("preference", {}).get("generation_prompt_differs"):
         _warn(f"the chat template renders the generation prompt of {n:,} row(s) otherwise than prompt + completion "
               "begins (Gemma 4's empty thought channel, say); as TRL does, those prompts end where the two part, so "

@@ -540,12 +540,21 @@ def _not_shown(reasoning: str, text: str) -> bool:
     return bool(reasoning.strip()) and reasoning.strip()[:32] not in text
 
 
-def _think_blocks_not_shown(conv: Conversation, text: str) -> int:
-    """How many messages hold a <think> block in their content (read as written, extract_think_tags off) of
-    which the template wrote nothing: Qwen3 strips it from the turns before the last user turn, as it strips
-    their reasoning. The ids follow the template; the count makes the lost text visible."""
-    return sum(_not_shown(_split_think(m["content"])[0], text) for m in conv.messages
-               if isinstance(m.get("content"), str) and "</think>" in m["content"])
+def _think_block_notes(conv: Conversation, text: str, ctx: RenderContext) -> tuple[str, ...]:
+    """A note for each message holding a <think> block in its content (read as written, extract_think_tags
+    off): think_blocks_not_rendered where the template wrote nothing of it (Qwen3 strips it from the turns
+    before the last user turn, as it strips their reasoning), think_blocks_trained where it wrote it in a
+    message of a trained role while input.think_loss is false (by role spans), which trains that reasoning
+    as content, unlike a reasoning_content. The ids follow the template; the notes make either visible."""
+    notes: list[str] = []
+    by_roles = not (ctx.generation and ctx.template_for(conv).marked) and not ctx.config.input.think_loss
+    for m in conv.messages:
+        if isinstance(m.get("content"), str) and "</think>" in m["content"]:
+            if _not_shown(_split_think(m["content"])[0], text):
+                notes.append("think_blocks_not_rendered")
+            elif by_roles and ctx.trains(m["role"]):
+                notes.append("think_blocks_trained")
+    return tuple(notes)
 
 
 def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
@@ -653,7 +662,7 @@ def _within_limits(conv: Conversation, ctx: RenderContext
             text, spans, left_out, unmarked = conversation_spans(conv, ctx)
             if _reasoning_not_shown(conv, text):
                 notes += ("reasoning_not_rendered",)
-            notes += ("think_blocks_not_rendered",) * _think_blocks_not_shown(conv, text)
+            notes += _think_block_notes(conv, text, ctx)
             return text, spans, left_out, unmarked, notes
         except RowError:
             if budget.exceeded is not None:

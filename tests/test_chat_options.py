@@ -280,6 +280,9 @@ def test_qwen3_takes_an_inline_think_block_in_the_last_turn_as_written(tmp_path:
     qwen3, [(ids, mask)], manifest = _qwen3_run(tmp_path, INLINE_THINK)
     assert manifest["totals"]["rows_written"] == 1
     assert qwen3.decode(ids[mask == 1]) == "<think>\nSimple addition.\n</think>\n\n4<|im_end|>"
+    # think_loss is false: the block is trained as content, and counted so (the run summary warns of it)
+    assert manifest["totals"]["parse_report"]["think_blocks_trained"] == 1
+    assert _qwen3_run(tmp_path, INLINE_THINK, think_loss=True)[2]["totals"]["parse_report"]["think_blocks_trained"] == 0
     _, [(ids, mask)], _ = _qwen3_run(tmp_path, INLINE_THINK, extract_think_tags=True)
     assert "Simple addition." in qwen3.decode(ids) and qwen3.decode(ids[mask == 1]) == "4<|im_end|>"
 
@@ -310,15 +313,18 @@ def test_a_think_block_the_template_strips_from_an_earlier_turn_is_counted(tmp_p
     assert "add them" in qwen.decode(ids) and report["think_blocks_not_rendered"] == 0
 
 
-def test_the_run_summary_warns_of_think_blocks_the_template_stripped(tmp_path: Path) -> None:
+def test_the_run_summary_warns_of_think_blocks_the_template_stripped_or_trained(tmp_path: Path) -> None:
     from helpers import gpu_prep_cli, write_jsonl
 
     (tmp_path / "c.json").write_text(json.dumps({"tokenizer": "qwen3", "input": {"type": "chat"},
                                                  "mask": {"assistant": "train"}}))
-    data = write_jsonl(tmp_path / "rows.jsonl", EARLIER_THINK)
+    data = write_jsonl(tmp_path / "rows.jsonl", EARLIER_THINK + INLINE_THINK)
     result = gpu_prep_cli("run", "-c", tmp_path / "c.json", data, "-o", tmp_path / "out")
     assert result.returncode == 0, result.stderr
-    assert "wrote nothing of the <think> block in the content of 1 message(s)" in " ".join(result.stderr.split())
+    said = " ".join(result.stderr.split())
+    assert "wrote nothing of the <think> block in the content of 1 message(s)" in said
+    assert "1 trained message(s) hold a <think> block in their content, trained as content although " \
+        "input.think_loss is false" in said
 
 
 def test_a_think_block_no_reading_can_place_says_what_to_set(tmp_path: Path) -> None:
