@@ -19,7 +19,7 @@ from typing import Any
 from gpu_prep.builders import BuilderTokenizer, build_row
 from gpu_prep.config import PAIR_TYPES, TEMPLATE_ROLES, PipelineConfig
 from gpu_prep.errors import Drop
-from gpu_prep.format import Conversation, RowError, detect_schema, registered
+from gpu_prep.format import Conversation, RowError, detect_schema, messages_row, registered
 from gpu_prep.mix import config_rows
 from gpu_prep.read import LeftOut, first_rows, read_chunks, sample_shares
 from gpu_prep.run.context import DEFAULT_TOKENIZER, run_inputs
@@ -65,12 +65,12 @@ def check_sample(config: PipelineConfig, inputs: list[str], sample: int) -> Samp
                 continue
             cfg = own.get(chunk.file_index[i], config)
             kind = cfg.input.type
-            record = {cfg.input.messages_key: record} if isinstance(record, list) else record
-            if kind == "auto":
-                kind = detect_schema(record, cfg) or "chat"
-            elif kind not in tokenizers:
-                tokenizers[kind] = _builder_tokenizer(cfg) if registered(kind).takes_tokenizer else None
             try:
+                record = messages_row(record, cfg) if isinstance(record, list) else record  # as the run reads it
+                if kind == "auto":
+                    kind = detect_schema(record, cfg) or "chat"
+                elif kind not in tokenizers:
+                    tokenizers[kind] = _builder_tokenizer(cfg) if registered(kind).takes_tokenizer else None
                 shape = build_row(kind, record, cfg, tokenizers.get(kind))
             except RowError as exc:
                 if exc.reason == Drop.SKIPPED_BY_BUILDER:  # the builder's choice, not a row it cannot read
@@ -78,7 +78,7 @@ def check_sample(config: PipelineConfig, inputs: list[str], sample: int) -> Samp
                 report.failed[exc.reason] += 1
                 report.first_failure.setdefault(exc.reason, exc.detail)
                 report.failed_type.setdefault(exc.reason, cfg.input.type)
-                report.suggested[detect_schema(record, cfg)] += 1
+                report.suggested[detect_schema(record, cfg) if isinstance(record, dict) else None] += 1
                 continue
             if isinstance(shape, Conversation):
                 report.roles.update(m["role"] for m in shape.messages)

@@ -256,6 +256,31 @@ def _bare_schema(tool: dict[str, Any]) -> bool:
     return "name" in tool and "type" not in tool and "function" not in tool
 
 
+def messages_row(record: list[Any], config: PipelineConfig) -> dict[str, Any]:
+    """A row written as a conversation's messages alone, as the row holding them; a list that is rows (a
+    JSON array saved as one line) or a type that reads no messages drops it as not_an_object."""
+    if _rows_not_messages(record, config):
+        raise RowError(Drop.NOT_AN_OBJECT, f"the line is a JSON array of {len(record)} rows, not a row (nor a "
+                                           "conversation's messages); a file holding one JSON array is read element "
+                                           "by element when named .json")
+    kind = config.input.type
+    if kind not in ("chat", "sharegpt", "auto"):
+        raise RowError(Drop.NOT_AN_OBJECT, f"a row that is a list of messages is read by input.type chat, sharegpt or "
+                                           f"auto, not {kind}")
+    sharegpt = kind == "sharegpt" or (kind == "auto" and all("role" not in m and "from" in m for m in record))
+    return {sharegpt_keys(config)[0] if sharegpt else config.input.messages_key: record}
+
+
+def _rows_not_messages(record: list[dict[str, Any]], config: PipelineConfig) -> bool:
+    """Whether a list of objects is rows (json.dump of a list, saved as one line) rather than messages: none
+    holds a role under the config's key (or role / from), and each holds a key rows have."""
+    inp = config.input
+    roles = {inp.role_key, "role", "from"}
+    rows = {inp.messages_key, "conversations", inp.text_key, inp.prompt_key, inp.field_instruction, "input_ids",
+            inp.chosen_key, "segments"}
+    return all(roles.isdisjoint(m) and not rows.isdisjoint(m) for m in record)
+
+
 def sharegpt_keys(config: PipelineConfig) -> tuple[str, str, str]:
     """Where a sharegpt row keeps its messages, roles and contents: conversations / from / value, or the
     keys the config sets when its input.type is sharegpt (with auto, those keys are chat's)."""

@@ -422,6 +422,11 @@ def test_a_json_array_saved_as_json_lines_is_named_for_what_it_is(tmp_path: Path
     manifest = _run(tmp_path, one_line, {**TEXT, "input": {"type": "auto"}})
     [example] = manifest["dropped_examples"]["not_an_object"]
     assert "the line is a JSON array of 5 rows" in example["detail"] and "named .json" in example["detail"]
+    # validate reads the line as run does (it took the rows for messages, and named a missing role)
+    from gpu_prep.check import check_sample
+
+    report = check_sample(parse_config({**TEXT, "input": {"type": "chat"}}), [str(one_line)], 10)
+    assert report.failed["not_an_object"] == 1 and "the line is a JSON array of 5 rows" in report.first_failure["not_an_object"]
     pretty = tmp_path / "pretty.jsonl"
     pretty.write_text(json.dumps(rows, indent=2))
     with pytest.raises(ConfigError, match=r"pretty\.jsonl'?: named as JSON Lines, but it holds a JSON array written over"):

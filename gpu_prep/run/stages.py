@@ -28,7 +28,7 @@ from gpu_prep.errors import Drop, EngineMismatch
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter import Deduplicator, filter_rows
 from gpu_prep.format import (Conversation, Pair, RowError, Segments, Tokens, Unpaired, auto_schema, dedup_text,
-                             domain_of, fuzzy_text, hashed_whole, sharegpt_keys, source_chars, split_text)
+                             domain_of, fuzzy_text, hashed_whole, messages_row, source_chars, split_text)
 from gpu_prep.fuzzy import MinHasher, text_band_keys
 from gpu_prep.mask import (Masked, contiguous_places, kept_span_tokens, mask_from_ranges, offset_places, row_of,
                            span_tokens, truncate_and_filter)
@@ -162,19 +162,8 @@ def format_rows(chunk: RawChunk, base: PipelineConfig, sources: Sources | None =
         config, own_domain = sources.get(chunk.file_index[i], (base, None)) if sources else (base, None)
         auto = config.input.type == "auto"
         schema = config.input.type
-        if isinstance(record, list):  # a conversation written as its messages alone
-            if _rows_not_messages(record, config):
-                out.drops.append(Dropped(i, Drop.NOT_AN_OBJECT, f"the line is a JSON array of {len(record)} rows, not "
-                                         "a row (nor a conversation's messages); a file holding one JSON array is "
-                                         "read element by element when named .json", record))
-                continue
-            if config.input.type not in ("chat", "sharegpt", "auto"):
-                out.drops.append(Dropped(i, Drop.NOT_AN_OBJECT, "a row that is a list of messages is read "
-                                         f"by input.type chat, sharegpt or auto, not {config.input.type}", record))
-                continue
-            sharegpt = config.input.type == "sharegpt" or (auto and all("role" not in m and "from" in m for m in record))
-            record = {sharegpt_keys(config)[0] if sharegpt else config.input.messages_key: record}
         try:
+            record = messages_row(record, config) if isinstance(record, list) else record
             domain = domain_of(record, config.output.domain_key, own_domain)
             if auto:
                 schema = auto_schema(record, config)
@@ -197,16 +186,6 @@ def format_rows(chunk: RawChunk, base: PipelineConfig, sources: Sources | None =
         out.rows.domain.append(domain)
         out.rows.payload.append(shape)
     return out
-
-
-def _rows_not_messages(record: list[dict[str, Any]], config: PipelineConfig) -> bool:
-    """Whether a list of objects is rows (json.dump of a list, saved as one line) rather than messages: none
-    holds a role under the config's key (or role / from), and each holds a key rows have."""
-    inp = config.input
-    roles = {inp.role_key, "role", "from"}
-    rows = {inp.messages_key, "conversations", inp.text_key, inp.prompt_key, inp.field_instruction, "input_ids",
-            inp.chosen_key, "segments"}
-    return all(roles.isdisjoint(m) and not rows.isdisjoint(m) for m in record)
 
 
 # ---------------------------------------------------------------- filter
