@@ -14,7 +14,7 @@ import gpu_prep
 from gpu_prep.verify import verify
 from gpu_prep.config import OutputConfig
 from gpu_prep.output.megatron import megatron_index
-from helpers import run_rows
+from helpers import run_rows, samples
 
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")
 
@@ -126,3 +126,27 @@ def test_megatron_output_that_would_cut_documents_by_default_is_warned_about() -
     for said in ("split", "right"):
         assert parse_config({**text, "preprocessing": {"truncation": said}}).warnings() == []
     assert parse_config({**text, "output": {"storage_format": "bin"}}).warnings() == []
+
+
+def test_split_writes_each_document_whole_for_megatron(tmp_path: Path) -> None:
+    # megatron-core's GPTDataset samples an indexed dataset by sequence, shuffled, and makes its own samples
+    # across documents: a document cut into windows of sequences of their own would run, mid-sentence, into
+    # another document's window with no end-of-document token between them. Megatron's preprocess_data.py
+    # never cuts a document, and neither does truncation split here; bin still cuts windows.
+    rows = [{"text": " ".join(f"word{i}x{k}" for k in range(n))} for i, n in enumerate([3, 40, 9, 120, 25])]
+    config = {"input": {"type": "text"}, "preprocessing": {"max_seq_len": 16, "truncation": "split", "min_chars": 0},
+              "output": {"storage_format": "megatron", "max_tokens_per_shard": 200}}
+    out = run_rows(tmp_path, config, rows, name="megatron")
+    windows = [ids for ids, _ in samples(run_rows(tmp_path, {**config, "output": {}}, rows, name="bin"))]
+    domain = gpu_prep.open(out)["__default__"]
+    eod = domain.meta["tokenizer"]["eod_id"]
+    documents = [doc for shard in domain.meta["shards"]
+                 for doc in _read_by_the_spec(domain.directory / shard["files"]["idx"])]
+    assert len(documents) == len(rows) < len(windows) and len(domain.meta["shards"]) > 1
+    assert [d.tolist() for d in documents] == [ids.tolist() for ids, _ in domain]
+    assert np.concatenate(documents).tolist() == np.concatenate(windows).tolist()  # nothing lost
+    assert all(d[-1] == eod and (d[:-1] != eod).all() for d in documents)  # one end-of-document token, at the end
+    assert max(len(d) for d in documents) > 16 >= max(len(w) for w in windows)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["totals"]["rows_written"] == domain.meta["num_samples"] == len(rows)
+    assert manifest["totals"]["rows_truncated"] == 0 and verify(out) == []
