@@ -3,7 +3,9 @@
 For every shard, in any storage format (read with the reader's load_shard): the files exist with their
 recorded sha256, sizes match dtypes and counts, sample offsets start at 0, never decrease and end at the
 token count, every loss_mask value is 0 or 1 and the mask is as long as the sequence, and no sample is
-empty; packed shards keep every sequence within seq_len and every sequence start on a sample boundary.
+empty; packed shards keep every sequence within seq_len and every sequence start on a sample boundary; a
+Megatron .idx has version 1, byte pointers that follow its lengths and document indices 0..S (the reader
+refuses it otherwise).
 For every domain and the whole run: the counts add up. The manifest itself: its checksum (over totals,
 config, domains and file list) holds, and every file it lists is there with its size.
 """

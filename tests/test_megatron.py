@@ -4,6 +4,7 @@ indexed_dataset.py) plus a loss-mask sidecar, byte for byte, and the same sample
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 
@@ -114,6 +115,58 @@ def test_a_damaged_index_is_refused_by_name_and_inspect_says_so_in_a_line(tmp_pa
     count = len(gpu_prep.open(out)["__default__"])
     past = gpu_prep_cli("inspect", out, "--start", count)
     assert past.returncode == 2 and f"holds {count} samples" in past.stderr, past.stderr
+
+
+def _rewrite_signed(out: Path, name: str, data: bytes) -> None:
+    """Write a domain file and record its new sha256 in meta.json and the manifest, as the run would have:
+    only the layout checks can then find what is wrong with it."""
+    from gpu_prep.output.files import manifest_checksum, sha256_file, write_json_atomic
+
+    path = out / "__default__" / name
+    path.write_bytes(data)
+    meta_path, manifest_path = out / "__default__" / "meta.json", out / "manifest.json"
+    meta, manifest = json.loads(meta_path.read_text()), json.loads(manifest_path.read_text())
+    for shard in meta["shards"]:
+        for key, file in shard["files"].items():
+            if file == name:
+                shard["sha256"][key] = sha256_file(path)
+    write_json_atomic(meta_path, meta)  # as the run writes it: the same size, as the manifest records
+    manifest["domains"]["__default__"] = meta
+    manifest["manifest_sha256"] = manifest_checksum(manifest)
+    write_json_atomic(manifest_path, manifest)
+
+
+def test_an_index_megatron_would_read_otherwise_fails_verify_by_its_layout(tmp_path: Path) -> None:
+    # gpu-prep reads samples from the lengths alone; Megatron reads a sequence at its byte pointer and groups
+    # sequences by the document indices. A writer that got those wrong, with its checksums recorded, would
+    # pass a check of sums and sizes while Megatron trained on other tokens: the layout itself is checked.
+    rows = [{"text": f"document {k} " * (k + 3)} for k in range(6)]
+    config = {"input": {"type": "text"}, "preprocessing": {"min_chars": 0}, "output": {"storage_format": "megatron"}}
+    out = run_rows(tmp_path, config, rows)
+    idx = out / "__default__" / "data.idx"
+    pristine = idx.read_bytes()
+    count = struct.unpack_from("<Q", pristine, 18)[0]
+    assert count == 6 and verify(out) == []
+    pointers, documents = 34 + 4 * count, 34 + 12 * count
+
+    def put(offset: int, fmt: str, *values: int) -> bytes:
+        data = bytearray(pristine)
+        struct.pack_into(fmt, data, offset, *values)
+        return bytes(data)
+
+    second = struct.unpack_from("<q", pristine, pointers + 8)[0]
+    for damaged, message in ((put(9, "<Q", 2), "index version 2, where Megatron's indexed dataset is version 1"),
+                             (put(pointers + 8, "<q", second + 4), f"sequence 1 has byte pointer {second + 4:,}, "
+                                                                   f"where the lengths before it make {second:,}"),
+                             (put(documents + 8, "<qq", 2, 1), "document indices do not run 0, 1, ..., 6"),
+                             (put(documents + 8 * count, "<q", count + 1), "document indices do not run 0, 1, ..., 6")):
+        _rewrite_signed(out, "data.idx", damaged)
+        faults = verify(out)
+        assert len(faults) == 1 and str(idx) in faults[0] and message in faults[0], faults
+        with pytest.raises(ValueError, match=re.escape(message)):
+            gpu_prep.open(out)["__default__"][0]
+    _rewrite_signed(out, "data.idx", pristine)
+    assert verify(out) == []
 
 
 def test_megatron_output_that_would_cut_documents_by_default_is_warned_about() -> None:

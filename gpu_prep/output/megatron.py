@@ -32,11 +32,17 @@ def megatron_index(lengths: np.ndarray, dtype: np.dtype) -> bytes:
 
 
 def read_megatron_index(path: Path) -> tuple[np.dtype, np.ndarray]:
-    """(token dtype, sample offsets) of a Megatron .idx written with one sequence per document."""
+    """(token dtype, sample offsets) of a Megatron .idx written with one sequence per document.
+
+    Megatron reads a sequence where its byte pointer says, not where the lengths before it end, and groups
+    sequences by the document indices: both are checked against the lengths, so that a file gpu-prep reads
+    right is one Megatron reads right too."""
     data = path.read_bytes()
     if not data.startswith(MEGATRON_MAGIC) or len(data) < 34:
         raise ValueError(f"{path} is not a Megatron index")
     version, code, count, documents = struct.unpack_from("<QBQQ", data, len(MEGATRON_MAGIC))
+    if version != 1:
+        raise ValueError(f"{path}: index version {version}, where Megatron's indexed dataset is version 1")
     dtype = next((t for t, c in MEGATRON_CODES.items() if c == code), None)
     if dtype is None:
         raise ValueError(f"{path}: dtype code {code} is none Megatron writes ({sorted(MEGATRON_CODES.values())})")
@@ -45,7 +51,18 @@ def read_megatron_index(path: Path) -> tuple[np.dtype, np.ndarray]:
         raise ValueError(f"{path}: {len(data):,} bytes, where its header ({count:,} sequences, {documents:,} document "
                          f"indices) makes {expected:,}: the file is cut short or damaged")
     lengths = np.frombuffer(data, dtype="<i4", count=count, offset=34)
-    return dtype, np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    pointers = np.frombuffer(data, dtype="<i8", count=count, offset=34 + 4 * count)
+    wrong = np.flatnonzero(pointers != offsets[:-1] * dtype.itemsize)
+    if len(wrong):
+        k = int(wrong[0])
+        raise ValueError(f"{path}: sequence {k:,} has byte pointer {int(pointers[k]):,}, where the lengths before "
+                         f"it make {int(offsets[k]) * dtype.itemsize:,} (Megatron would read other tokens)")
+    document_index = np.frombuffer(data, dtype="<i8", count=documents, offset=34 + 12 * count)
+    if documents != count + 1 or not np.array_equal(document_index, np.arange(documents)):
+        raise ValueError(f"{path}: its document indices do not run 0, 1, ..., {count:,} (one document per "
+                         "sequence, strictly increasing), so Megatron would group its sequences otherwise")
+    return dtype, offsets
 
 
 class MegatronShard(RawShard):
