@@ -837,4 +837,5 @@ def domain_of(record: dict[str, Any], domain_key: str | None, default: str | Non
         return default or DEFAULT_DOMAIN
     if isinstance(value, (str, int)) and not isinstance(value, bool):
         return str(value)
-    raise RowError(Drop.WRONG_TYPE, f"field {domain_key!r} (the domain) must be a string, got {_type_name(value)}")
+    raise RowError(Drop.WRONG_TYPE, f"field {domain_key!r} (the domain) must be a string or an integer (5 is the "
+                                    f"domain '5'), got {_type_name(value)}")

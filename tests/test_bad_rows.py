@@ -62,3 +62,12 @@ def test_strict_stops_at_the_first_bad_row_naming_file_and_line(tmp_path: Path) 
     with pytest.raises(InputError) as caught:
         _run(tmp_path, strict=True)
     assert f"{CORPUS}:{first_bad}: malformed json" in str(caught.value)
+
+
+def test_a_domain_is_a_string_or_an_integer_and_the_drop_says_so() -> None:
+    from gpu_prep.format import RowError, domain_of
+
+    assert domain_of({"source": 5}, "source") == domain_of({"source": "5"}, "source") == "5"
+    for value in (5.0, True, ["a"], {"name": "a"}):
+        with pytest.raises(RowError, match=r"must be a string or an integer \(5 is the domain '5'\)"):
+            domain_of({"source": value}, "source")
