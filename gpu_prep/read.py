@@ -294,7 +294,16 @@ def _parse_line(raw: bytes) -> tuple[Any, tuple[str, str, Any] | None]:
         except UnicodeDecodeError as bad:  # say so plainly: the file may be in another encoding
             return None, (Drop.MALFORMED_JSON, f"not UTF-8: byte 0x{raw[bad.start]:02x} at column {bad.start + 1} "
                           "(gpu-prep reads UTF-8, or UTF-16/32 with a BOM; convert the file, e.g. with iconv)", text)
-        return None, (Drop.MALFORMED_JSON, f"not valid JSON: {exc}", text)
+        return None, (Drop.MALFORMED_JSON, f"not valid JSON: {exc}{_non_json_number(raw, exc.pos)}", text)
+
+
+def _non_json_number(raw: bytes, pos: int) -> str:
+    """What to say where a parse failed at NaN or Infinity, which Python's json.dumps writes by default."""
+    at = raw[max(pos - 1, 0):pos + 9]
+    if not any(word in at for word in (b"NaN", b"Infinity")):
+        return ""
+    return ("; NaN and Infinity are not JSON (Python's json.dumps writes them unless allow_nan=False): write them "
+            "as null or as strings")
 
 
 def _too_large(line_no: int, size: int, cap: int) -> Row:

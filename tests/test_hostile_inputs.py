@@ -450,3 +450,13 @@ def test_a_one_line_array_of_rows_is_named_as_such_and_custom_message_keys_are_n
     entries = {json.loads(line)["line"]: json.loads(line) for line in rejects.read_text().splitlines()}
     assert "the line is a JSON array of 2 rows" in entries[1]["detail"]
     assert 2 not in entries or "JSON array" not in entries[2]["detail"]
+
+
+def test_nan_and_infinity_are_named_as_what_json_lacks() -> None:
+    # Python's json.dumps writes float('nan') as NaN: the drop says why the row is not JSON, and how to write it.
+    from gpu_prep.read import _parse_line
+
+    for line in (b'{"a": 1, "score": NaN}', b'{"score": -Infinity}', b'{"score": Infinity, "b": 2}'):
+        record, (reason, detail, _) = _parse_line(line)
+        assert record is None and reason == "malformed_json" and "NaN and Infinity are not JSON" in detail, detail
+    assert "NaN" not in _parse_line(b'{"score": tru}')[1][1]
