@@ -36,6 +36,7 @@ import re
 import zlib
 from collections import deque
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -825,8 +826,9 @@ def _batches(path: str, layout: str, start: int = 0, stop: int | None = None) ->
 
     if layout == "parquet":
         parquet = pq.ParquetFile(open_raw(path) if is_url(path) else path)
-        groups = list(range(start, parquet.metadata.num_row_groups if stop is None else stop))
-        yield from parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=groups)
+        for group in range(start, parquet.metadata.num_row_groups if stop is None else stop):
+            with _reading_group(path, group):
+                yield from parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=[group])
         return
     with _source(path) as source:
         if layout == "arrow-stream":
@@ -835,6 +837,25 @@ def _batches(path: str, layout: str, start: int = 0, stop: int | None = None) ->
         reader = ipc.open_file(source)
         for k in range(start, reader.num_record_batches if stop is None else stop):
             yield reader.get_batch(k)
+
+
+@contextmanager
+def _reading_group(path: str, group: int) -> Iterator[None]:
+    """Reading one Parquet row group: what pyarrow raises stops the run naming the file and the group.
+    Row groups are read one at a time, as pq.read_table reads them: given several at once, pyarrow cannot
+    read a nested column whose dictionary changes between groups (a list of structs with a dictionary
+    field, as Polars and pandas write categoricals: "Nested data conversions not implemented for chunked
+    array outputs")."""
+    import pyarrow as pa
+
+    from gpu_prep.errors import InputError
+
+    try:
+        yield
+    except (pa.ArrowException, OSError) as exc:  # OSError: pyarrow's for a damaged page
+        raise InputError(f"{path}: cannot read row group {group} ({type(exc).__name__}: {str(exc).strip()}); the "
+                         "file is damaged or holds what pyarrow cannot read: its rows from that group on would be "
+                         "lost, so the run stops") from None
 
 
 def batch_rows(path: str, layout: str, start: int = 0, stop: int | None = None, first: int = 1) -> Iterator[Row]:
@@ -909,17 +930,18 @@ def parquet_rows(path: str, read_groups: ReadGroups, start: int = 0, stop: int |
     target = pa.schema([schema.field(name) for name in device])
     row, share = first - 1, _byte_share(file_size(path), meta.num_rows)
     for group in range(start, meta.num_row_groups if stop is None else stop):
-        table = _as_decoded(read_groups(path, [group], device), target, meta.row_group(group).num_rows)
-        if table is None:
-            batches = parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=[group])
-        else:
-            rest = parquet.read_row_group(group, columns=host)
-            columns = [table.column(name) if name in target.names else rest.column(name) for name in schema.names]
-            batches = pa.Table.from_arrays(columns, schema=schema).to_batches(max_chunksize=BATCH_ROWS)
-        for batch in batches:
-            for record in batch.to_pylist():
-                row += 1
-                yield row, record, None, share(row)
+        with _reading_group(path, group):
+            table = _as_decoded(read_groups(path, [group], device), target, meta.row_group(group).num_rows)
+            if table is None:
+                batches = parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=[group])
+            else:
+                rest = parquet.read_row_group(group, columns=host)
+                columns = [table.column(name) if name in target.names else rest.column(name) for name in schema.names]
+                batches = pa.Table.from_arrays(columns, schema=schema).to_batches(max_chunksize=BATCH_ROWS)
+            for batch in batches:
+                for record in batch.to_pylist():
+                    row += 1
+                    yield row, record, None, share(row)
 
 
 def _as_decoded(table: Any, target: Any, rows: int) -> Any:

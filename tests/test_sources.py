@@ -409,6 +409,67 @@ def test_a_dropped_columnar_row_is_located_by_row_group_or_record_batch(tmp_path
         assert manifest["totals"]["rows_written"] == 99
 
 
+@pytest.mark.parametrize("lists", ["list", "large_list"])
+def test_parquet_categoricals_in_a_list_of_structs_over_row_groups_read_as_plain_text(lists: str, tmp_path: Path) -> None:
+    # What Polars and pandas write for a categorical role: a dictionary in a list of structs. pyarrow cannot
+    # read such a column over several row groups at once (it raised ArrowNotImplementedError, a traceback);
+    # read a group at a time, the rows are those of the same data without the dictionary, on the host and
+    # with the text columns beside it read as the device reads them.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from gpu_prep.sources import batch_rows, parquet_rows
+
+    rows = [{**r, "source": f"s{k % 3}"} for k, r in enumerate(chat_rows())]
+    listed = pa.large_list if lists == "large_list" else pa.list_
+    plain = pa.Table.from_pylist(rows, pa.schema([("messages", listed(pa.struct([("role", pa.string()),
+                                                                                ("content", pa.string())]))),
+                                                  ("source", pa.string())]))
+    categorical = plain.cast(pa.schema([("messages", listed(pa.struct([("role", pa.dictionary(pa.int8(), pa.string())),
+                                                                      ("content", pa.string())]))),
+                                        ("source", pa.string())]))
+    pq.write_table(plain, tmp_path / "plain.parquet", row_group_size=37)
+    pq.write_table(categorical, tmp_path / "categorical.parquet", row_group_size=37)
+    path = str(tmp_path / "categorical.parquet")
+    assert [r[1] for r in batch_rows(path, "parquet")] == rows
+    device = lambda path, groups, columns: pq.ParquetFile(path).read_row_groups(groups, columns=columns)  # noqa: E731
+    assert [r[1] for r in parquet_rows(path, device)] == rows
+    config = parse_config({**KINDS["chat"][0], "preprocessing": {"deduplicate": False}})
+    want = run(config, [str(tmp_path / "plain.parquet")], tmp_path / "want", Options(chunk_rows=50))
+    got = run(config, [path], tmp_path / "got", Options(chunk_rows=50))
+    assert got["totals"]["rows_read"] == want["totals"]["rows_read"] == len(rows)
+    assert _shards(got) == _shards(want)
+
+
+@pytest.mark.parametrize("failure", ["damaged page", "not implemented"])
+def test_a_parquet_row_group_pyarrow_cannot_read_stops_the_run_naming_file_and_group(
+        failure: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Not a traceback, and not the rows before it taken for the whole file: the run stops naming the group.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from gpu_prep.errors import InputError
+
+    [path] = _parquet([{"text": f"row number {k} is long enough"} for k in range(100)], tmp_path)
+    if failure == "damaged page":  # row group 2's first page header overwritten
+        column = pq.ParquetFile(path).metadata.row_group(2).column(0)
+        at = column.dictionary_page_offset or column.data_page_offset
+        data = bytearray(Path(path).read_bytes())
+        data[at:at + 8] = b"\xff" * 8
+        Path(path).write_bytes(bytes(data))
+    else:  # as pyarrow answers a layout it does not read
+        batches = pq.ParquetFile.iter_batches
+
+        def iter_batches(self: Any, *args: Any, row_groups: list[int], **kwargs: Any) -> Any:
+            if 2 in row_groups:
+                raise pa.ArrowNotImplementedError("Nested data conversions not implemented for chunked array outputs")
+            return batches(self, *args, row_groups=row_groups, **kwargs)
+        monkeypatch.setattr(pq.ParquetFile, "iter_batches", iter_batches)
+    config = parse_config({"input": {"type": "text"}, "preprocessing": {"min_chars": 1}})
+    with pytest.raises(InputError, match=r"data\.parquet: cannot read row group 2 \((OSError|ArrowNotImplementedError): "):
+        run(config, [path], tmp_path / "out")
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "tsv.gz", "arrow-stream"])
 def test_a_run_killed_on_any_format_resumes_to_the_same_bytes(fmt: str, tmp_path: Path) -> None:
     from helpers import gpu_prep_cli, output_tree
