@@ -267,7 +267,7 @@ def check_columns(files: list[InputFile], needed: tuple[str | tuple[str, ...], .
         if file.layout in ("csv", "tsv") and needed:
             try:
                 have = csv_header(file.path, file.compression, DELIMITERS[file.layout], file.encoding)
-            except READ_ERRORS:  # an empty or unreadable file: its reader says so, where it reads it
+            except READ_ERRORS:  # an empty file (no rows) or an unreadable one: its reader says so, where it reads it
                 continue
         elif file.layout == "parquet" or file.layout.startswith("arrow"):
             have = column_names(file.path, file.layout)

@@ -485,6 +485,8 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
 
     from gpu_prep.errors import Drop, InputError
 
+    if _blank(path, compression, encoding):  # no header, so no rows: as a header-only file, not a damaged one
+        return
     header = csv_header(path, compression, delimiter, encoding)
     twice = sorted({name for name in header if header.count(name) > 1})
     if twice:
@@ -540,6 +542,18 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
         for invalid in bad:
             row += 1
             yield malformed(row, invalid)
+
+
+def _blank(path: str, compression: str | None, encoding: str | None) -> bool:
+    """Whether a CSV or TSV file's text holds no record: no bytes, a byte order mark or blank lines alone
+    (pyarrow refuses such a file as "Empty CSV file"; a writer that shards its output leaves empty parts)."""
+    with open_bytes(path, compression, encoding) as handle:
+        text = handle.read(HEAD_BYTES).removeprefix(codecs.BOM_UTF8)
+        while text:
+            if text.strip(b"\r\n"):
+                return False
+            text = handle.read(HEAD_BYTES)
+    return True
 
 
 # The cells of the record csv_rows puts after a CSV's text: NUL bytes, so that no row of a text file is it.

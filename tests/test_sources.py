@@ -535,6 +535,31 @@ def test_a_folder_leaves_out_hidden_files_and_a_datasets_cache_folders_own_files
     assert [f.path for f in expand_inputs([str(folder)])] == [str(cache / "json-train.arrow"), str(folder / "train.jsonl")]
 
 
+EMPTY = {"empty.csv": b"", "empty.tsv": b"", "blank.csv": b"\n\r\n\n", "bom.csv": b"\xef\xbb\xbf",
+         "bom16.tsv": b"\xff\xfe", "empty.csv.gz": gzip.compress(b""),
+         "header.csv": b"text\n", "empty.jsonl": b"", "empty-array.json": b"[]"}  # the last three as ever
+
+
+@pytest.mark.parametrize("name", sorted(EMPTY))
+def test_an_empty_file_is_no_rows(name: str, tmp_path: Path) -> None:
+    # An empty CSV or TSV (no bytes, blank lines or a byte order mark alone) stopped the run as damaged
+    # ("cannot read beyond line 0 ... Empty CSV file"), though no row is lost.
+    path = tmp_path / name
+    path.write_bytes(EMPTY[name])
+    assert list(file_rows(expand_inputs([str(path)])[0])) == []
+
+
+def test_a_folder_with_an_empty_csv_part_writes_the_other_parts(tmp_path: Path) -> None:
+    # As a writer that shards its output may leave: the empty part is no rows, not the end of the run.
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    for k, text in enumerate(["text\nfirst part's row\n", "", "text\nthird part's row\n"]):
+        (folder / f"part-{k}.csv").write_text(text)
+    config = parse_config({"input": {"type": "text"}, "preprocessing": {"min_chars": 1}})
+    manifest = run(config, [str(folder)], tmp_path / "out")
+    assert (manifest["totals"]["rows_read"], manifest["totals"]["rows_written"]) == (2, 2)
+
+
 def test_a_ragged_csv_row_is_dropped_showing_its_text_and_a_doubled_header_refused(tmp_path: Path) -> None:
     # One row with a cell too few or too many is dirty data, not a damaged file: the rest is read.
     from gpu_prep.errors import ConfigError
