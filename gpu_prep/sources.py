@@ -657,7 +657,8 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
     """A JSON array, element by element: the text is decoded block by block and each element's end found
     with the standard decoder, then the element parsed by `parse` (the strict parser). Memory holds a
     block and the largest element, not the file. An element over `cap` characters (input.max_row_bytes)
-    is a too_large row, not parsed. A file that is not an array is one row, parsed whole.
+    is a too_large row, not parsed. A file that is not an array is one row, parsed whole; an empty one
+    (white space alone) is no rows.
 
     Where an element's end cannot be found, the elements after it could be neither read nor counted, so an
     InputError stops the run naming the element: one that is not valid JSON (an error that more text could
@@ -697,6 +698,8 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
         more()
         buffer = buffer.removeprefix("\ufeff")
         skip(" \t\r\n")
+        if pos >= len(buffer):  # no bytes, or white space alone: no rows, as `[]` (and an empty .jsonl)
+            return
         if not buffer.startswith("[", pos):
             rest = buffer[pos:] + "".join(decoder.decode(chunk) for chunk in iter(lambda: handle.read(block), b""))
             rest += decoder.getstate()[0].decode("utf-8", errors="replace")

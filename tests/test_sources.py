@@ -536,14 +536,16 @@ def test_a_folder_leaves_out_hidden_files_and_a_datasets_cache_folders_own_files
 
 
 EMPTY = {"empty.csv": b"", "empty.tsv": b"", "blank.csv": b"\n\r\n\n", "bom.csv": b"\xef\xbb\xbf",
-         "bom16.tsv": b"\xff\xfe", "empty.csv.gz": gzip.compress(b""),
+         "bom16.tsv": b"\xff\xfe", "empty.csv.gz": gzip.compress(b""), "empty.json": b"",
+         "blank.json": b"\xef\xbb\xbf \n",
          "header.csv": b"text\n", "empty.jsonl": b"", "empty-array.json": b"[]"}  # the last three as ever
 
 
 @pytest.mark.parametrize("name", sorted(EMPTY))
 def test_an_empty_file_is_no_rows(name: str, tmp_path: Path) -> None:
     # An empty CSV or TSV (no bytes, blank lines or a byte order mark alone) stopped the run as damaged
-    # ("cannot read beyond line 0 ... Empty CSV file"), though no row is lost.
+    # ("cannot read beyond line 0 ... Empty CSV file"), though no row is lost; an empty .json was one row
+    # read and dropped as malformed_json.
     path = tmp_path / name
     path.write_bytes(EMPTY[name])
     assert list(file_rows(expand_inputs([str(path)])[0])) == []
