@@ -28,8 +28,8 @@ from gpu_prep import jsonscan
 from gpu_prep.backend import ReadGroups, ReadRange
 from gpu_prep.errors import ConfigError, Drop, InputError
 from gpu_prep.jsonscan import LBRACKET, QUOTE
-from gpu_prep.sources import (KNOWN, READ_ERRORS, batch_rows, batch_sizes, column_names, csv_header, csv_rows,
-                              dataset_folder_files, file_size, hub_rows, inspect_file, is_url, json_array_rows, open_bytes, parquet_rows, remote_files,
+from gpu_prep.sources import (KNOWN, READ_ERRORS, NotUtf8, batch_rows, batch_sizes, column_names, csv_header, csv_rows,
+                              dataset_folder_files, file_size, first_not_utf8, hub_rows, inspect_file, is_url, json_array_rows, open_bytes, parquet_rows, remote_files,
                               default_split, split_name, split_names, text_rows, text_size)
 
 # A JSON Lines chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so
@@ -363,6 +363,12 @@ def _guarded(file: InputFile, rows: Iterator[Row]) -> Iterator[Row]:
             last = row[0]
             yield row
     except READ_ERRORS as exc:
+        if file.encoding is None and (isinstance(exc, UnicodeDecodeError) or "invalid UTF8" in str(exc)):
+            # The decoder reads ahead of the rows (pyarrow's CSV reader a block of them, and says nowhere):
+            # the text is read again to name the byte and its line.
+            found = first_not_utf8(file.path, file.compression, to_the_end=True)
+            if found is not None:
+                raise NotUtf8(file.path, file.compression, *found) from None
         what = "decompress" if file.compression is not None and not isinstance(exc, UnicodeError) else "read"
         unit = {"json": "element", "parquet": "row"}.get(file.layout, "row" if file.layout.startswith("arrow") else "line")
         raise InputError(f"{file.path}: cannot {what} beyond {unit} {last} ({type(exc).__name__}: {exc}); the "

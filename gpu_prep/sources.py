@@ -17,8 +17,10 @@ Arrow files in order; a DatasetDict folder (dataset_dict.json) is one split's (i
 Text is UTF-8 unless a byte order mark says UTF-16 or UTF-32 (LE or BE); such a file is converted to UTF-8
 as it is read, so every reader sees UTF-8. The file's first bytes decide: a NUL byte (with no such BOM)
 means binary data, and refuses the file before anything is written, naming the byte. Bytes that are not
-UTF-8 refuse a CSV, TSV, plain text or JSON array file the same way (its reader could not go past them);
-in JSON Lines they are their line's problem alone: that row is dropped as malformed_json. A Parquet or Arrow file whose footer cannot be read (a truncated
+UTF-8 refuse a CSV, TSV, plain text or JSON array file the same way (its reader could not go past them),
+wherever they are in an uncompressed local file, whose whole text is checked (1 to 3 ms a MB); a compressed
+file or a URL, which that would read twice, is stopped where its reader meets them, naming the same byte and
+line. In JSON Lines they are their line's problem alone: that row is dropped as malformed_json. A Parquet or Arrow file whose footer cannot be read (a truncated
 copy) is refused the same way.
 """
 
@@ -41,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_prep.backend import ReadGroups
-from gpu_prep.errors import ConfigError
+from gpu_prep.errors import ConfigError, InputError
 
 TEXT_FORMATS = ("jsonl", "json", "csv", "tsv", "txt")
 FORMATS = (*TEXT_FORMATS, "parquet", "arrow", "feather")
@@ -60,6 +62,8 @@ BOM_OF = {encoding: bom for bom, encoding in BOMS.items()}
 READ_ERRORS = (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error)
 BATCH_ROWS = 4096  # Parquet and Arrow rows are turned into Python rows this many at a time
 HEAD_BYTES = 4096  # how much of a file (decompressed) its checks look at
+SCAN_BYTES = 1 << 20  # how much of a file the check of its whole text for UTF-8 reads at a time
+NOT_UTF8_FIX = "gpu-prep reads UTF-8, or UTF-16 or UTF-32 with a BOM: convert it, e.g. iconv -f <encoding> -t UTF-8"
 REJECT_TEXT = 1 << 20  # how much of a malformed row a rejects file keeps
 KNOWN = ", ".join(sorted(EXTENSIONS)) + " (the text ones also " + ", ".join(sorted(COMPRESSIONS)) + ")"
 
@@ -308,13 +312,60 @@ def text_problem(head: bytes, encoding: str | None, rows_per_line: bool) -> tupl
         return (f"binary data (a NUL byte at byte {nul}, line {_line(head, nul)}; UTF-16 or UTF-32 text needs a "
                 "byte order mark)"), b""
     if bad is not None:
-        return (f"text that is not UTF-8 (byte 0x{head[bad]:02x} at byte {bad}, line {_line(head, bad)}); gpu-prep "
-                "reads UTF-8, or UTF-16 or UTF-32 with a BOM: convert it, e.g. iconv -f <encoding> -t UTF-8"), b""
+        return f"{not_utf8(head[bad], bad, _line(head, bad))}; {NOT_UTF8_FIX}", b""
     return "", head
 
 
 def _line(data: bytes, offset: int) -> int:
     return data.count(b"\n", 0, offset) + 1
+
+
+def not_utf8(byte: int, offset: int, line: int, index: int | None = None) -> str:
+    """What a byte that is not UTF-8 is and where: its offset in the (decompressed) text, its line and, in a
+    JSON array, the array index of the element it is in (or comes before)."""
+    element = "" if index is None else f", array index {index}"
+    return f"text that is not UTF-8 (byte 0x{byte:02x} at byte {offset}, line {line}{element})"
+
+
+def first_not_utf8(path: str, compression: str | None, to_the_end: bool) -> tuple[int, int] | None:
+    """(the byte, its offset in the text) of the first byte of a UTF-8 file's text that is not UTF-8, or None
+    where there is none. With to_the_end, a character cut by the text's end counts (a JSON array's reader
+    keeps the whole elements before such a cut, so there it does not)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
+    offset = held = 0  # the text given to the decoder; the bytes of a character the previous block cut
+    with open_bytes(path, compression) as handle:
+        try:
+            while data := handle.read(SCAN_BYTES):
+                held = len(decoder.getstate()[0])
+                decoder.decode(data)
+                offset += len(data)
+            held = len(decoder.getstate()[0])
+            if to_the_end:
+                decoder.decode(b"", final=True)
+        except UnicodeDecodeError as exc:  # its object: the held bytes, then the block
+            return exc.object[exc.start], offset - held + exc.start
+    return None
+
+
+def line_at(path: str, compression: str | None, offset: int) -> int:
+    """The line of the text a byte offset is on (the file is read again up to it)."""
+    line = 1
+    with open_bytes(path, compression) as handle:
+        while offset > 0 and (data := handle.read(min(offset, SCAN_BYTES))):
+            line += data.count(b"\n")
+            offset -= len(data)
+    return line
+
+
+class NotUtf8(InputError):
+    """Text that is not UTF-8 met part-way through a CSV, TSV, plain text or JSON array file: the rows after
+    it cannot be read. The whole text of an uncompressed local file is checked before anything is written
+    (inspect_file), so the run meets this in a compressed file or a URL."""
+
+    def __init__(self, path: str, compression: str | None, byte: int, offset: int, index: int | None = None) -> None:
+        self.index = index
+        super().__init__(f"{path}: {not_utf8(byte, offset, line_at(path, compression, offset), index)}; the rows "
+                         f"after it cannot be read, so the run stops there ({NOT_UTF8_FIX})")
 
 
 def _what(head: bytes) -> str:
@@ -338,7 +389,8 @@ def inspect_file(path: str, fmt: str, compression: str | None) -> tuple[str, str
     """(layout, encoding) of a file whose first bytes agree with its format: "arrow" files are "arrow-file"
     or "arrow-stream", and a text file's encoding is its BOM's (None: UTF-8). A ConfigError naming the file
     and what was found when they do not: another format, binary data, text not in UTF-8, or (Parquet and
-    Arrow) a footer or schema that cannot be read, as in a truncated copy. Reads the first HEAD_BYTES only."""
+    Arrow) a footer or schema that cannot be read, as in a truncated copy. Reads the first HEAD_BYTES only,
+    but for the whole text of an uncompressed local CSV, TSV, plain text or JSON array file (_not_utf8_past_head)."""
     with open_raw(path) as handle:
         raw = handle.read(64)
     if compression is not None and raw and not raw.startswith(_MAGIC[compression]):
@@ -368,6 +420,8 @@ def inspect_file(path: str, fmt: str, compression: str | None) -> tuple[str, str
         text = raw.decode(encoding or "utf-8", errors="replace").lstrip("\ufeff \t\r\n")
     lines_are_rows = fmt == "jsonl" or (fmt == "json" and text.startswith("{"))
     problem, head = text_problem(raw, encoding, lines_are_rows)
+    if not problem and not lines_are_rows and encoding is None and len(raw) == HEAD_BYTES:
+        problem = _not_utf8_past_head(path, compression, array=fmt == "json" and text.startswith("["))
     if problem:
         raise ConfigError(f"input {path!r}: named as {fmt.upper()} text, but it holds {problem}")
     if fmt in ("jsonl", "json"):
@@ -383,6 +437,32 @@ def inspect_file(path: str, fmt: str, compression: str | None) -> tuple[str, str
             raise ConfigError(f"input {path!r}: named as JSON Lines, but it holds a JSON array written over many "
                               "lines (its first line is '['); name it .json to read its elements as rows")
     return fmt, encoding
+
+
+def _not_utf8_past_head(path: str, compression: str | None, array: bool) -> str:
+    """What text_problem says of bytes that are not UTF-8 beyond a CSV, TSV, plain text or JSON array file's
+    head, so that they too stop the run before anything is written: the whole text of an uncompressed local
+    file is checked (1 to 3 ms a MB of text with letters beyond ASCII, 0.2 ms of ASCII: 1 to 2% of a run;
+    benchmarks/RESULTS.md). Not a compressed file or a URL, which that would read twice (decompressing
+    costs 4 to 6 ms a MB with gzip, 13 with xz, 40 with bz2): their readers stop where they meet such
+    bytes (NotUtf8). In a JSON array, the elements are found up to the byte (not parsed), to name the one
+    it is in."""
+    if compression is not None or is_url(path):
+        return ""
+    found = first_not_utf8(path, compression, to_the_end=not array)
+    if found is None:
+        return ""
+    byte, offset = found
+    index = None
+    if array:
+        try:
+            for _ in json_array_rows(path, compression, lambda raw: (None, None)):
+                pass
+        except NotUtf8 as exc:
+            index = exc.index
+        except InputError:  # an element before the byte breaks the array: the run would stop there anyway
+            pass
+    return f"{not_utf8(byte, offset, line_at(path, compression, offset), index)}; {NOT_UTF8_FIX}"
 
 
 def _json_line(text: str) -> bool:
@@ -665,22 +745,34 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
     not mend: see _ends_early), one whose end is not within `cap` characters (so garbage cannot fill memory),
     a missing ',' or content after the closing ']'. A ',' before the ']' is refused as JSON readers refuse it.
     A file cut short keeps its whole elements; what follows the last one is one malformed_json row. Bytes
-    that are not UTF-8 stop the file with a UnicodeDecodeError (never replaced: that would change the
-    text silently), except a character cut by the file's end, which only a cut element can hold."""
-    from gpu_prep.errors import Drop, InputError
+    that are not UTF-8 stop the file (never replaced: that would change the text silently) with a NotUtf8
+    naming the element they are in, once the elements before them are read; a character cut by the file's
+    end is not such bytes: only a cut element can hold it."""
+    from gpu_prep.errors import Drop
 
     finder = json.JSONDecoder()
     decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
     with open_bytes(path, compression, encoding) as handle:
         buffer, pos, done = "", 0, False
+        index = 0  # the elements read
+        read = 0  # the bytes of text given to the decoder
+        bad: tuple[int, int] | None = None  # the first byte that is not UTF-8, and its offset in the text
 
         def more() -> bool:
-            nonlocal buffer, pos, done
+            nonlocal buffer, pos, done, read, bad
+            if bad is not None:  # the text before it is read: the element being read holds it
+                raise NotUtf8(path, compression, *bad, index)
             if done:
                 return False
             data = handle.read(block)
             done = not data
-            text = decoder.decode(data)
+            held = len(decoder.getstate()[0])
+            try:
+                text = decoder.decode(data)
+            except UnicodeDecodeError as exc:  # its object: the held bytes, then the block
+                bad = exc.object[exc.start], read - held + exc.start
+                text = exc.object[:exc.start].decode("utf-8")
+            read += len(data)
             if done:  # an incomplete character left at the end: the file was cut inside it
                 text += decoder.getstate()[0].decode("utf-8", errors="replace")
             buffer = buffer[pos:] + text
@@ -707,7 +799,6 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
             yield 1, record, error, len(rest)
             return
         pos += 1
-        index = 0
         while True:
             skip(" \t\r\n")
             if buffer.startswith("]", pos):

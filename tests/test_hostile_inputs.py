@@ -7,8 +7,10 @@ Rules under test:
 - text is UTF-8, or UTF-16 / UTF-32 when a byte order mark says so (converted as it is read, so the
   shards are those of the same rows in UTF-8); a UTF-8 BOM is skipped;
 - a file whose first bytes are binary (a NUL byte) or not UTF-8 is refused before anything is written
-  (exit 2), naming the file and the byte; bytes that are not UTF-8 further on stop the run naming the file
-  (exit 1), except in JSON Lines, where such a line is one malformed_json row like any broken line;
+  (exit 2), naming the file and the byte; so is a CSV, TSV, text or JSON array file with bytes that are not
+  UTF-8 anywhere, naming the byte, its line and (JSON) its array index, when it is uncompressed; a
+  compressed one stops the run where its reader meets them (exit 1), naming the same; in JSON Lines such a
+  line is one malformed_json row like any broken line;
 - a truncated Parquet or Arrow file is refused (exit 2), a damaged compressed stream or Arrow stream stops
   the run where it breaks (exit 1): always one line naming the file, never a traceback;
 - a Parquet file without the column the input type needs writes nothing (exit 3), naming file and column.
@@ -91,7 +93,8 @@ def test_bytes_that_are_not_utf8_inside_a_json_array_stop_the_run(tmp_path: Path
     at = data.index("café".encode(), 8000) + 3
     path = tmp_path / "latin.json"
     path.write_bytes(data[:at] + b"\xe9" + data[at + 2:])  # é as Latin-1, past the first bytes checked
-    with pytest.raises(InputError, match=r"latin\.json: cannot read beyond element \d+ .*UnicodeDecodeError"):
+    index = data[:at].count(b"}, {")  # the elements before it
+    with pytest.raises(ConfigError, match=rf"latin\.json.*not UTF-8 \(byte 0xe9 at byte {at}, line 1, array index {index}\)"):
         _run(tmp_path, path)
 
 
@@ -251,14 +254,93 @@ def test_utf16_without_a_bom_is_refused_as_binary(tmp_path: Path) -> None:
         expand_inputs([str(path)])
 
 
-@pytest.mark.parametrize("fmt", ["csv", "txt"])
-def test_bytes_that_are_not_utf8_past_the_start_stop_the_run(tmp_path: Path, fast_tokenizer: None, fmt: str) -> None:
-    text = (_csv(ROWS * 10) if fmt == "csv" else _jsonl(ROWS * 10)).encode()
+TEXT_LINES = {**TEXT, "input": {"type": "text", "text_rows": "line"}}
+
+
+def _late(fmt: str, rows: int) -> tuple[bytes, int, int]:
+    """A CSV, TSV, text (a row a line) or JSON array (an element a line) file of `rows` rows and then one
+    whose é is Latin-1: its bytes, the offset of that byte, and its line (its array index is `rows`)."""
+    texts = [row["text"] for row in ROWS * (rows // len(ROWS))] + ["late café"]
+    if fmt == "json":
+        data = ("[\n" + ",\n".join(json.dumps({"text": t}, ensure_ascii=False) for t in texts) + "\n]\n").encode()
+    else:
+        data = (("text\n" if fmt != "txt" else "") + "".join(f"{t}\n" for t in texts)).encode()
+    at = data.rindex("é".encode())
+    return data[:at] + b"\xe9" + data[at + 2:], at, data.count(b"\n", 0, at) + 1
+
+
+@pytest.mark.parametrize("fmt", ["csv", "tsv", "txt", "json"])
+def test_bytes_that_are_not_utf8_late_in_a_file_refuse_it_naming_byte_and_line(tmp_path: Path, fmt: str) -> None:
+    """Past the first bytes checked, past the whole-file check's first block and past each reader's (the
+    JSON array reader's 1 MiB, the CSV reader's whole file): the run stopped part-way, with exit 1, a line
+    or array index where the reader had got to ("line 0" in a CSV), the file called damaged or cut short."""
+    data, at, line = _late(fmt, 30_000)  # about 1.4 MB
+    assert at > (1 << 20) + 4096
     path = tmp_path / f"late.{fmt}"
-    path.write_bytes(text + "café\n".encode("latin-1"))
-    config = {**TEXT, "input": {"type": "text", "text_rows": "line"}}
-    with pytest.raises(InputError, match=rf"late\.{fmt}: cannot read beyond line \d+"):
-        _run(tmp_path, path, config)
+    path.write_bytes(data)
+    index = ", array index 30000" if fmt == "json" else ""
+    with pytest.raises(ConfigError, match=rf"late\.{fmt}.*not UTF-8 \(byte 0xe9 at byte {at}, line {line}{index}\);"
+                                          r".*convert it, e\.g\. iconv"):
+        expand_inputs([str(path)])
+
+
+def test_a_csv_file_not_utf8_near_its_end_exits_2_before_the_output_is_made(tmp_path: Path) -> None:
+    data, at, line = _late("csv", 3_000)
+    path = tmp_path / "late.csv"
+    path.write_bytes(data)
+    done = _cli(tmp_path, path)
+    assert done.returncode == 2, done.stderr
+    assert f"not UTF-8 (byte 0xe9 at byte {at}, line {line})" in done.stderr and "damaged" not in done.stderr
+    assert not (tmp_path / "cli-out").exists()
+
+
+@pytest.mark.parametrize("fmt", ["csv", "txt", "json"])
+def test_bytes_that_are_not_utf8_in_a_compressed_file_stop_the_run_naming_byte_and_line(
+        tmp_path: Path, fast_tokenizer: None, fmt: str) -> None:
+    """A compressed file's text is not read twice up front: its reader stops at the byte, and the line is
+    the byte's, not where the reader had got to (a block or more ahead of the rows)."""
+    data, at, line = _late(fmt, 3_000)  # about 140 KB: past the text reader's 8 KiB read-ahead
+    path = tmp_path / f"late.{fmt}.gz"
+    path.write_bytes(gzip.compress(data))
+    index = ", array index 3000" if fmt == "json" else ""
+    with pytest.raises(InputError, match=rf"late\.{fmt}\.gz: text that is not UTF-8 \(byte 0xe9 at byte {at}, line "
+                                         rf"{line}{index}\); the rows after it cannot be read"):
+        _run(tmp_path, path, TEXT_LINES)
+
+
+def test_the_json_array_reader_names_the_element_a_byte_not_utf8_is_in(tmp_path: Path) -> None:
+    """Whatever block the reader decodes at a time: the element is the byte's, not the one the reader
+    had got to when it decoded the block."""
+    from gpu_prep.read import _parse_line
+    from gpu_prep.sources import NotUtf8, json_array_rows
+
+    data, at, line = _late("json", 120)
+    path = tmp_path / "late.json"
+    path.write_bytes(data)
+    for block in (7, 4096, 1 << 20):
+        read = []
+        with pytest.raises(NotUtf8, match=rf"byte {at}, line {line}, array index 120\)") as caught:
+            read.extend(json_array_rows(str(path), None, _parse_line, block=block))
+        assert caught.value.index == 120 and len(read) == 120, block
+
+
+def test_the_utf8_check_finds_the_byte_across_block_boundaries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu_prep import sources
+
+    good = "café 日本語 🙂 ".encode() * 3
+    path = tmp_path / "t.txt"
+    for at in range(len(good) + 1):
+        if at < len(good) and good[at] & 0xC0 == 0x80:
+            continue  # inside a character
+        path.write_bytes(good[:at] + b"\xe9!" + good[at:])
+        for block in (1, 2, 3, 5):
+            monkeypatch.setattr(sources, "SCAN_BYTES", block)
+            assert sources.first_not_utf8(str(path), None, to_the_end=True) == (0xE9, at), (at, block)
+    path.write_bytes(good)
+    assert sources.first_not_utf8(str(path), None, to_the_end=True) is None
+    path.write_bytes(good + "日".encode()[:2])  # cut inside its last character
+    assert sources.first_not_utf8(str(path), None, to_the_end=True) == (0xE6, len(good))
+    assert sources.first_not_utf8(str(path), None, to_the_end=False) is None
 
 
 def test_a_jsonl_line_that_is_not_utf8_past_the_start_is_one_dropped_row(tmp_path: Path, fast_tokenizer: None) -> None:
