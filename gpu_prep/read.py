@@ -294,13 +294,14 @@ def _parse_line(raw: bytes) -> tuple[Any, tuple[str, str, Any] | None]:
         except UnicodeDecodeError as bad:  # say so plainly: the file may be in another encoding
             return None, (Drop.MALFORMED_JSON, f"not UTF-8: byte 0x{raw[bad.start]:02x} at column {bad.start + 1} "
                           "(gpu-prep reads UTF-8, or UTF-16/32 with a BOM; convert the file, e.g. with iconv)", text)
-        return None, (Drop.MALFORMED_JSON, f"not valid JSON: {exc}{_non_json_number(raw, exc.pos)}", text)
+        return None, (Drop.MALFORMED_JSON, f"not valid JSON: {exc}{_non_json_number(text, exc.pos)}", text)
 
 
-def _non_json_number(raw: bytes, pos: int) -> str:
-    """What to say where a parse failed at NaN or Infinity, which Python's json.dumps writes by default."""
-    at = raw[max(pos - 1, 0):pos + 9]
-    if not any(word in at for word in (b"NaN", b"Infinity")):
+def _non_json_number(text: str, pos: int) -> str:
+    """What to say where a parse failed at NaN or Infinity (pos: orjson's, in characters), which Python's
+    json.dumps writes by default."""
+    at = text[max(pos - 1, 0):pos + 9]
+    if not any(word in at for word in ("NaN", "Infinity")):
         return ""
     return ("; NaN and Infinity are not JSON (Python's json.dumps writes them unless allow_nan=False): write them "
             "as null or as strings")
@@ -354,6 +355,11 @@ def _jsonl_rows(file: InputFile, cap: int) -> Iterator[Row]:
         yield from _exact_rows(_bounded_lines(handle, cap), cap)
 
 
+# The layouts whose bytes are the text itself (a Parquet or Arrow file's bytes are not: the column's reader names
+# a bad string there).
+TEXT_LAYOUTS = ("jsonl", "json", "csv", "tsv", "txt")
+
+
 def _guarded(file: InputFile, rows: Iterator[Row]) -> Iterator[Row]:
     """The rows, until the file cannot be read on: then an InputError naming the file, what stopped it
     and the last row read (its line, array element or row), and never a traceback."""
@@ -363,7 +369,8 @@ def _guarded(file: InputFile, rows: Iterator[Row]) -> Iterator[Row]:
             last = row[0]
             yield row
     except READ_ERRORS as exc:
-        if file.encoding is None and (isinstance(exc, UnicodeDecodeError) or "invalid UTF8" in str(exc)):
+        if file.encoding is None and file.layout in TEXT_LAYOUTS and \
+                (isinstance(exc, UnicodeDecodeError) or "invalid UTF8" in str(exc)):
             # The decoder reads ahead of the rows (pyarrow's CSV reader a block of them, and says nowhere):
             # the text is read again to name the byte and its line.
             found = first_not_utf8(file.path, file.compression, to_the_end=True)

@@ -272,8 +272,9 @@ def _late(fmt: str, rows: int) -> tuple[bytes, int, int]:
 @pytest.mark.parametrize("fmt", ["csv", "tsv", "txt", "json"])
 def test_bytes_that_are_not_utf8_late_in_a_file_refuse_it_naming_byte_and_line(tmp_path: Path, fmt: str) -> None:
     """Past the first bytes checked, past the whole-file check's first block and past each reader's (the
-    JSON array reader's 1 MiB, the CSV reader's whole file): the run stopped part-way, with exit 1, a line
-    or array index where the reader had got to ("line 0" in a CSV), the file called damaged or cut short."""
+    JSON array reader's 1 MiB, the CSV reader's whole file): the file is refused before the run, naming the
+    byte, its line and a JSON array's element (it used to stop the run part-way, exit 1, at a line or index
+    where the reader had got to, "line 0" in a CSV, calling the file damaged or cut short)."""
     data, at, line = _late(fmt, 30_000)  # about 1.4 MB
     assert at > (1 << 20) + 4096
     path = tmp_path / f"late.{fmt}"
@@ -538,7 +539,27 @@ def test_nan_and_infinity_are_named_as_what_json_lacks() -> None:
     # Python's json.dumps writes float('nan') as NaN: the drop says why the row is not JSON, and how to write it.
     from gpu_prep.read import _parse_line
 
-    for line in (b'{"a": 1, "score": NaN}', b'{"score": -Infinity}', b'{"score": Infinity, "b": 2}'):
+    for line in (b'{"a": 1, "score": NaN}', b'{"score": -Infinity}', b'{"score": Infinity, "b": 2}',
+                 '{"text": "日本語の文章です", "score": NaN}'.encode()):  # orjson's position counts characters
         record, (reason, detail, _) = _parse_line(line)
         assert record is None and reason == "malformed_json" and "NaN and Infinity are not JSON" in detail, detail
     assert "NaN" not in _parse_line(b'{"score": tru}')[1][1]
+
+
+def test_a_parquet_string_that_is_not_utf8_is_not_looked_for_in_the_files_bytes(tmp_path: Path) -> None:
+    # The text check reads a text file's bytes again to find a bad byte; a Parquet file's bytes are not its
+    # text (the byte it found was in the page metadata): the column's own error, naming the byte, stands.
+    import itertools
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    raw = [f"row {i} ".encode() * 20 for i in range(5)]
+    raw[3] = b"caf\xe9 latin-1 " * 10
+    offsets = pa.array([0, *itertools.accumulate(len(b) for b in raw)], pa.int32())
+    column = pa.StringArray.from_buffers(len(raw), offsets.buffers()[1], pa.py_buffer(b"".join(raw)))
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"text": column}), path)
+    with pytest.raises(InputError) as caught:
+        _run(tmp_path, path, {**TEXT, "preprocessing": {"min_chars": 0}})
+    assert "0xe9" in str(caught.value) and "iconv" not in str(caught.value), caught.value
