@@ -177,8 +177,9 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
         regions = _locate(real, conv, template, ctx)
     roles = [m["role"] for m in conv.messages]
     # A message is left out where nothing of it was located, or its content was not (a call written alone,
-    # the text beside it not: _place_tool_turns).
-    located = {i for i, start, end in regions if end > start or not conv.messages[i]["content"].strip()}
+    # the text beside it not: _place_tool_turns; a <think> block alone is think_blocks_not_rendered's).
+    located = {i for i, start, end in regions if end > start or not conv.messages[i].get("tool_calls")
+               or not _split_think(conv.messages[i]["content"])[1].strip()}
     left_out = tuple(roles[i] for i, m in enumerate(conv.messages)
                      if (m["content"] or m.get("tool_calls")) and i not in located)
     if not regions:
@@ -547,13 +548,14 @@ def _think_block_notes(conv: Conversation, text: str, ctx: RenderContext) -> tup
     message of a trained role while input.think_loss is false (by role spans), which trains that reasoning
     as content, unlike a reasoning_content. The ids follow the template; the notes make either visible."""
     notes: list[str] = []
+    blocks = [i for i, m in enumerate(conv.messages) if isinstance(m.get("content"), str) and "</think>" in m["content"]]
     by_roles = not (ctx.generation and ctx.template_for(conv).marked) and not ctx.config.input.think_loss
-    for m in conv.messages:
-        if isinstance(m.get("content"), str) and "</think>" in m["content"]:
-            if _not_shown(_split_think(m["content"])[0], text):
-                notes.append("think_blocks_not_rendered")
-            elif by_roles and ctx.trains(m["role"]):
-                notes.append("think_blocks_trained")
+    labels = _labels(conv, ctx) if blocks and by_roles else []  # training flags and train_last_turn_only count
+    for i in blocks:
+        if _not_shown(_split_think(conv.messages[i]["content"])[0], text):
+            notes.append("think_blocks_not_rendered")
+        elif by_roles and ctx.trains(labels[i]):
+            notes.append("think_blocks_trained")
     return tuple(notes)
 
 

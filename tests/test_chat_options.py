@@ -283,6 +283,16 @@ def test_qwen3_takes_an_inline_think_block_in_the_last_turn_as_written(tmp_path:
     # think_loss is false: the block is trained as content, and counted so (the run summary warns of it)
     assert manifest["totals"]["parse_report"]["think_blocks_trained"] == 1
     assert _qwen3_run(tmp_path, INLINE_THINK, think_loss=True)[2]["totals"]["parse_report"]["think_blocks_trained"] == 0
+    # ... only where the message is trained: by its own flag, and under train_last_turn_only
+    question, answer = INLINE_THINK[0]["messages"]
+    last = {"role": "assistant", "content": "<think>\nAgain.\n</think>\n\n6"}  # Qwen3 shows the last turn's block
+    flagged = [{"messages": [question, answer, {"role": "user", "content": "And 3+3?"}, {**last, "training": False}]}]
+    assert _qwen3_run(tmp_path, flagged)[2]["totals"]["parse_report"]["think_blocks_trained"] == 0
+    calls = [{"messages": [question, {"role": "assistant", "content": "<think>\nUse the tool.\n</think>\n\nChecking.",
+                                      "tool_calls": CALL}, {"role": "tool", "content": "4"}, {"role": "assistant", "content": "4"}]}]
+    for last_only, counted in ((False, 1), (True, 0)):  # both after the last user turn: the block is shown
+        report = _qwen3_run(tmp_path, calls, train_last_turn_only=last_only)[2]["totals"]["parse_report"]
+        assert report["think_blocks_trained"] == counted
     _, [(ids, mask)], _ = _qwen3_run(tmp_path, INLINE_THINK, extract_think_tags=True)
     assert "Simple addition." in qwen3.decode(ids) and qwen3.decode(ids[mask == 1]) == "4<|im_end|>"
 
@@ -304,6 +314,14 @@ def test_a_think_block_the_template_strips_from_an_earlier_turn_is_counted(tmp_p
         EARLIER_THINK[0]["messages"], tokenize=True, return_dict=True)["input_ids"]
     assert ids.tolist() == list(reference) and "add them" not in qwen3.decode(ids)
     assert manifest["totals"]["parse_report"]["think_blocks_not_rendered"] == 1
+    # a turn that thinks and calls a tool, stripped so: its block is counted once, not as text left out too
+    calling = [{"messages": [{"role": "user", "content": "Weather in Paris?"},
+                             {"role": "assistant", "content": "<think>Call the tool.</think>", "tool_calls": CALL},
+                             {"role": "tool", "content": "18 C"}, {"role": "assistant", "content": "It is 18 C."},
+                             {"role": "user", "content": "Thanks"}, {"role": "assistant", "content": "Welcome."}]}]
+    _, _, manifest = _qwen3_run(tmp_path, calling)
+    assert manifest["totals"]["parse_report"]["think_blocks_not_rendered"] == 1
+    assert not manifest["totals"].get("messages_left_out_by_template")
     _, _, manifest = _qwen3_run(tmp_path, INLINE_THINK)
     assert manifest["totals"]["parse_report"]["think_blocks_not_rendered"] == 0
     config = {"input": {"type": "chat"}, "mask": {"assistant": "train"}}
