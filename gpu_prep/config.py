@@ -646,6 +646,18 @@ class PipelineConfig(_Frozen):
         """The configs the run's rows are formatted with: this one, or each dataset's own."""
         return [self.dataset_config(k) for k in range(len(self.datasets))] if self.datasets else [self]
 
+    @property
+    def split_windows(self) -> int | None:
+        """The length of the windows truncation split cuts rows into (max_seq_len), or None where no row is cut:
+        for Megatron, which makes its own samples of --seq-length across documents and samples an indexed
+        dataset by sequence, shuffled (windows written as sequences of their own would meet other documents'
+        windows with no end-of-document token between them; its preprocess_data.py never cuts a document),
+        and under packing wrapped, which cuts the stream of whole samples every max_seq_len itself (windows
+        cut first would be samples of their own, whose positions restart mid-document)."""
+        rules = self.preprocessing
+        cut = rules.truncation == "split" and self.output.storage_format != "megatron" and rules.packing != "wrapped"
+        return rules.max_seq_len if cut else None
+
     def input_types(self) -> set[str]:
         """The input types of the run's rows."""
         return {c.input.type for c in self.all_configs()}

@@ -165,14 +165,8 @@ def _process(run: RunContext, out_dir: Path, options: Options, checkpoints: Chec
     decisions = Decisions.from_state(resumed)
     rejects = Path(options.rejects) if options.rejects else None
     acct = Accounting(run.files, rejects=rejects, strict=options.strict, state=resumed.get("accounting"))
-    # truncation split cuts long rows into windows of max_seq_len, except for Megatron: it makes its training
-    # sequences itself across documents and samples an indexed dataset by sequence, shuffled, so windows written
-    # as sequences of their own would meet other documents' windows with no end-of-document token between them.
-    # A document goes to Megatron whole, as its preprocess_data.py writes it.
-    split = config.preprocessing.max_seq_len \
-        if config.preprocessing.truncation == "split" and config.output.storage_format != "megatron" else None
     writer = DatasetWriter(out_dir, Storage.from_config(config, run.render.vocab_size),
-                           config.output.max_tokens_per_shard, split,
+                           config.output.max_tokens_per_shard, config.split_windows,
                            about={"tokenizer": run.tokenizer_summary(),
                                   **({"preference": PAIR_META[config.input.type]}
                                      if config.input.type in PAIR_META else {})},

@@ -499,7 +499,7 @@ def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
         if ids.min() < 0 or ids.max() >= ctx.vocab_size:
             bad = int(ids[(ids < 0) | (ids >= ctx.vocab_size)][0])
             raise RowError(Drop.WRONG_TYPE, f"input_ids holds {bad}, outside the vocabulary (0 to {ctx.vocab_size - 1})")
-        if ctx.config.preprocessing.truncation == "split" and not all(shape.trained):
+        if ctx.config.split_windows is not None and not all(shape.trained):
             raise RowError(Drop.WRONG_TYPE, f"its labels mask {shape.trained.count(False)} of its {len(ids)} tokens, "
                                             "and truncation split cuts rows trained whole (a window could train nothing)")
         return RenderedRow([""], [False], [], 0, given=(ids, np.asarray(shape.trained, dtype=np.int8)))

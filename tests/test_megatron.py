@@ -203,3 +203,8 @@ def test_split_writes_each_document_whole_for_megatron(tmp_path: Path) -> None:
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["totals"]["rows_written"] == domain.meta["num_samples"] == len(rows)
     assert manifest["totals"]["rows_truncated"] == 0 and verify(out) == []
+    # Nor is a pre-tokenized row with masked labels refused as one a window could leave untrained: none is cut.
+    tokens = [{"input_ids": [5, 6, 7, 8] * 10, "labels": [-100] * 8 + [5, 6, 7, 8] * 8}]
+    pretok = {**config, "input": {"type": "pretokenized"}}
+    [(ids, mask)] = samples(run_rows(tmp_path, pretok, tokens, name="pretok"))
+    assert ids.tolist() == tokens[0]["input_ids"] and mask.tolist() == [0] * 8 + [1] * 32

@@ -78,6 +78,24 @@ def test_split_cuts_long_rows_into_windows_and_loses_nothing(tmp_path: Path, who
     assert all(len(g) <= LIMIT for g in got)
 
 
+def test_split_under_wrapped_packing_wraps_whole_documents(tmp_path: Path, whole: list[np.ndarray]) -> None:
+    # wrapped cuts the stream of samples every max_seq_len itself: windows cut first would be samples of their
+    # own, and a row would restart positions (and lose a loss term) where a document's windows meet.
+    import gpu_prep
+
+    config = _text("split")
+    config["preprocessing"]["packing"] = "wrapped"
+    out = run_rows(tmp_path, config, ROWS)
+    domain = gpu_prep.open(out)["__default__"]
+    stream = np.concatenate([domain[i][0] for i in range(len(domain))])
+    assert stream.tolist() == np.concatenate(whole).tolist()  # nothing lost, every row full but the last
+    assert all(len(domain[i][0]) == LIMIT for i in range(len(domain) - 1))
+    starts = np.cumsum([0, *map(len, whole)])[:-1]
+    for i in range(len(domain)):  # a sample starts only where a document does, or where a row does
+        inside = {int(b) + i * LIMIT for b in domain.segments(i)[:-1]}
+        assert inside <= {*starts.tolist(), i * LIMIT}, (i, sorted(inside))
+
+
 def test_split_never_leaves_the_eos_alone_in_a_window(tmp_path: Path, qwen: Any) -> None:
     row = {"text": " ".join(f"w{k}" for k in range(60))}
     [(whole, _)] = samples(run_rows(tmp_path, _text(None, 1 << 20, add_eos=True), [row], name="whole"))
