@@ -136,11 +136,12 @@ def run_sample(config: PipelineConfig, inputs: list[str], report: SampleReport) 
     out = Path(tempfile.mkdtemp(prefix="gpu-prep-validate-")) / "out"
     limited = config.model_copy(update={"preprocessing": config.preprocessing.model_copy(
         update={"max_items": report.sample})})
-    report.manifest = run(limited, inputs, out, Options(overlap=False, per_file=report.shares))
+    said: list[str] = []  # what run tells before it starts (check_sample has the inputs' own already)
+    report.manifest = run(limited, inputs, out, Options(overlap=False, per_file=report.shares, warn=said.append))
     report.out_dir = out
     # What would make `run` fail on these rows fails the check too: no row written, or too many dropped;
     # and an input none of whose sample rows could be read (a file of another shape, whatever its size).
-    from gpu_prep.run.manifest import run_problems, truncation_warning
+    from gpu_prep.run.manifest import run_problems, summary_warnings
 
     report.errors.extend(f"the sample run: {problem} (run would exit non-zero)"
                          for problem in run_problems(report.manifest, config, sample=True))
@@ -151,8 +152,8 @@ def run_sample(config: PipelineConfig, inputs: list[str], report: SampleReport) 
             report.errors.append(f"the sample run: the chat template left out {n} message(s) with role {role!r}, "
                                  f"which is not one of {', '.join(TEMPLATE_ROLES)}: their rows would be written "
                                  "without them; map the role with input.roles")
-    if cut := truncation_warning(report.manifest):
-        report.warnings.append(f"the sample run: {cut}")
+    report.warnings.extend(f"the sample run: {w}" for w in said + summary_warnings(report.manifest)
+                           if w not in report.warnings)
     for entry in report.manifest["inputs"]:  # (on one or two rows, a bad first line: a warning)
         dropped = entry["rows_dropped"]
         if entry["rows_read"] and not entry["rows_written"] and set(dropped) <= Drop.BAD_DATA:

@@ -23,7 +23,7 @@ from rich.progress import (
 from rich.markup import escape
 from rich.table import Table
 
-from gpu_prep.config import TEMPLATE_ROLES, load_config
+from gpu_prep.config import load_config
 from gpu_prep.errors import ConfigError, GpuPrepError, Interrupted
 from gpu_prep.plugins import check_registered, load_plugins
 from gpu_prep.run.overlap import deaf_to_ctrl_c
@@ -120,7 +120,7 @@ def _resume_command() -> str:
 
 
 def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
-    from gpu_prep.run.manifest import duplicate_warning, truncation_warning
+    from gpu_prep.run.manifest import summary_warnings
 
     totals = manifest["totals"]
     seconds = manifest["seconds"]["total"] or 1e-9
@@ -154,39 +154,8 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
         table.add_row(f"dataset {d['name']}", f"{d['rows_read']:,} read, {d['rows_written']:,} written, {dropped:,} "
                       f"dropped; {d['share_of_rows']:.1%} of rows, {d['share_of_tokens']:.1%} of tokens{asked}")
     out.print(table)
-    for warning in (truncation_warning(manifest), duplicate_warning(manifest)):
-        if warning:
-            _warn(warning)
-    for split, counts in totals.get("splits", {}).items():
-        if counts["rows_written"] == 0:
-            _warn(f"split {split!r} (a {counts['share']:.0%} share) got none of the {totals['rows_written']:,} rows "
-                  "written: it has no folder, and a loader asking for it will fail; raise its share or give the run "
-                  "more rows")
-    for role, n in totals.get("parse_report", {}).get("unknown_roles", {}).items():
-        _warn(f"{n:,} message(s) with role {role!r}, which is not one of {', '.join(TEMPLATE_ROLES)} (map it with "
-              "input.roles)")
-    for role, n in totals.get("messages_left_out_by_template", {}).items():
-        _warn(f"the chat template left out the content of {n:,} message(s) with role {role!r} (a role it does not "
-              "render, or text beside tool calls that it writes alone, as Llama 3.1's and Mistral's do): their rows "
-              "were rendered and trained without that text")
-    if n := totals.get("parse_report", {}).get("reasoning_not_rendered"):
-        _warn(f"the chat template wrote none of the reasoning of {n:,} row(s) (it shows no reasoning): they were "
-              "rendered without it: use a template that shows it (qwen3), or input.think_mode: drop to leave it "
-              "out knowingly")
-    if n := totals.get("parse_report", {}).get("think_blocks_not_rendered"):
-        _warn(f"the chat template wrote nothing of the <think> block in the content of {n:,} message(s) (Qwen3 "
-              "strips those of turns before the last user turn): they were rendered and trained without it")
-    if n := totals.get("parse_report", {}).get("think_blocks_trained"):
-        _warn(f"{n:,} trained message(s) hold a <think> block in their content, trained as content although "
-              "input.think_loss is false (it masks reasoning given as reasoning_content): set "
-              "input.extract_think_tags: true to read a leading block as the turn's reasoning")
-    if n := totals.get("preference", {}).get("generation_prompt_differs"):
-        _warn(f"the chat template renders the generation prompt of {n:,} row(s) otherwise than prompt + completion "
-              "begins (Gemma 4's empty thought channel, say); as TRL does, those prompts end where the two part, so "
-              "the model is trained on a context that differs from the one it sees at inference")
-    for role, n in totals.get("parse_report", {}).get("trained_roles_not_marked_by_template", {}).items():
-        _warn(f"the mask rules train role {role!r}, but the chat template's {{% generation %}} markers never mark "
-              f"it ({n:,} message(s) left untrained); set input.mask_method: roles to train it by role spans")
+    for warning in summary_warnings(manifest):
+        _warn(warning)
 
 
 @app.command()

@@ -223,3 +223,13 @@ def test_a_chat_end_of_turn_as_end_of_document_is_warned_about(tmp_path: Path) -
     except ConfigError:
         pytest.skip("the WordPiece package is not installed")
     assert not [s for s in said if "eod_token" in s]
+
+
+def test_validate_warns_as_run_does() -> None:
+    # validate's sample run tells what run would: here, documents that would end with the chat end of turn.
+    from helpers import REPO, gpu_prep_cli
+
+    result = gpu_prep_cli("validate", "-c", REPO / "configs" / "pretrain.json", REPO / "examples" / "pretrain.jsonl",
+                          "--set", "input.eod_token=null")
+    assert result.returncode == 0, result.stderr
+    assert "the sample run: text rows end with '<|im_end|>'" in " ".join(result.stderr.split())

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_prep import __version__
-from gpu_prep.config import PAIR_TYPES, PipelineConfig
+from gpu_prep.config import PAIR_TYPES, TEMPLATE_ROLES, PipelineConfig
 from gpu_prep.mix import Dataset
 from gpu_prep.output import pack
 from gpu_prep.pairs import PAIR_COUNTS
@@ -191,6 +191,46 @@ def duplicate_warning(manifest: dict[str, Any]) -> str | None:
     return (f"{dropped:,} of the {read:,} rows read ({dropped / read:.0%}) were dropped as duplicates of an earlier "
             f"row's first {prefix:,} characters: if rows share a long opening (an instruction, a passage) and "
             "differ after it, preprocessing.dedup_prefix_chars: null compares whole texts and keeps them")
+
+
+def summary_warnings(manifest: dict[str, Any]) -> list[str]:
+    """What the run summary (and validate's sample run) warns of, from the manifest's counts."""
+    totals = manifest["totals"]
+    report = totals.get("parse_report", {})
+    said = [w for w in (truncation_warning(manifest), duplicate_warning(manifest)) if w]
+    for split, counts in totals.get("splits", {}).items():
+        if counts["rows_written"] == 0:
+            said.append(f"split {split!r} (a {counts['share']:.0%} share) got none of the {totals['rows_written']:,} "
+                        "rows written: it has no folder, and a loader asking for it will fail; raise its share or "
+                        "give the run more rows")
+    for role, n in report.get("unknown_roles", {}).items():
+        said.append(f"{n:,} message(s) with role {role!r}, which is not one of {', '.join(TEMPLATE_ROLES)} (map it "
+                    "with input.roles)")
+    for role, n in totals.get("messages_left_out_by_template", {}).items():
+        said.append(f"the chat template left out the content of {n:,} message(s) with role {role!r} (a role it does "
+                    "not render, or text beside tool calls that it writes alone, as Llama 3.1's and Mistral's do): "
+                    "their rows were rendered and trained without that text")
+    if n := report.get("reasoning_not_rendered"):
+        said.append(f"the chat template wrote none of the reasoning of {n:,} row(s) (it shows no reasoning): they "
+                    "were rendered without it: use a template that shows it (qwen3), or input.think_mode: drop to "
+                    "leave it out knowingly")
+    if n := report.get("think_blocks_not_rendered"):
+        said.append(f"the chat template wrote nothing of the <think> block in the content of {n:,} message(s) (Qwen3 "
+                    "strips those of turns before the last user turn): they were rendered and trained without it")
+    if n := report.get("think_blocks_trained"):
+        said.append(f"{n:,} trained message(s) hold a <think> block in their content, trained as content although "
+                    "input.think_loss is false (it masks reasoning given as reasoning_content): set "
+                    "input.extract_think_tags: true to read a leading block as the turn's reasoning")
+    if n := totals.get("preference", {}).get("generation_prompt_differs"):
+        said.append(f"the chat template renders the generation prompt of {n:,} row(s) otherwise than prompt + "
+                    "completion begins (Gemma 4's empty thought channel, say); as TRL does, those prompts end where "
+                    "the two part, so the model is trained on a context that differs from the one it sees at "
+                    "inference")
+    for role, n in report.get("trained_roles_not_marked_by_template", {}).items():
+        said.append(f"the mask rules train role {role!r}, but the chat template's {{% generation %}} markers never "
+                    f"mark it ({n:,} message(s) left untrained); set input.mask_method: roles to train it by role "
+                    "spans")
+    return said
 
 
 def drop_lines(manifest: dict[str, Any]) -> list[str]:
