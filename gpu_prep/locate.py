@@ -102,14 +102,25 @@ def _place_tool_turns(real: str, conv: Conversation, template: ChatTemplate,
     so stays without a region; either way a content not written is reported as left out."""
     located = {i for i, _, _ in regions}
     placed = list(regions)
+    # The text from the end of a message of a role to the header's end of a call turn after it, as the first
+    # such turn's rendering showed it: a later turn after the same role is placed where that text, found
+    # again, ends, without rendering its prefix (an agent's trajectory of n calls would cost n renders).
+    glue: dict[str, str] = {}
     for i, message in enumerate(conv.messages):
         if i in located or not message.get("tool_calls") or message["role"] != "assistant":
             continue
-        header = _render_with_prompt(template, conv.messages[:i], conv)
         before = max((end for j, _, end in placed if j < i), default=0)
         after = min((start for j, start, _ in placed if j > i), default=len(real))
+        previous = conv.messages[i - 1]["role"] if any(j == i - 1 for j, _, _ in placed) else None
+        known = glue.get(previous) if previous is not None else None
+        if known and real.startswith(known, before) and before + len(known) <= after:
+            placed.append((i, before + len(known), before + len(known)))
+            continue
+        header = _render_with_prompt(template, conv.messages[:i], conv)
         if header is not None and real.startswith(header) and before <= len(header) <= after:
             placed.append((i, len(header), len(header)))
+            if previous is not None and len(header) > before:
+                glue[previous] = header[before:]
     return sorted(placed, key=lambda region: (region[1], region[0]))
 
 

@@ -208,6 +208,12 @@ def tool_call_rows(name: str) -> list[dict]:
                     {"role": "tool", "tool_call_id": call_id, "content": "18 degrees"},
                     {"role": "assistant", "content": "It is 18 degrees in Paris."}]
         rows.append({"messages": messages, "tools": TOOLS})
+    steps = [{"role": "user", "content": "Weather in five cities?"}]  # an agent's trajectory: call after call
+    for k in range(5):
+        step = {"id": f"call0000{k}", "type": "function", "function": {"name": "get_weather", "arguments": {"city": f"C{k}"}}}
+        steps += [{"role": "assistant", "content": "" if k % 2 else f"Looking up city {k}.", "tool_calls": [step]},
+                  {"role": "tool", "tool_call_id": step["id"], "content": f"{k} degrees"}]
+    rows.append({"messages": [*steps, {"role": "assistant", "content": "Done."}], "tools": TOOLS})
     return rows
 
 
@@ -275,3 +281,25 @@ def test_the_reasoning_rows_exercise_what_they_claim() -> None:
     text = tok.apply_chat_template(weather["messages"], tools=weather["tools"], tokenize=False)
     assert "The tool said 18." not in text and "Another call." in text and "So Rome is warmer." in text
     assert text.count('<tool_call>\n{"name": "get_weather"') == 2
+
+
+def test_an_agents_call_turns_are_placed_without_rendering_each_prefix(tmp_path: Path, monkeypatch: Any) -> None:
+    # Llama 3.1 writes a call turn without its content: each is placed after its header. The first is found
+    # by rendering the turns before it; the others, after the same role, where the same text ends, so a
+    # trajectory of n calls does not cost n renders of a growing prefix (the masks are the reference's above).
+    from gpu_prep import locate
+    from gpu_prep.backend import CPU
+    from gpu_prep.format import Conversation
+    from gpu_prep.render import render_row
+    from gpu_prep.run.context import build_context
+    from gpu_prep.tokenizer import load_tokenizer
+
+    folder = tokenizer_dir(CASES["llama3.1"], tmp_path / "tokenizer")
+    config = parse_config({"tokenizer": str(folder), "input": {"type": "chat"}, "mask": {"assistant": "train"}})
+    ctx = build_context(config, load_tokenizer(str(folder)), CPU, [], None, None).render
+    renders = []
+    real = locate._render_with_prompt
+    monkeypatch.setattr(locate, "_render_with_prompt", lambda *a: renders.append(1) or real(*a))
+    row = tool_call_rows("llama3.1")[-1]
+    rendered = render_row(Conversation(row["messages"], tools=row["tools"]), ctx)
+    assert len(rendered.spans) == 6 and len(renders) == 2  # once after the user, once after a tool result
