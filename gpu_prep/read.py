@@ -28,9 +28,10 @@ from gpu_prep import jsonscan
 from gpu_prep.backend import ReadGroups, ReadRange
 from gpu_prep.errors import ConfigError, Drop, InputError
 from gpu_prep.jsonscan import LBRACKET, QUOTE
-from gpu_prep.sources import (KNOWN, READ_ERRORS, NotUtf8, batch_rows, batch_sizes, column_names, csv_header, csv_rows,
-                              dataset_folder_files, file_size, first_not_utf8, hub_rows, inspect_file, is_url, json_array_rows, open_bytes, parquet_rows, remote_files,
-                              default_split, split_name, split_names, text_rows, text_size)
+from gpu_prep.delimited import csv_header, csv_rows
+from gpu_prep.sources import (KNOWN, READ_ERRORS, NotUtf8, batch_rows, batch_sizes, column_names, dataset_folder_files,
+                              default_split, file_size, first_not_utf8, hub_rows, inspect_file, is_url, json_array_rows,
+                              open_bytes, parquet_rows, remote_files, split_name, split_names, text_rows, text_size)
 
 # A JSON Lines chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so
 # memory stays bounded whatever the rows' sizes (Parquet and JSON-array rows count rows only).

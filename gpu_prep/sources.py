@@ -30,13 +30,11 @@ import bz2
 import codecs
 import gzip
 import io
-import itertools
 import json
 import lzma
 import os
 import re
 import zlib
-from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -549,169 +547,6 @@ def _split_of(folder: Path, what: str, splits: list[str], split: str | None) -> 
 # ---------------------------------------------------------------- rows of each format
 
 Row = tuple[int, Any, "tuple[str, str, Any] | None", int]  # as read.py: number, record, error, bytes
-
-
-def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str | None = None) -> Iterator[Row]:
-    """CSV or TSV: the header row names the columns, every cell is text; rows are numbered by record, the
-    header being 1 (the line, unless a quoted cell spans lines or blank lines come between). A row with
-    more or fewer cells than the header is a malformed_row drop showing its text, in its place (the parser
-    skips it without saying where it lay, so a first such row has the file read once more to number them);
-    a header naming a column twice refuses the file. A quote that opens a cell and never closes would take
-    the rest of the file into that cell: the parser is given one more record after the text (_END_RECORD,
-    with one cell too many, so it comes back as the last skipped row) and, when that record does not come
-    back whole, the text ended inside a quote and an InputError stops the run naming the record."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
-    from gpu_prep.errors import Drop, InputError
-
-    if _blank(path, compression, encoding):  # no header, so no rows: as a header-only file, not a damaged one
-        return
-    header = csv_header(path, compression, delimiter, encoding)
-    twice = sorted({name for name in header if header.count(name) > 1})
-    if twice:
-        raise ConfigError(f"input {path!r}: its header names the column {', '.join(map(repr, twice))} more than once; "
-                          "one of them would be lost")
-    types = {name: pa.string() for name in header}
-    options = pacsv.ConvertOptions(column_types=types, strings_can_be_null=False, quoted_strings_can_be_null=False)
-    bad: deque[Any] = deque()  # the parser's skipped rows, taken from the left
-    end = delimiter.join([_END_CELL] * (len(header) + 1))
-    ended = False  # whether the last skipped row is the end record, whole
-
-    def keep_bad(invalid: Any) -> str:
-        nonlocal ended
-        ended = invalid.text == end
-        if not ended:
-            bad.append(invalid)
-        return "skip"
-
-    def malformed(number: int, invalid: Any) -> Row:
-        return number, None, (Drop.MALFORMED_ROW, f"{invalid.actual_columns} cells where the header has "
-                              f"{invalid.expected_columns}", invalid.text[:REJECT_TEXT]), 0  # in its batch's bytes
-
-    row, ragged = 1, None  # ragged: the numbers of the rows with too few or too many cells, once one is met
-    with open_bytes(path, compression, encoding) as handle:
-        reader = pacsv.open_csv(_Then(handle, f"\n{end}\n".encode()), read_options=pacsv.ReadOptions(block_size=4 << 20),
-                                parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True,
-                                                                 invalid_row_handler=keep_bad),
-                                convert_options=options)
-        # The parser reads ahead: `bad` may hold rows of later blocks, so a row is taken from it only at its
-        # own number; what is left at the end (where the two readers disagree on a row) comes last.
-        read = 0
-        for batch in reader:
-            if bad and ragged is None:
-                ragged = deque(_ragged_records(path, compression, delimiter, encoding, len(header)))
-            records = batch.to_pylist()
-            # The text read for the batch, shared among its rows: what a chunk's size and progress count.
-            now = _position(handle, read + batch.nbytes)
-            share, first = divmod(now - read, max(1, len(records)))
-            read = now
-            for k, record in enumerate(records):
-                row += 1
-                while bad and ragged and ragged[0] == row:  # the skipped rows before this one, in their places
-                    ragged.popleft()
-                    yield malformed(row, bad.popleft())
-                    row += 1
-                yield row, record, None, share + (first if k == 0 else 0)
-        if not ended:
-            last = row + len(bad)
-            raise InputError(f"{path}: the file ends inside a quoted cell: a '\"' opened in record {last} (the last, "
-                             f"starting on line {_record_line(path, compression, delimiter, encoding, last)}) never "
-                             "closes, so the rows after it were read into that cell and would be lost; the run stops "
-                             "(close the quote, and write a '\"' inside a quoted cell as '\"\"')")
-        for invalid in bad:
-            row += 1
-            yield malformed(row, invalid)
-
-
-def _blank(path: str, compression: str | None, encoding: str | None) -> bool:
-    """Whether a CSV or TSV file's text holds no record: no bytes, a byte order mark or blank lines alone
-    (pyarrow refuses such a file as "Empty CSV file"; a writer that shards its output leaves empty parts)."""
-    with open_bytes(path, compression, encoding) as handle:
-        text = handle.read(HEAD_BYTES).removeprefix(codecs.BOM_UTF8)
-        while text:
-            if text.strip(b"\r\n"):
-                return False
-            text = handle.read(HEAD_BYTES)
-    return True
-
-
-# The cells of the record csv_rows puts after a CSV's text: NUL bytes, so that no row of a text file is it.
-_END_CELL = "\x00gpu-prep: end of the text\x00"
-
-
-class _Then(io.RawIOBase):
-    """A file's bytes, then `tail`."""
-
-    def __init__(self, handle: Any, tail: bytes) -> None:
-        self.handle, self.tail = handle, tail
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.handle.read(len(buffer))
-        if not data:
-            data, self.tail = self.tail[:len(buffer)], self.tail[len(buffer):]
-        buffer[: len(data)] = data
-        return len(data)
-
-
-def _csv_records(path: str, compression: str | None, delimiter: str, encoding: str | None) -> Iterator[tuple[int, int]]:
-    """(the line it starts on, its cell count) of each record of a CSV or TSV file, read with the standard csv
-    module; blank lines are no record, as pyarrow skips them."""
-    import csv
-    import sys
-
-    limit = csv.field_size_limit(sys.maxsize)  # a cell may hold a whole document
-    try:
-        with open_bytes(path, compression, encoding) as handle:
-            reader = csv.reader(io.TextIOWrapper(handle, encoding="utf-8-sig", errors="replace", newline=""),
-                                delimiter=delimiter)
-            line = 0
-            for record in reader:
-                if record:
-                    yield line + 1, len(record)
-                line = reader.line_num
-    finally:
-        csv.field_size_limit(limit)
-
-
-def _record_line(path: str, compression: str | None, delimiter: str, encoding: str | None, number: int) -> int:
-    """The line record `number` starts on (the header being 1)."""
-    line = 1
-    for line, _ in itertools.islice(_csv_records(path, compression, delimiter, encoding), number):
-        pass
-    return line
-
-
-def csv_header(path: str, compression: str | None, delimiter: str, encoding: str | None = None) -> list[str]:
-    """The column names a CSV or TSV file's header row gives (its first block alone is read)."""
-    import pyarrow.csv as pacsv
-
-    with open_bytes(path, compression, encoding) as handle:
-        return pacsv.open_csv(handle, parse_options=pacsv.ParseOptions(
-            delimiter=delimiter, newlines_in_values=True, invalid_row_handler=lambda invalid: "skip")).schema.names
-
-
-def _position(handle: Any, otherwise: int) -> int:
-    """How far into its (decompressed) text a file object is; `otherwise` where it cannot say (a zstd stream,
-    a transcoded UTF-16 file)."""
-    try:
-        return handle.tell()
-    except (OSError, ValueError):  # io.UnsupportedOperation is both
-        return otherwise
-
-
-def _ragged_records(path: str, compression: str | None, delimiter: str, encoding: str | None, cells: int) -> list[int]:
-    """The numbers (the header being 1) of the records that do not have `cells` cells."""
-    import csv
-
-    try:
-        return [n for n, (_, count) in enumerate(_csv_records(path, compression, delimiter, encoding), start=1)
-                if count != cells]
-    except csv.Error:  # what pyarrow reads, the csv module may not: the rows are then numbered in order read
-        return []
 
 
 def text_rows(path: str, compression: str | None, key: str, per_line: bool,

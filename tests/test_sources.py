@@ -579,7 +579,7 @@ def test_a_ragged_csv_row_is_dropped_showing_its_text_and_a_doubled_header_refus
         (3, "malformed_row", "1 cells where the header has 2", '"only one field"'),
         (4, "malformed_row", "3 cells where the header has 2", '"a","b","c extra"')]
     # Numbered in their places (the parser skips them without saying where): the rows after keep theirs.
-    from gpu_prep.sources import csv_rows
+    from gpu_prep.delimited import csv_rows
 
     path.write_text("text,source\nrow one,a\nbad,row,extra\nrow three,c\n\nrow four,d\n\"only\"\nrow five,e\n")
     got = [(n, None if record is None else record["text"]) for n, record, _, _ in csv_rows(str(path), None, ",")]
@@ -593,7 +593,7 @@ def test_a_ragged_csv_row_is_dropped_showing_its_text_and_a_doubled_header_refus
 def test_malformed_csv_rows_keep_their_numbers_across_blocks_and_beside_long_cells(tmp_path: Path) -> None:
     # The parser reads blocks ahead (4 MiB each): a ragged row of a later block is numbered in its own
     # place; and a cell longer than the csv module's default limit does not stop the numbering pass.
-    from gpu_prep.sources import csv_rows
+    from gpu_prep.delimited import csv_rows
 
     bad = {10, 30_000, 59_990}
     lines = ["text,src"] + [f"bad{n},x,y" if n in bad else f"row {n} {'z' * 80},{n}" for n in range(2, 70_000)]
@@ -618,7 +618,7 @@ def test_malformed_csv_rows_keep_their_numbers_across_blocks_and_beside_long_cel
 ])
 def test_a_quote_that_never_closes_stops_the_run_naming_its_record(tmp_path: Path, name: str, text: str) -> None:
     from gpu_prep.errors import InputError
-    from gpu_prep.sources import csv_rows
+    from gpu_prep.delimited import csv_rows
 
     path = tmp_path / name
     path.write_bytes(gzip.compress(text.encode()) if name.endswith(".gz") else text.encode())
@@ -663,7 +663,7 @@ def test_progress_counts_a_compressed_file_by_its_text(tmp_path: Path, fast_toke
 
 def test_a_csv_files_rows_carry_the_text_they_were_read_from(tmp_path: Path, fast_tokenizer: None) -> None:
     # So chunks of CSV close by size as JSON Lines chunks do, and progress has a share to show.
-    from gpu_prep.sources import csv_rows
+    from gpu_prep.delimited import csv_rows
 
     path = tmp_path / "qa.csv"
     with path.open("w", newline="", encoding="utf-8") as handle:
