@@ -563,7 +563,13 @@ def build_segments(record: dict[str, Any], config: PipelineConfig) -> Segments:
 
 
 def detect_schema(record: dict[str, Any], config: PipelineConfig) -> str | None:
-    """The input type a row's keys say it is (input.type "auto"), or None."""
+    """The input type a row's keys say it is (input.type "auto"), or None. Keys with a value count first: a
+    CSV's empty cells (every column is a key of every row) name no shape; where those name none, every key does."""
+    filled = {k: v for k, v in record.items() if v is not None and v != ""}
+    return _schema_of(filled, config) or (_schema_of(record, config) if len(filled) < len(record) else None)
+
+
+def _schema_of(record: dict[str, Any], config: PipelineConfig) -> str | None:
     inp = config.input
     if "input_ids" in record:
         return "pretokenized"

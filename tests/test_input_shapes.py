@@ -382,6 +382,30 @@ def test_auto_reads_messages_given_as_json_text(tmp_path: Path) -> None:
     assert manifest["totals"]["parse_report"]["messages_parsed_from_string"] == 3
 
 
+def test_auto_reads_a_csv_of_several_shapes_by_the_cells_that_hold_something(tmp_path: Path) -> None:
+    # Every column of a CSV is a key of every row, its empty cells "": they name no shape (an input_ids column
+    # made every row pre-tokenized, and dropped it as wrong_type). A row whose filled cells name none is
+    # read by its keys, as before (a text row of empty text is still a text row).
+    import csv
+
+    from gpu_prep.format import detect_schema
+
+    config = parse_config({"input": {"type": "auto"}})
+    assert detect_schema({"input_ids": "", "text": "hello"}, config) == "text"
+    assert detect_schema({"input_ids": None, "prompt": "p", "response": "r"}, config) == "instruction"
+    assert detect_schema({"text": ""}, config) == "text"
+    path = tmp_path / "mixed.csv"
+    chat = json.dumps([{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "hello there"}])
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerows([["messages", "text", "prompt", "response", "input_ids"], [chat, "", "", "", ""],
+                          ["", "just a document", "", "", ""], ["", "", "2+2?", "4", ""]])
+    manifest = run(parse_config({"input": {"type": "auto"}, "chat_template": "chatml",
+                                 "mask": {"assistant": "train", "response": "train"},
+                                 "preprocessing": {"min_chars": 0, "deduplicate": False}}), [str(path)], tmp_path / "out")
+    assert manifest["totals"]["rows_written"] == 3, manifest["dropped_examples"]
+
+
 def test_sharegpt_role_names_include_llama_factorys_and_stand_for_one_role_each() -> None:
     # LLaMA-Factory's sharegpt tags: a function_call turn is the assistant's tool call, observation its result.
     row = {"conversations": [{"from": "human", "value": "weather?"},
