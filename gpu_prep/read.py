@@ -293,8 +293,10 @@ def _parse_line(raw: bytes) -> tuple[Any, tuple[str, str, Any] | None]:
         try:
             raw.decode("utf-8")
         except UnicodeDecodeError as bad:  # say so plainly: the file may be in another encoding
+            # (the row is kept as its bytes: a rejects file gives them back, which text with U+FFFD could not)
             return None, (Drop.MALFORMED_JSON, f"not UTF-8: byte 0x{raw[bad.start]:02x} at column {bad.start + 1} "
-                          "(gpu-prep reads UTF-8, or UTF-16/32 with a BOM; convert the file, e.g. with iconv)", text)
+                          "(gpu-prep reads UTF-8, or UTF-16/32 with a BOM; convert the file, e.g. with iconv)",
+                          raw[:REJECT_TEXT_CHARS].rstrip(b"\r\n"))
         return None, (Drop.MALFORMED_JSON, f"not valid JSON: {exc}{_non_json_number(text, exc.pos)}", text)
 
 

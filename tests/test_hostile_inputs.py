@@ -563,3 +563,19 @@ def test_a_parquet_string_that_is_not_utf8_is_not_looked_for_in_the_files_bytes(
     with pytest.raises(InputError) as caught:
         _run(tmp_path, path, {**TEXT, "preprocessing": {"min_chars": 0}})
     assert "0xe9" in str(caught.value) and "iconv" not in str(caught.value), caught.value
+
+
+def test_a_rejected_line_that_is_not_utf8_keeps_its_bytes(tmp_path: Path) -> None:
+    # The rejects file is how dropped rows are got back: a latin-1 line is shown readable, and given back
+    # byte for byte (decoded with U+FFFD alone, it could not be re-encoded).
+    import base64
+
+    latin = '{"text": "café crème"}'.encode("latin-1")
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(b'{"text": "a good row"}\n' + latin + b"\r\n" + b'{"text": "another good row"}\n')
+    rejects = tmp_path / "rejects.jsonl"
+    manifest = _run(tmp_path, path, rejects=rejects)
+    assert manifest["totals"]["rows_written"] == 2
+    [entry] = [json.loads(line) for line in rejects.read_text(encoding="utf-8").splitlines()]
+    assert entry["line"] == 2 and entry["reason"] == "malformed_json" and "not UTF-8: byte 0xe9" in entry["detail"]
+    assert base64.b64decode(entry["row_base64"]) == latin and entry["row"] == '{"text": "caf\ufffd cr\ufffdme"}'

@@ -6,6 +6,7 @@ the pipeline to it.
 
 from __future__ import annotations
 
+import base64
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,6 +164,8 @@ class Accounting:
         if self.rejects is not None:
             entry = {"file": file.path, "line": line, **({"where": where} if where else {}), "reason": reason,
                      "detail": detail, "row": as_read(row)}
+            if isinstance(row, bytes):  # a line that is not UTF-8: readable, and its bytes as they were
+                entry.update(row=row.decode("utf-8", errors="replace"), row_base64=base64.b64encode(row).decode())
             with writing(Path(self.rejects.name)):
                 self.rejects.write(orjson.dumps(entry, default=repr) + b"\n")
             failpoint("rejects")
