@@ -584,3 +584,10 @@ def test_rows_that_need_the_missing_template_stop_the_run_before_overwrite_empti
     result = gpu_prep_cli("run", "-c", config, data, "-o", tmp_path / "out", "--overwrite", "--set", f"input.type={kind}")
     assert result.returncode == 2 and says in " ".join(result.stderr.split()), result.stderr
     assert sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "out").rglob("*")) == before
+    # a first line the run would drop (not JSON, not an object) says nothing either way: the run goes on
+    bad = tmp_path / "bad-first.jsonl"
+    bad.write_text("{not json\n" + '"a string"\n' + "".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    other = tmp_path / "other.jsonl"
+    other.write_text("{not json\n", encoding="utf-8")
+    result = gpu_prep_cli("run", "-c", config, other, bad, "-o", tmp_path / "bad", "--set", f"input.type={kind}")
+    assert result.returncode == 2 and says in " ".join(result.stderr.split()), result.stderr  # at bad's row 3

@@ -187,7 +187,9 @@ def first_rows_rendered(run: RunContext) -> None:
     if run.render.template is not None or not any(c.input.type == "auto" or c.input.type in PAIR_TYPES
                                                   for c in run.config.all_configs()):
         return
-    for index, _, record, _, _ in first_rows(run.files, [1] * len(run.files)):
+    for index, _, record, error, _ in first_rows(run.files, [1] * len(run.files)):
+        if error is not None or not isinstance(record, (dict, list)):  # a line the run drops as it is
+            continue
         config = run.sources.get(index, (run.config, None))[0]
         try:
             record = messages_row(record, config) if isinstance(record, list) else record
