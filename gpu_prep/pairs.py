@@ -54,13 +54,13 @@ def prompt_end(mask: np.ndarray) -> int:
     return int(trained[0]) if len(trained) else len(mask)
 
 
-def sequence_tokens(tokens_per_piece: np.ndarray, piece_offsets: np.ndarray, per_sequence: np.ndarray) -> np.ndarray:
-    """The tokens of each sequence of the rows, whose pieces (from piece_offsets) come per_sequence[row] to
-    a sequence (a standard pair's prefix is a piece of its own)."""
+def sequence_tokens(tokens_per_piece: np.ndarray, pieces_per_row: np.ndarray, sequences: int) -> np.ndarray:
+    """The tokens of each of the rows' sequences, `sequences` a row, each of as many of the row's pieces (a
+    standard pair's prefix is a piece of its own, before each sequence's text)."""
+    per_sequence = pieces_per_row // sequences
     if (per_sequence == 1).all():
         return tokens_per_piece
-    groups = np.repeat(per_sequence, np.diff(piece_offsets) // per_sequence)
-    return np.add.reduceat(tokens_per_piece, offsets_from_lengths(np, groups)[:-1])
+    return np.add.reduceat(tokens_per_piece, offsets_from_lengths(np, np.repeat(per_sequence, sequences))[:-1])
 
 
 def cut_pairs(masked: Masked, tokens_per_piece: np.ndarray, rules: Any, num_rows: int, differs: np.ndarray,

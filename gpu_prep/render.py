@@ -110,7 +110,6 @@ class RenderedRow:
     # A pair's prompt as the template renders it with its generation prompt does not begin prompt +
     # completion's rendering (Gemma 4's empty thought channel): counted as generation_prompt_differs.
     generation_prompt_differs: bool = False
-    sequence_pieces: int = 1  # a pair's pieces that make one of its sequences (a standard row's prefix apart)
 
     @property
     def labelled(self) -> bool:
@@ -609,8 +608,7 @@ def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
             num_bytes += size
     roles = ["chosen", "rejected"] if isinstance(pair, Pair) else ["desirable" if pair.label else "undesirable"]
     return RenderedRow(pieces, [False] * len(pieces), spans, num_bytes, span_roles=roles,
-                       label=pair.label if isinstance(pair, Unpaired) else None, generation_prompt_differs=differs,
-                       sequence_pieces=2 if prefix else 1)
+                       label=pair.label if isinstance(pair, Unpaired) else None, generation_prompt_differs=differs)
 
 
 def _completions_written(pair: Pair | Unpaired, wholes: list[str], start: int, ctx: RenderContext) -> None:

@@ -479,9 +479,8 @@ def mask_rows(run: RunContext, rendered: list[RenderedRow], tokens: Encoded) -> 
             name: backend.to_host(getattr(masked, name)) for name in ("ids", "offsets", "kept_rows", "no_trained_rows")})
         differs = np.fromiter((r.generation_prompt_differs for r in rendered), bool, num_rows)
         sides = 2 if run.config.input.type == "preference" else 1
-        per_sequence = np.fromiter((r.sequence_pieces for r in rendered), np.int64, num_rows)
-        samples, drops, counts, by_span = cut_pairs(host, sequence_tokens(tokens_per_piece, piece_offsets, per_sequence),
-                                                    rules, num_rows, differs, sides)
+        sequences = sequence_tokens(tokens_per_piece, np.diff(piece_offsets), sides + 1)  # each side, the prompt alone
+        samples, drops, counts, by_span = cut_pairs(host, sequences, rules, num_rows, differs, sides)
         labels = None if sides == 2 else np.array([rendered[r].label for r in samples.kept_rows.tolist()], np.int8)
         return MaskResult(samples, backend.to_host(valid), over, by_span, sides, drops, counts, labels)
     by_role = kept_span_tokens(xp, first, stop, span_offsets_d, offsets_d, limit, side, kept)
