@@ -39,12 +39,13 @@ from gpu_prep.run.checkpoint import Checkpointer, has_checkpoint, load_for_resum
 from gpu_prep.run.commit import Committer
 from gpu_prep.read import InputFile, LeftOut
 from gpu_prep.run.context import (Decisions, Options, RunContext, build_context, chat_turn_ends_documents,
-                                  check_unchanged, first_rows_rendered, run_inputs)
+                                  check_unchanged, run_inputs)
 from gpu_prep.run.local import run_chunks, run_here
 from gpu_prep.run.manifest import Outcome, build_manifest
 from gpu_prep.run.outdir import (MANIFEST, check_output, check_paths, check_rejects, output_lock, prepare_output,
                                  rejects_name, remove_partial_files)
 from gpu_prep.run.overlap import Stopwatch, deaf_to_ctrl_c, in_background
+from gpu_prep.run.stages import first_rows_formatted
 from gpu_prep.tokenizer import load_tokenizer
 
 __all__ = ["MANIFEST", "Options", "run"]
@@ -97,7 +98,7 @@ def _context(config: PipelineConfig, files: list[InputFile], datasets: Any, opti
     backend = CPU if options.cluster is not None else select_backend(device, config.gpu.rmm_pool_size, config.gpu.spill)
     run_ctx = build_context(config, tok, backend, files, datasets, options.workers, options.strict)
     Storage.from_config(config, run_ctx.render.vocab_size)  # refuses an output.token_dtype too narrow for the ids
-    first_rows_rendered(run_ctx)  # where the rows' shape says whether they need the chat template the run lacks
+    first_rows_formatted(run_ctx)  # where the rows' shape says whether they need the chat template the run lacks
     if options.warn is not None and (warning := chat_turn_ends_documents(config, tok, run_ctx.render.eod_text)):
         options.warn(warning)
     return run_ctx

@@ -15,14 +15,13 @@ import orjson
 
 from gpu_prep.affix import detect_affix
 from gpu_prep.backend import Backend
-from gpu_prep.builders import BuilderTokenizer, build_row
+from gpu_prep.builders import BuilderTokenizer
 from gpu_prep.chat_template import ChatTemplate
-from gpu_prep.config import PAIR_TYPES, PipelineConfig
+from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError, InputError
-from gpu_prep.format import (Conversation, Pair, RowError, Unpaired, auto_schema, columnar_schema, messages_row,
-                             registered)
+from gpu_prep.format import columnar_schema
 from gpu_prep.mix import HANDLERS, Dataset, with_tokenizer
-from gpu_prep.read import Columnar, InputFile, LeftOut, ReadAs, check_columns, expand_inputs, first_rows
+from gpu_prep.read import Columnar, InputFile, LeftOut, ReadAs, check_columns, expand_inputs
 from gpu_prep.sources import hub_dataset
 from gpu_prep.render import RenderContext, no_template
 from gpu_prep.templates import resolve_template
@@ -177,30 +176,6 @@ def _template_needed(config: PipelineConfig) -> str | None:
         if c.input.type == "alpaca" and c.input.alpaca_render == "chat_template":
             return "alpaca rows (input.alpaca_render: chat_template)"
     return None
-
-
-def first_rows_rendered(run: RunContext) -> None:
-    """Where the run has no chat template and the rows' own shape says whether they need one (input.type
-    auto, preference rows), the first row of each input is built now: a conversation among them stops the run
-    before the output directory is touched (a --overwrite run keeps its previous output), not mid-run. Rows
-    further on can still be conversations; those stop the run when they come."""
-    if run.render.template is not None or not any(c.input.type == "auto" or c.input.type in PAIR_TYPES
-                                                  for c in run.config.all_configs()):
-        return
-    for index, _, record, error, _ in first_rows(run.files, [1] * len(run.files)):
-        if error is not None or not isinstance(record, (dict, list)):  # a line the run drops as it is
-            continue
-        config = run.sources.get(index, (run.config, None))[0]
-        try:
-            record = messages_row(record, config) if isinstance(record, list) else record
-            kind = auto_schema(record, config) if config.input.type == "auto" else config.input.type
-            shape = build_row(kind, record, config, run.builder_tokenizer if registered(kind).takes_tokenizer else None)
-        except RowError:  # a row the run drops: it needs no template
-            continue
-        if isinstance(shape, Conversation):
-            raise no_template("chat rows", run.render.template_source)
-        if isinstance(shape, (Pair, Unpaired)) and shape.conversational:
-            raise no_template("conversational preference rows", run.render.template_source, "name one with chat_template")
 
 
 def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:

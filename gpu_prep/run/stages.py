@@ -34,8 +34,8 @@ from gpu_prep.mask import (Masked, contiguous_places, kept_span_tokens, mask_fro
                            span_tokens, truncate_and_filter)
 from gpu_prep.pairs import cut_pairs, sequence_tokens
 from gpu_prep.ragged import offsets_from_lengths
-from gpu_prep.read import RawChunk
-from gpu_prep.render import RenderContext, RenderedRow, affix_disagreement, render_row
+from gpu_prep.read import RawChunk, first_rows, read_chunks
+from gpu_prep.render import RenderContext, RenderedRow, affix_disagreement, no_template, render_row
 from gpu_prep.run.context import Decisions, RunContext, Sources
 from gpu_prep.run.overlap import Stopwatch, overlapped
 from gpu_prep.splits import split_codes
@@ -186,6 +186,24 @@ def format_rows(chunk: RawChunk, base: PipelineConfig, sources: Sources | None =
         out.rows.domain.append(domain)
         out.rows.payload.append(shape)
     return out
+
+
+def first_rows_formatted(run: RunContext) -> None:
+    """Where the run has no chat template and the rows' own shape says whether they need one (input.type
+    auto, preference rows), the first row of each input is formatted now, as the run formats it: a
+    conversation among them stops the run before the output directory is touched (a --overwrite run keeps its
+    previous output), not mid-run. Rows further on can still be conversations; those stop the run when they
+    come."""
+    if run.render.template is not None or not any(c.input.type == "auto" or c.input.type in PAIR_TYPES
+                                                  for c in run.config.all_configs()):
+        return
+    for chunk in read_chunks(run.files, len(run.files), rows=first_rows(run.files, [1] * len(run.files))):
+        for shape in format_rows(chunk, run.config, run.sources, run.builder_tokenizer).rows.payload:
+            if isinstance(shape, Conversation):
+                raise no_template("chat rows", run.render.template_source)
+            if isinstance(shape, (Pair, Unpaired)) and shape.conversational:
+                raise no_template("conversational preference rows", run.render.template_source,
+                                  "name one with chat_template")
 
 
 # ---------------------------------------------------------------- filter
