@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_prep.backend import ReadGroups
-from gpu_prep.errors import ConfigError, InputError
+from gpu_prep.errors import ConfigError, Drop, InputError
 
 TEXT_FORMATS = ("jsonl", "json", "csv", "tsv", "txt")
 FORMATS = (*TEXT_FORMATS, "parquet", "arrow", "feather")
@@ -583,8 +583,6 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
     that are not UTF-8 stop the file (never replaced: that would change the text silently) with a NotUtf8
     naming the element they are in, once the elements before them are read; a character cut by the file's
     end is not such bytes: only a cut element can hold it."""
-    from gpu_prep.errors import Drop
-
     finder = json.JSONDecoder()
     decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
     with open_bytes(path, compression, encoding) as handle:
@@ -708,8 +706,6 @@ def _ends_early(exc: json.JSONDecodeError, text: str) -> bool:
 
 def _goes_on(path: str, problem: str, rest: str, fix: str) -> Exception:
     """The rows after this point could only be lost (not read, not counted): the run stops, saying so."""
-    from gpu_prep.errors import InputError
-
     return InputError(f"{path}: {problem}, where the file goes on with {rest!r}; the rows after it would be "
                       f"lost, so the run stops ({fix})")
 
@@ -790,8 +786,6 @@ def _reading_group(path: str, group: int) -> Iterator[None]:
     field, as Polars and pandas write categoricals: "Nested data conversions not implemented for chunked
     array outputs")."""
     import pyarrow as pa
-
-    from gpu_prep.errors import InputError
 
     try:
         yield
