@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -461,10 +462,15 @@ def main() -> None:
     and collect every object one last time, about 0.1 s of a run that has nothing left to do."""
     gc.set_threshold(100_000, 50, 100)
     try:
-        app()
-        code: Any = 0
-    except SystemExit as exc:
-        code = exc.code
+        try:
+            app()
+            code: Any = 0
+        except SystemExit as exc:
+            code = exc.code
+        finally:  # the command is over (an interrupted one has said how to resume): Ctrl-C again changes nothing
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except KeyboardInterrupt:  # pressed again while it was ending, before the line above: no traceback either
+        code = 130
     if not isinstance(code, int):  # SystemExit("message"): printed, and status 1, as the interpreter does
         if code is not None:
             print(code, file=sys.stderr)
