@@ -133,6 +133,20 @@ def _render_with_prompt(template: ChatTemplate, messages: list[dict], conv: Conv
         return None
 
 
+def closing_text(template: ChatTemplate, conv: Conversation, i: int) -> str | None:
+    """What the template writes after message i's content when the conversation ends with that message (no
+    generation prompt): the rest of its turn, where no end-of-turn token closes it (Mistral's `[/INST]`
+    after a user, `, "call_id": ...}[/TOOL_RESULTS]` after a tool result). None where the content is not
+    written (a call written alone) or the template refuses the shortened conversation."""
+    messages = conv.messages[:i] + [{**conv.messages[i], "content": SENTINEL.format(0)}]
+    try:
+        text = template.render(messages, conv.tools, conv.documents)
+    except jinja2.exceptions.TemplateError:
+        return None
+    found = list(SENTINEL_RE.finditer(text))
+    return text[found[-1].end():] if len(found) == 1 else None
+
+
 def _place_empty(real: str, with_every: str, regions: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
     """Empty regions for the empty contents of a template that writes them differently (Qwen3 starts a
     tool call on a new line only after some content): an empty content sits where the text the template

@@ -33,7 +33,7 @@ from gpu_prep.chat_template import row_limits
 from gpu_prep.config import TEMPLATE_ROLES
 from gpu_prep.errors import ConfigError, Drop
 from gpu_prep.format import Conversation, Pair, RowError, Segments, Shape, Tokens, Unpaired
-from gpu_prep.locate import locate_contents, render_marked, render_text
+from gpu_prep.locate import closing_text, locate_contents, render_marked, render_text
 
 if TYPE_CHECKING:
     from gpu_prep.chat_template import ChatTemplate
@@ -131,22 +131,33 @@ def _after_eot(text: str, eot: re.Pattern[str], last: bool) -> int | None:
     return end + len(text[end:]) - len(text[end:].lstrip("\n"))
 
 
-def _turn_spans(real: str, regions: list[tuple[int, int, int]], roles: list[str], ctx: RenderContext) -> list[tuple[int, int, str | bool]]:
-    """Whole turns: each turn runs from the end of the previous turn's end-of-turn token (or, with none, from
-    the end of its content) to the same point of its own, so headers belong to their own turn and text
-    before the first header (BOS, an injected default system prompt) to none."""
+def _turn_spans(real: str, regions: list[tuple[int, int, int]], labels: list[str | bool], roles: list[str],
+                ctx: RenderContext, closing: Callable[[int], str | None]) -> list[tuple[int, int, str | bool]]:
+    """Whole turns: each turn runs from the end of the previous turn's end-of-turn token to the same point of
+    its own, so headers belong to their own turn and text before the first header (BOS, an injected default
+    system prompt) to none. Where no end-of-turn token follows a message, its turn runs on through what the
+    template writes after its content when it is the last message (`closing`: Mistral's `[/INST]`, its
+    tool result's `[/TOOL_RESULTS]`), as the model's own encoder cuts turns; else it ends with its content."""
     eot = ctx.eot_pattern()
     head = real[: regions[0][1]]
     first = _after_eot(head, eot, last=True)
     if first is None:
         first = len(ctx.prefix_text) if ctx.prefix_text and head.startswith(ctx.prefix_text) else 0
     bounds = [first]
-    for (_, _, prev_end), (_, start, _) in pairwise(regions):
+    seen: dict[str, str] = {}  # a role's closing text, as a rendering showed it: tried before rendering again
+    for (i, _, prev_end), (_, start, _) in pairwise(regions):
         after = _after_eot(real[prev_end:start], eot, last=True)
+        if after is None:
+            tail = seen.get(roles[i])
+            if not (tail and real.startswith(tail, prev_end)):
+                tail = closing(i)
+            if tail and real.startswith(tail, prev_end) and prev_end + len(tail) <= start:
+                seen[roles[i]] = tail
+                after = len(tail)
         bounds.append(prev_end + (after or 0))
     last_end = regions[-1][2]
     bounds.append(last_end + (_after_eot(real[last_end:], eot, last=False) or 0))
-    return [(a, b, roles[i]) for (i, _, _), a, b in zip(regions, bounds, bounds[1:])]
+    return [(a, b, labels[i]) for (i, _, _), a, b in zip(regions, bounds, bounds[1:])]
 
 
 def no_template(rows: str, source: Chosen | None, fix: str = NO_TEMPLATE_FIX) -> ConfigError:
@@ -188,7 +199,7 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
         spans = _generation_spans(real, generated, regions, labels, conv, ctx)
         return real, spans, left_out, _unmarked(spans, regions, labels, roles, conv, ctx)
     if ctx.config.input.mask_scope == "turn":  # one span per region, in order
-        turns = _turn_spans(real, regions, labels, ctx)
+        turns = _turn_spans(real, regions, labels, roles, ctx, functools.partial(closing_text, template, conv))
         return real, [(a, b, label, roles[i]) for (a, b, label), (i, _, _) in zip(turns, regions)], left_out, ()
     # A trained content runs on to the end-of-turn token that closes it: what the template writes between
     # them (tool calls, a space) is the same turn's output. train_on_eos says which turns' end-of-turn

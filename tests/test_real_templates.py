@@ -303,3 +303,43 @@ def test_an_agents_call_turns_are_placed_without_rendering_each_prefix(tmp_path:
     row = tool_call_rows("llama3.1")[-1]
     rendered = render_row(Conversation(row["messages"], tools=row["tools"]), ctx)
     assert len(rendered.spans) == 6 and len(renders) == 2  # once after the user, once after a tool result
+
+
+def test_turn_scope_gives_a_turn_the_markup_that_closes_it_where_no_end_of_turn_token_does(tmp_path: Path) -> None:
+    # Mistral v0.3 writes no end-of-turn token after a user message ([INST] ... [/INST]) or a tool result
+    # ([TOOL_RESULTS] ... [/TOOL_RESULTS]); mistral-common encodes that markup as part of the message it
+    # closes. Under mask_scope turn each assistant turn is then what follows it, through </s>: the tool
+    # result's JSON tail and [/TOOL_RESULTS] are not trained (they were, as the start of the answer's turn).
+    # The second row places [AVAILABLE_TOOLS] before its last user message only, so the rendering of a
+    # shorter conversation is no prefix of the row's: the first [/INST] must close its user turn all the same.
+    import re
+
+    case = CASES["mistral"]
+    directory = tokenizer_dir(case, tmp_path / "tokenizer")
+    tok = hf(directory)
+    call = {"id": "call00001", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    two_users = [{"role": "user", "content": "Hello there."}, {"role": "assistant", "content": "Hi! How can I help?"},
+                 {"role": "user", "content": "Weather in Paris?"},
+                 {"role": "assistant", "content": None, "tool_calls": [call]},
+                 {"role": "tool", "tool_call_id": "call00001", "content": '{"temp": 18, "sky": "clear"}'},
+                 {"role": "assistant", "content": "It is 18 degrees and clear."}]
+    rows = [tool_call_rows("mistral")[0], {"messages": two_users, "tools": TOOLS}]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    config = parse_config({"tokenizer": str(directory), "input": {"type": "chat", "mask_scope": "turn"},
+                           "mask": {"assistant": "train"}, "preprocessing": {"deduplicate": False}})
+    manifest = run(config, [str(data)], tmp_path / "out", Options())
+    assert manifest["totals"]["rows_written"] == 2
+    for row, (ids, mask) in zip(rows, gpu_prep.open_dataset(tmp_path / "out")["__default__"]):
+        text = tok.apply_chat_template(row["messages"], tools=row["tools"], tokenize=False)
+        want = re.findall(r"(?:\[/INST\]|\[/TOOL_RESULTS\])(.*?</s>)", text, flags=re.S)
+        assert len(want) == sum(m["role"] == "assistant" for m in row["messages"])
+        runs, current = [], []
+        for token, trained in zip(ids.tolist(), mask.tolist()):
+            if trained:
+                current.append(token)
+            elif current:
+                runs.append(current)
+                current = []
+        runs += [current] if current else []
+        assert [tok.decode(r) for r in runs] == want
