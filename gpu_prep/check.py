@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_prep.builders import BuilderTokenizer, build_row
+from gpu_prep.builders import BuilderTokenizer
 from gpu_prep.config import PAIR_TYPES, TEMPLATE_ROLES, PipelineConfig
 from gpu_prep.errors import Drop
-from gpu_prep.format import Conversation, RowError, detect_schema, messages_row, registered
+from gpu_prep.format import Conversation, detect_schema, registered
 from gpu_prep.mix import config_rows
 from gpu_prep.read import LeftOut, first_rows, read_chunks, sample_shares
-from gpu_prep.run.context import DEFAULT_TOKENIZER, run_inputs
+from gpu_prep.run.context import DEFAULT_TOKENIZER, dataset_sources, run_inputs
+from gpu_prep.run.stages import format_rows
 from gpu_prep.tokenizer import load_tokenizer
 
 
@@ -49,37 +50,32 @@ def check_sample(config: PipelineConfig, inputs: list[str], sample: int) -> Samp
     left_out = LeftOut()
     files, datasets = run_inputs(config, inputs, left_out)
     report.warnings.extend(left_out.warnings())
-    # Each file's rows are built with its dataset's own config, in the order the run takes them (a mix's,
-    # with the datasets' data handlers run), so the sample is the sample run's.
-    own = {f.index: config.dataset_config(k) for k, d in enumerate(datasets or []) for f in d.files}
-    tokenizers: dict[str, BuilderTokenizer | None] = {}
+    # Each file's rows are built as the run builds them (stages.format_rows), with its dataset's own config,
+    # in the order the run takes them (a mix's, with the datasets' data handlers run), so the sample is the
+    # sample run's.
+    sources = dataset_sources(config, datasets) if datasets else {}
+    takes = any(registered(c.input.type).takes_tokenizer for c in config.all_configs() if c.input.type != "auto")
+    tokenizer = _builder_tokenizer(config) if takes else None
     rows = config_rows(config, datasets)
     if rows is None:  # the inputs in order: the first rows of each (a mix: its first rows, in its order)
         report.shares = sample_shares(files, sample)
         rows, sample = first_rows(files, report.shares), sum(report.shares)
     report.sample = sample
     for chunk in read_chunks(files, 256, max_items=sample, rows=rows):
-        for i, (record, error) in enumerate(zip(chunk.records, (chunk.errors.get(i) for i in range(len(chunk))))):
-            report.rows += 1
-            if record is None or error is not None:
+        report.rows += len(chunk)
+        formatted = format_rows(chunk, config, sources, tokenizer)
+        for drop in formatted.drops:
+            # Lines that are no row (not JSON, say) are the sample run's to report; a builder's own choice
+            # to skip a row is no row it cannot read.
+            if chunk.records[drop.row] is None or drop.row in chunk.errors or drop.reason == Drop.SKIPPED_BY_BUILDER:
                 continue
-            cfg = own.get(chunk.file_index[i], config)
-            kind = cfg.input.type
-            try:
-                record = messages_row(record, cfg) if isinstance(record, list) else record  # as the run reads it
-                if kind == "auto":
-                    kind = detect_schema(record, cfg) or "chat"
-                elif kind not in tokenizers:
-                    tokenizers[kind] = _builder_tokenizer(cfg) if registered(kind).takes_tokenizer else None
-                shape = build_row(kind, record, cfg, tokenizers.get(kind))
-            except RowError as exc:
-                if exc.reason == Drop.SKIPPED_BY_BUILDER:  # the builder's choice, not a row it cannot read
-                    continue
-                report.failed[exc.reason] += 1
-                report.first_failure.setdefault(exc.reason, exc.detail)
-                report.failed_type.setdefault(exc.reason, cfg.input.type)
-                report.suggested[detect_schema(record, cfg) if isinstance(record, dict) else None] += 1
-                continue
+            cfg = sources.get(chunk.file_index[drop.row], (config, None))[0]
+            report.failed[drop.reason] += 1
+            report.first_failure.setdefault(drop.reason, drop.detail)
+            report.failed_type.setdefault(drop.reason, cfg.input.type)
+            record = drop.record
+            report.suggested[detect_schema(record, cfg) if isinstance(record, dict) else None] += 1
+        for shape in formatted.rows.payload:
             if isinstance(shape, Conversation):
                 report.roles.update(m["role"] for m in shape.messages)
     _judge(config, report)
