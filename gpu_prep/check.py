@@ -106,11 +106,6 @@ def _judge(config: PipelineConfig, report: SampleReport) -> None:
     for key, role in named:
         if role in report.roles or role in ("prompt", "response"):
             continue
-        mapped = config.input.role_names.get(role)
-        if mapped is not None:  # ShareGPT's gpt: the rules see the role it is mapped to
-            report.errors.append(f"{key}: the rules name roles as input.roles maps them, and it maps {role!r} to "
-                                 f"{mapped!r}: write {mapped!r}")
-            continue
         close = difflib.get_close_matches(role, sorted(known), n=1, cutoff=0.6)
         if close and close[0] not in {r for _, r in named}:
             report.errors.append(f"{key}: no message of the sample has role {role!r}; did you mean "

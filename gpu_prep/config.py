@@ -603,6 +603,27 @@ class PipelineConfig(_Frozen):
         return self
 
     @model_validator(mode="after")
+    def _rules_name_mapped_roles(self) -> PipelineConfig:
+        """A mask rule or roles_to_train entry naming a row role that input.roles maps to another role would
+        never apply (the rules see messages as mapped: ShareGPT's gpt is assistant): refused, saying which to
+        write."""
+        names = self.input.role_names
+        named = [(f"mask.{role}", role) for role in self.mask] + \
+            [(f"input.roles_to_train: {role}", role) for role in self.input.roles_to_train]
+        for key, role in named:
+            mapped = names.get(role, role)
+            if mapped == role:
+                continue
+            if mapped == TOOL_CALL_ROLE:
+                raise ValueError(f"{key}: input.roles lists {role!r} under tool_call: such a turn becomes the tool calls "
+                                 "of an assistant message, the assistant's output, trained by the assistant's rule (a "
+                                 f"message's own {self.input.message_training_key or 'training'!r} flag can leave one "
+                                 "out); no rule names them apart")
+            raise ValueError(f"{key}: the rules name roles as input.roles maps them, and it maps the row role {role!r} "
+                             f"to {mapped!r}: write {mapped!r}")
+        return self
+
+    @model_validator(mode="after")
     def _split_text_only(self) -> PipelineConfig:
         others = self.input_types() - TEXT_TYPES
         if self.preprocessing.truncation == "split" and others:
