@@ -97,7 +97,8 @@ def _place_tool_turns(real: str, conv: Conversation, template: ChatTemplate,
     """Empty regions for assistant turns that call tools where the template writes their calls in a
     branch that never writes the content (Llama 3.1, Mistral: a call alone, or the call without the text
     beside it): such a turn starts where the rendering of the messages before it, with the generation
-    prompt (the assistant's header), ends, when the real rendering starts with that text. From there the
+    prompt (the assistant's header), ends, when the real rendering starts with that text (else that of the
+    messages before it the real rendering wrote something of). From there the
     turn's text runs on to its end-of-turn token, as any trained content does. A turn that cannot be placed
     so stays without a region; either way a content not written is reported as left out."""
     located = {i for i, _, _ in regions}
@@ -117,6 +118,12 @@ def _place_tool_turns(real: str, conv: Conversation, template: ChatTemplate,
             placed.append((i, before + len(known), before + len(known)))
             continue
         header = _render_with_prompt(template, conv.messages[:i], conv)
+        if header is None or not real.startswith(header):
+            # Without the messages the whole rendering wrote nothing of: Mistral v0.3 writes a system message
+            # into the last user turn only when the conversation ends there, as a prefix before a call does.
+            written = {j for j, _, _ in placed}
+            kept = [m for j, m in enumerate(conv.messages[:i]) if j in written]
+            header = _render_with_prompt(template, kept, conv) if len(kept) < i else None
         if header is not None and real.startswith(header) and before <= len(header) <= after:
             placed.append((i, len(header), len(header)))
             if previous is not None and len(header) > before:

@@ -343,3 +343,26 @@ def test_turn_scope_gives_a_turn_the_markup_that_closes_it_where_no_end_of_turn_
                 current = []
         runs += [current] if current else []
         assert [tok.decode(r) for r in runs] == want
+
+
+def test_a_call_turn_is_placed_where_the_template_drops_a_system_message(tmp_path: Path) -> None:
+    # Mistral v0.3 writes a system message only into a last user turn: a row that ends with an answer renders
+    # as if it had none, but the rendering of the turns before a call (ending with the user) holds it, so it
+    # was no prefix of the row's and the call was left untrained. Placed without the messages the row's
+    # rendering left out, the row trains what the same row without a system message trains.
+    case = CASES["mistral"]
+    directory = tokenizer_dir(case, tmp_path / "tokenizer")
+    call = [{"id": "call00001", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
+    turns = [{"role": "user", "content": "Weather in Paris?"},
+             {"role": "assistant", "content": "Let me check.", "tool_calls": call},
+             {"role": "tool", "tool_call_id": "call00001", "content": '{"temp": 21}'},
+             {"role": "assistant", "content": "It is 21 degrees."}]
+    rows = [{"messages": [{"role": "system", "content": "You are an agent."}, *turns], "tools": TOOLS},
+            {"messages": turns, "tools": TOOLS}]
+    manifest, samples = run_gpu_prep(directory, rows, tmp_path, False)
+    (with_system, with_mask), (without, without_mask) = samples
+    assert with_system.tolist() == without.tolist()  # the template wrote no system message
+    assert with_mask.tolist() == without_mask.tolist()
+    trained = hf(directory).decode(with_system[with_mask.astype(bool)])
+    assert trained.startswith('[TOOL_CALLS] [{"name": "get_weather"') and trained.endswith(" It is 21 degrees.</s>")
+    assert manifest["totals"]["messages_left_out_by_template"] == {"assistant": 2, "system": 1}
