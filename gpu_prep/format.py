@@ -114,6 +114,7 @@ class Pair(_Preference):
     chosen: list[dict[str, Any]] | str
     rejected: list[dict[str, Any]] | str
     tools: list[Any] | None = None
+    notes: tuple[str, ...] = ()  # what building the row did, for the parse report (as Conversation.notes)
 
     @property
     def completions(self) -> list[list[dict[str, Any]] | str]:
@@ -128,6 +129,7 @@ class Unpaired(_Preference):
     completion: list[dict[str, Any]] | str
     label: bool
     tools: list[Any] | None = None
+    notes: tuple[str, ...] = ()
 
     @property
     def completions(self) -> list[list[dict[str, Any]] | str]:
@@ -649,8 +651,8 @@ def build_preference(record: dict[str, Any], config: PipelineConfig) -> Pair:
         raise RowError(Drop.EMPTY, f"field {empty!r} has nothing past the prompt")
     for key, completion in ((inp.chosen_key, chosen), (inp.rejected_key, rejected)):
         _opens_with_reply(key, completion, given)
-    tools, _ = _tools(record)
-    return Pair(prompt, chosen, rejected, tools)
+    prompt, tools, notes = _prompt_context(record, prompt, config)
+    return Pair(prompt, chosen, rejected, tools, notes)
 
 
 @register("kto")
@@ -672,8 +674,19 @@ def build_kto(record: dict[str, Any], config: PipelineConfig) -> Unpaired:
     if not isinstance(label, bool) and label not in (0, 1):
         raise RowError(Drop.WRONG_TYPE, f"field {inp.label_key!r} must be true or false, got {label!r}")
     _opens_with_reply(inp.completion_key, completion, True)
-    tools, _ = _tools(record)
-    return Unpaired(prompt, completion, bool(label), tools)
+    prompt, tools, notes = _prompt_context(record, prompt, config)
+    return Unpaired(prompt, completion, bool(label), tools, notes)
+
+
+def _prompt_context(record: dict[str, Any], prompt: list[dict[str, Any]] | str, config: PipelineConfig
+                    ) -> tuple[list[dict[str, Any]] | str, list[Any] | None, tuple[str, ...]]:
+    """A preference row's prompt, opened by the row's system prompt field (input.field_system) as a chat
+    row's messages are where it is messages, the row's tools, and the notes of both."""
+    notes: list[str] = []
+    if isinstance(prompt, list):
+        prompt = _with_system_field(record, prompt, config, notes)
+    tools, parsed = _tools(record)
+    return prompt, tools, (*notes, *["tools_parsed_from_string"] * parsed)
 
 
 def _opens_with_reply(key: str, completion: list[dict[str, Any]] | str, given: bool) -> None:

@@ -21,6 +21,7 @@ from reference import CHATML_WITH_GENERATION, hf_tokenizer, write_tokenizer_dir
 
 import gpu_prep
 from corpora import sharegpt_chats
+from gpu_prep.bundled import bundled_tokenizer_dir
 from gpu_prep.config import parse_config
 from gpu_prep.errors import ConfigError
 
@@ -494,3 +495,24 @@ def test_llama_factorys_ranking_rows_one_message_each_and_unmapped_roles_named(t
     assert totals["parse_report"]["unknown_roles"] == {"gpt": 4, "human": 2}
     detail = json.loads(rejects.read_text().splitlines()[0])["detail"]
     assert "wrote nothing of the completion in field 'chosen'" in detail and "its role 'gpt' is not one of" in detail
+
+
+@pytest.mark.parametrize("kind", ["preference", "kto"])
+def test_a_rows_system_field_opens_its_prompt_as_a_chat_rows_does(tmp_path: Path, kind: str) -> None:
+    # LLaMA-Factory's ranking rows carry the system prompt in a `system` column (input.field_system, as chat
+    # and sharegpt rows read it); preference and KTO rows rendered the template's default system prompt instead.
+    from transformers import AutoTokenizer
+
+    prompt = [{"role": "user", "content": "Capital of Italy?"}]
+    answers = {"chosen": [{"role": "assistant", "content": "Rome."}], "rejected": [{"role": "assistant", "content": "Milan."}]}
+    row = {"prompt": prompt, "system": "You are terse.", "tools": '[{"type": "function", "function": {"name": "f"}}]',
+           **(answers if kind == "preference" else {"completion": answers["chosen"], "label": True})}
+    own = {**row, "prompt": [{"role": "system", "content": "Be kind."}, *prompt]}  # its own system message wins
+    out = run_rows(tmp_path, _config("qwen2.5", input={"type": kind}), [row, own])
+    hf = AutoTokenizer.from_pretrained(str(bundled_tokenizer_dir("qwen2.5")))
+    first, second = (hf.decode(r["prompt_ids"]) for r in _table(out))
+    assert first.startswith("<|im_start|>system\nYou are terse.") and '"name": "f"' in first
+    assert second.startswith("<|im_start|>system\nBe kind.") and "You are terse." not in second
+    report = json.loads((out / "manifest.json").read_text())["totals"]["parse_report"]
+    assert report["system_from_field"] == 1 and report["system_field_not_used"] == 1
+    assert report["rows_with_tools"] == 2 and report["tools_parsed_from_string"] == 2

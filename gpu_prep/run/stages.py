@@ -179,9 +179,11 @@ def format_rows(chunk: RawChunk, base: PipelineConfig, sources: Sources | None =
             # never dropped silently: see messages_left_out_by_template).
             out.notes.update(["rows_with_tools"] * bool(shape.tools) + list(shape.notes))
             out.notes.update(f"unknown_role:{m['role']}" for m in shape.messages if m["role"] not in KNOWN_ROLES)
-        elif isinstance(shape, (Pair, Unpaired)) and shape.conversational:
-            out.notes.update(f"unknown_role:{m['role']}" for part in (shape.prompt, *shape.completions)
-                             for m in part if m["role"] not in KNOWN_ROLES)
+        elif isinstance(shape, (Pair, Unpaired)):
+            out.notes.update(["rows_with_tools"] * bool(shape.tools) + list(shape.notes))
+            if shape.conversational:
+                out.notes.update(f"unknown_role:{m['role']}" for part in (shape.prompt, *shape.completions)
+                                 for m in part if m["role"] not in KNOWN_ROLES)
         out.rows.index.append(i)
         out.rows.domain.append(domain)
         out.rows.payload.append(shape)
