@@ -150,14 +150,16 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
             found = remote_files(pattern)
         elif os.path.isdir(pattern):
             found = dataset_folder_files(Path(pattern), how.split)
-            if found is None and how.split is not None:
-                raise ConfigError(_no_split(pattern, how.split, "this folder has"))
             if found is None:
-                found, unread = folder_files(Path(pattern), how.builder)
+                found, unread, inner = folder_files(Path(pattern), how.builder, how.split)
+                if how.split is not None and not inner:
+                    raise ConfigError(_no_split(pattern, how.split, "this folder has"))
                 if not found:
                     raise ConfigError(_nothing_read(pattern, unread))
                 if unread:
                     left_out.files[pattern] = unread
+                if how.split is None:  # the default split read from each datasets folder in it
+                    left_out.splits.update((where, (chosen, others)) for where, (chosen, others) in inner.items() if others)
             elif how.split is None and len(splits := split_names(Path(pattern))) > 1:  # the default split read
                 chosen = default_split(splits)
                 left_out.splits[pattern] = (chosen, [s for s in splits if s != chosen])
@@ -195,20 +197,39 @@ DELIMITERS = {"csv": ",", "tsv": "\t"}  # of the CSV and TSV layouts
 _DATASETS_METADATA = frozenset({"dataset_info.json", "state.json", "dataset_dict.json"})
 
 
-def folder_files(folder: Path, builder: str | None = None) -> tuple[list[str], list[str]]:
+def folder_files(folder: Path, builder: str | None = None, split: str | None = None
+                 ) -> tuple[list[str], list[str], dict[str, tuple[str, list[str]]]]:
     """The files of a folder (and the folders in it) that gpu-prep reads, sorted, and those it leaves out,
     their names saying no format it reads (with a builder, such files are read as its format). Neither
     holds hidden files or those under hidden folders (.ipynb_checkpoints, .git), nor, in a folder the
-    datasets library wrote (a dataset_info.json beside the files), its metadata or cache-*.arrow files."""
-    read, left_out = [], []
-    for path in folder.rglob("*"):
-        if any(part.startswith(".") for part in path.relative_to(folder).parts) or not path.is_file():
+    datasets library wrote (a dataset_info.json beside the files), its metadata or cache-*.arrow files. A
+    folder in it that the datasets library wrote (a DatasetDict, a save_to_disk folder, a cache folder of
+    several splits) is read as it is when given itself: one split's Arrow files (split, else train or the
+    only one); by such folder, the split read and the others it holds."""
+    read, left_out, splits = [], [], {}
+    taken: list[Path] = []  # datasets folders read whole, as one split: nothing under them is read again
+    for path in sorted(folder.rglob("*")):
+        if any(part.startswith(".") for part in path.relative_to(folder).parts):
+            continue
+        if taken and path.is_relative_to(taken[-1]):
+            continue
+        if path.is_dir():
+            found = dataset_folder_files(path, split)
+            if found is not None:
+                taken.append(path)
+                read.extend(found)
+                names = split_names(path)
+                if names:
+                    chosen = split or default_split(names)
+                    splits[str(path)] = (chosen, [n for n in names if n != chosen])
+            continue
+        if not path.is_file():
             continue
         if (path.parent / "dataset_info.json").is_file() and (
                 path.name in _DATASETS_METADATA or (path.name.startswith("cache-") and path.suffix == ".arrow")):
             continue
         (read if builder or split_name(str(path))[0] else left_out).append(str(path))
-    return sorted(read), sorted(left_out)
+    return sorted(read), sorted(left_out), splits
 
 
 def _no_split(pattern: str, split: str, which: str) -> str:

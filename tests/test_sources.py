@@ -248,6 +248,32 @@ def test_a_datasets_cache_folder_reads_one_split_not_all(tmp_path: Path) -> None
         run(parse_config({**config, "input": {"type": "text", "split": "dev"}}), [str(folder)], tmp_path / "o-dev")
 
 
+def test_datasets_folders_inside_a_folder_read_one_split_each(tmp_path: Path) -> None:
+    # A project folder holding a DatasetDict and a load_dataset cache root (and a file of its own): each
+    # datasets folder in it is read as when given itself, train by default, the splits left named in the
+    # manifest. It used to be read file by file: the test split into the training shards with no word, and
+    # dataset_dict.json dropped as a row.
+    datasets = pytest.importorskip("datasets")
+    project = tmp_path / "project"
+    _dataset_dict(text_rows(), project)
+    files = {name: str(write_jsonl(tmp_path / f"{name}.jsonl", [{"text": f"{name} document {i}"} for i in range(n)]))
+             for name, n in (("train", 5), ("test", 3))}
+    cache = Path(datasets.load_dataset("json", data_files=files, cache_dir=str(project / "cache"))["train"]
+                 .cache_files[0]["filename"]).parent
+    write_jsonl(project / "extra.jsonl", [{"text": "a document of its own"}])
+    config = {"input": {"type": "text"}, "preprocessing": {"min_chars": 1, "deduplicate": False}}
+    got = run(parse_config(config), [str(project)], tmp_path / "out")
+    read = {Path(i["path"]).relative_to(project).as_posix(): i["rows_read"] for i in got["inputs"]}
+    assert {k: v for k, v in read.items() if not k.startswith("cache/")} == {
+        "dict/train/data-00000-of-00001.arrow": len(text_rows()), "extra.jsonl": 1}
+    assert [v for k, v in read.items() if k.startswith("cache/")] == [5] and got["totals"]["rows_written"] == sum(read.values())
+    assert {k: v for k, v in got["inputs_left_out"].items() if "files" not in v} == {
+        str(project / "dict"): {"split_read": "train", "splits_not_read": ["test"]},
+        str(cache): {"split_read": "train", "splits_not_read": ["test"]}}
+    test = run(parse_config({**config, "input": {"type": "text", "split": "test"}}), [str(project)], tmp_path / "test")
+    assert sorted(i["rows_read"] for i in test["inputs"]) == [1, 3, 3]  # the file of its own, each test split
+
+
 # ---------------------------------------------------------------- refusing what cannot be read
 
 
