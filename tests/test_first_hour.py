@@ -342,7 +342,21 @@ def test_validate_samples_every_input_by_its_share(tmp_path: Path) -> None:
     checked = gpu_prep_cli("validate", "-c", config, other, good, small, "--sample", 20)
     assert checked.returncode == 2, checked.stdout
     said = " ".join(checked.stderr.split())
-    assert "small.jsonl" in said and "none of its 3 sample rows can be read (missing_field 3)" in said, said
+    assert "small.jsonl' wrote no rows: none of its 3 rows could be read (missing_field 3)" in said, said
+
+
+def test_a_file_none_of_whose_rows_can_be_read_fails_the_run_naming_it(tmp_path: Path) -> None:
+    # Keys of another shape in one JSON Lines file of many (a Parquet or CSV file without the columns is
+    # refused up front): its rows were all dropped as missing_field and the run exited 0 under max_drop_share.
+    good = write_jsonl(tmp_path / "good.jsonl", [{"text": f"document {i}"} for i in range(100)])
+    drifted = write_jsonl(tmp_path / "drifted.jsonl", [{"content": f"other document {i}"} for i in range(40)])
+    config = _config(tmp_path, {"input": {"type": "text"}, "preprocessing": {"min_chars": 0, "max_drop_share": 0.9}})
+    ran = gpu_prep_cli("run", "-c", config, good, drifted, "-o", tmp_path / "out", "-q")
+    assert ran.returncode == 3, ran.stderr
+    assert (f"input {str(drifted)!r} wrote no rows: none of its 40 rows could be read (missing_field 40)"
+            in " ".join(ran.stderr.split())), ran.stderr
+    two = write_jsonl(tmp_path / "two.jsonl", [{"content": "x"}] * 2)  # fewer rows: a bad line or two, not a file
+    assert gpu_prep_cli("run", "-c", config, good, two, "-o", tmp_path / "out2", "-q").returncode == 0
 
 
 def test_the_readme_names_every_drop_reason_the_code_has() -> None:

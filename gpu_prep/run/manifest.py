@@ -9,6 +9,7 @@ from typing import Any
 
 from gpu_prep import __version__
 from gpu_prep.config import PAIR_TYPES, TEMPLATE_ROLES, PipelineConfig
+from gpu_prep.errors import Drop
 from gpu_prep.mix import Dataset
 from gpu_prep.output import pack
 from gpu_prep.pairs import PAIR_COUNTS
@@ -144,6 +145,9 @@ def dataset_totals(config: PipelineConfig, datasets: list[Dataset], acct: Accoun
     return out
 
 
+WHOLE_FILE_ROWS = 3  # an input of at least this many rows, none of which could be read, fails the run
+
+
 def run_problems(manifest: dict[str, Any], config: PipelineConfig, sample: bool = False) -> list[str]:
     """Why a finished run is not useful (empty: it is): no rows written, a dataset of a mix that wrote
     none, or more rows dropped than preprocessing.max_drop_share allows. sample: the run read only the
@@ -159,6 +163,14 @@ def run_problems(manifest: dict[str, Any], config: PipelineConfig, sample: bool 
         if d["rows_written"] == 0 and totals["rows_written"] and not unread:
             dropped = ", ".join(f"{r} {n:,}" for r, n in d["rows_dropped"].items()) or "none"
             problems.append(f"dataset {d['name']!r} wrote no rows (of {d['rows_read']:,} read; dropped: {dropped})")
+    for entry in manifest.get("inputs", []) if totals["rows_written"] else []:
+        # A file none of whose rows could be read (keys of another shape, not JSON): its columns' absence
+        # refuses a Parquet or CSV file up front; a JSON file is only seen once read.
+        reasons = entry["rows_dropped"]
+        if entry["rows_read"] >= WHOLE_FILE_ROWS and not entry["rows_written"] and set(reasons) <= Drop.BAD_DATA:
+            said = ", ".join(f"{r} {n:,}" for r, n in sorted(reasons.items()))
+            problems.append(f"input {entry['path']!r} wrote no rows: none of its {entry['rows_read']:,} rows could be "
+                            f"read ({said}); are they of the input type and keys the config names?")
     dropped = sum(totals["rows_dropped"].values())
     limit = config.preprocessing.max_drop_share
     if totals["rows_written"] and totals["rows_read"] and dropped / totals["rows_read"] > limit:
