@@ -154,6 +154,37 @@ def closing_text(template: ChatTemplate, conv: Conversation, i: int) -> str | No
     return text[found[-1].end():] if len(found) == 1 else None
 
 
+def calls_apart(real: str, conv: Conversation, template: ChatTemplate, i: int, eots: tuple[str, ...]
+                ) -> tuple[int, int, int] | None:
+    """Where the template writes message i's tool calls when it writes them apart from the turn's content
+    (DeepSeek R1's distills: `<｜Assistant｜>` calls `<｜end▁of▁sentence｜>` before the content's own turn): the
+    text the rendering gains by the calls, placed to end with an end-of-turn token where it can be (an
+    insertion can be read at several places when the text around it repeats): where it starts, where the
+    calls start after the assistant header (the generation prompt's opening) it may start with, and where
+    it ends. None where the calls are not a plain insertion."""
+    bare = [{k: v for k, v in m.items() if k != "tool_calls"} if j == i else m for j, m in enumerate(conv.messages)]
+    try:
+        other = template.render(bare, conv.tools, conv.documents)
+        before = template.render(conv.messages[:i], conv.tools, conv.documents)
+        prompted = template.render(conv.messages[:i], conv.tools, conv.documents, add_generation_prompt=True)
+    except jinja2.exceptions.TemplateError:
+        return None
+    start = next((k for k, (a, b) in enumerate(zip(real, other)) if a != b), min(len(real), len(other)))
+    tail = 0
+    while tail < len(other) - start and real[-1 - tail] == other[-1 - tail]:
+        tail += 1
+    end = len(real) - tail
+    if len(other) != start + tail or end <= start:
+        return None
+    places = [(start, end)]
+    while places[-1][0] > 0 and real[places[-1][0] - 1] == real[places[-1][1] - 1]:
+        places.append((places[-1][0] - 1, places[-1][1] - 1))
+    start, end = next(((a, b) for a, b in places if any(real.startswith(t, b - len(t)) for t in eots)), places[0])
+    header = prompted[len(before):] if prompted.startswith(before) else ""
+    shared = next((k for k, (a, b) in enumerate(zip(header, real[start:end])) if a != b), min(len(header), end - start))
+    return start, start + shared, end
+
+
 def _place_empty(real: str, with_every: str, regions: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
     """Empty regions for the empty contents of a template that writes them differently (Qwen3 starts a
     tool call on a new line only after some content): an empty content sits where the text the template

@@ -33,7 +33,7 @@ from gpu_prep.chat_template import row_limits
 from gpu_prep.config import TEMPLATE_ROLES
 from gpu_prep.errors import ConfigError, Drop
 from gpu_prep.format import Conversation, Pair, RowError, Segments, Shape, Tokens, Unpaired
-from gpu_prep.locate import closing_text, locate_contents, render_marked, render_text
+from gpu_prep.locate import calls_apart, closing_text, locate_contents, render_marked, render_text
 
 if TYPE_CHECKING:
     from gpu_prep.chat_template import ChatTemplate
@@ -132,12 +132,14 @@ def _after_eot(text: str, eot: re.Pattern[str], last: bool) -> int | None:
 
 
 def _turn_spans(real: str, regions: list[tuple[int, int, int]], labels: list[str | bool], roles: list[str],
-                ctx: RenderContext, closing: Callable[[int], str | None]) -> list[tuple[int, int, str | bool]]:
+                ctx: RenderContext, closing: Callable[[int], str | None], opening: dict[int, int]
+                ) -> list[tuple[int, int, str | bool]]:
     """Whole turns: each turn runs from the end of the previous turn's end-of-turn token to the same point of
     its own, so headers belong to their own turn and text before the first header (BOS, an injected default
     system prompt) to none. Where no end-of-turn token follows a message, its turn runs on through what the
     template writes after its content when it is the last message (`closing`: Mistral's `[/INST]`, its
-    tool result's `[/TOOL_RESULTS]`), as the model's own encoder cuts turns; else it ends with its content."""
+    tool result's `[/TOOL_RESULTS]`), as the model's own encoder cuts turns; else it ends with its content.
+    opening: by message, where a turn that writes its calls before its content begins (no later than that)."""
     eot = ctx.eot_pattern()
     head = real[: regions[0][1]]
     first = _after_eot(head, eot, last=True)
@@ -145,7 +147,9 @@ def _turn_spans(real: str, regions: list[tuple[int, int, int]], labels: list[str
         first = len(ctx.prefix_text) if ctx.prefix_text and head.startswith(ctx.prefix_text) else 0
     bounds = [first]
     seen: dict[str, str] = {}  # a role's closing text, as a rendering showed it: tried before rendering again
-    for (i, _, prev_end), (_, start, _) in pairwise(regions):
+    for (i, _, prev_end), (k, start, _) in pairwise(regions):
+        if prev_end <= opening.get(k, start) < start:
+            start = opening[k]
         after = _after_eot(real[prev_end:start], eot, last=True)
         if after is None:
             tail = seen.get(roles[i])
@@ -199,7 +203,12 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
         spans = _generation_spans(real, generated, regions, labels, conv, ctx)
         return real, spans, left_out, _unmarked(spans, regions, labels, roles, conv, ctx)
     if ctx.config.input.mask_scope == "turn":  # one span per region, in order
-        turns = _turn_spans(real, regions, labels, roles, ctx, functools.partial(closing_text, template, conv))
+        # A turn's tool calls written before its content (locate.calls_apart) open its turn, header and all.
+        limits = [start for _, start, _ in regions[1:]] + [len(real)]
+        apart = {i: found[0] for (i, _, end), limit in zip(regions, limits) if roles[i] == "assistant"
+                 and conv.messages[i].get("tool_calls") and not _calls_follow(conv.messages[i], real, end, limit)
+                 and (found := calls_apart(real, conv, template, i, ctx.end_of_turn)) is not None}
+        turns = _turn_spans(real, regions, labels, roles, ctx, functools.partial(closing_text, template, conv), apart)
         return real, [(a, b, label, roles[i]) for (a, b, label), (i, _, _) in zip(turns, regions)], left_out, ()
     # A trained content runs on to the end-of-turn token that closes it: what the template writes between
     # them (tool calls, a space) is the same turn's output. train_on_eos says which turns' end-of-turn
@@ -210,6 +219,7 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
     eot = ctx.eot_pattern()
     bounds = [start for _, start, _ in regions[1:]] + [len(real)]
     spans: list[Span] = []
+    apart: list[Span] = []  # tool calls written apart from their turn's content (before it)
     previous_end = 0
     for (i, start, end), limit in zip(regions, bounds):
         content = start  # a training detail's offsets count from here, whatever reasoning is trained before it
@@ -235,7 +245,31 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
         else:
             spans.append((start, output_end, labels[i], role))
         spans.extend(closing)
-    return real, spans, left_out, ()
+        if conv.messages[i].get("tool_calls") and role == "assistant" and not _calls_follow(conv.messages[i], real, end, limit):
+            apart.extend(_apart(real, conv, template, i, labels[i], ctx, policy))
+    return real, sorted(spans + apart, key=lambda span: span[:2]) if apart else spans, left_out, ()
+
+
+def _calls_follow(message: dict[str, Any], real: str, end: int, limit: int) -> bool:
+    """Whether a message's tool calls are written after its content, before the next message's (so they are
+    the turn's output the content's span runs on through): a called function's name is there."""
+    names = [c["function"]["name"] for c in message["tool_calls"] if isinstance(c, dict)
+             and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)]
+    return not names or any(real.find(name, end, limit) >= 0 for name in names)
+
+
+def _apart(real: str, conv: Conversation, template: ChatTemplate, i: int, label: str | bool, ctx: RenderContext,
+           policy: str) -> list[Span]:
+    """The span of tool calls a template writes apart from the content (locate.calls_apart), with their
+    end-of-turn token where train_on_eos trains every trained turn's."""
+    found = calls_apart(real, conv, template, i, ctx.end_of_turn)
+    if found is None:
+        return []
+    _, start, end = found
+    token = next((t for t in ctx.end_of_turn if real.startswith(t, end - len(t))), None)
+    if token is not None and policy not in ("turn", "all"):
+        end -= len(token)
+    return [(start, end, label, "assistant")] if end > start else []
 
 
 def _writes_tool_calls(real: str, conv: Conversation, template: ChatTemplate) -> None:

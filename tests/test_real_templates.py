@@ -366,3 +366,49 @@ def test_a_call_turn_is_placed_where_the_template_drops_a_system_message(tmp_pat
     trained = hf(directory).decode(with_system[with_mask.astype(bool)])
     assert trained.startswith('[TOOL_CALLS] [{"name": "get_weather"') and trained.endswith(" It is 21 degrees.</s>")
     assert manifest["totals"]["messages_left_out_by_template"] == {"assistant": 2, "system": 1}
+
+
+R1_SPECIALS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>",
+               "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "<｜tool▁outputs▁begin｜>",
+               "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>")
+
+
+@pytest.mark.parametrize("scope", ["content", "turn"])
+def test_tool_calls_a_template_writes_before_the_content_are_trained(tmp_path: Path, scope: str) -> None:
+    # DeepSeek R1's distills write a turn that calls tools as `<｜Assistant｜>` + the calls + end of sentence,
+    # then its content as a turn of its own: the calls, before the content, were masked without a word. They
+    # are found as what the rendering gains by them and trained as the turn's output (its header not, under
+    # mask_scope content); under turn, the turn begins with them.
+    import re
+
+    case = Case("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", R1_SPECIALS[0], R1_SPECIALS[1], R1_SPECIALS[1],
+                "<｜Assistant｜>", R1_SPECIALS)
+    directory = tokenizer_dir(case, tmp_path / "tokenizer")
+    tok = hf(directory)
+    calls = [{"id": "call00001", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
+    rows = [{"messages": [{"role": "user", "content": "Weather in Paris?"},
+                          {"role": "assistant", "content": content, "tool_calls": calls},
+                          {"role": "tool", "tool_call_id": "call00001", "content": '{"temp": 21}'},
+                          {"role": "assistant", "content": "It is 21 degrees."}]} for content in ("Let me check.", "")]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    config = parse_config({"tokenizer": str(directory), "input": {"type": "chat", "mask_scope": scope},
+                           "mask": {"assistant": "train"}, "preprocessing": {"deduplicate": False, "min_chars": 0}})
+    run(config, [str(data)], tmp_path / "out", Options())
+    for row, (ids, mask) in zip(rows, gpu_prep.open_dataset(tmp_path / "out")["__default__"]):
+        text = tok.apply_chat_template(row["messages"], tokenize=False)
+        assert text.count("get_weather") == 1 and text.index("get_weather") < text.index("<｜Assistant｜>", text.index("get_weather"))
+        answer = "It is 21 degrees.<｜end▁of▁sentence｜>"  # after the tool's output, no header
+        if scope == "content":  # each assistant segment after its header, through its end of sentence
+            want = [*re.findall(r"<｜Assistant｜>(.*?<｜end▁of▁sentence｜>)", text, flags=re.S), answer]
+        else:  # the turn: from the first header through the content's end of sentence; the answer after the tool
+            want = [text[text.index("<｜Assistant｜>"):text.index("<｜tool▁outputs▁begin｜>")], answer]
+        runs, current = [], []
+        for token, trained in zip(ids.tolist(), mask.tolist()):
+            if trained:
+                current.append(token)
+            elif current:
+                runs.append(current)
+                current = []
+        runs += [current] if current else []
+        assert [tok.decode(r) for r in runs] == want
