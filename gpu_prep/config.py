@@ -259,6 +259,15 @@ class InputConfig(_Frozen):
                              f"preference; input.type {self.type} reads a prompt column")
         return self
 
+    @model_validator(mode="after")
+    def _end_of_turn_agrees(self) -> InputConfig:
+        """train_end_of_turn and train_on_eos both set, disagreeing: one would be overruled without a word."""
+        both = {"train_end_of_turn", "train_on_eos"} <= self.model_fields_set
+        if both and self.train_end_of_turn != (self.train_on_eos != "none"):
+            raise ValueError(f"train_end_of_turn {str(self.train_end_of_turn).lower()} and train_on_eos "
+                             f"{self.train_on_eos} disagree (train_end_of_turn false is train_on_eos none): set one of them")
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _eot_alias(cls, data: Any) -> Any:

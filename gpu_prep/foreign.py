@@ -8,7 +8,8 @@ FOREIGN_KEYS = {
     "max_seq_length": "preprocessing.max_seq_len", "max_length": "preprocessing.max_seq_len",
     "cutoff_len": "preprocessing.max_seq_len", "sample_packing": "preprocessing.packing (bfd)",
     "packing": "preprocessing.packing (bfd)", "dataset_text_field": "input.text_key (with input.type text)",
-    "template": "chat_template", "train_on_inputs": "mask (e.g. mask.user: train)",
+    "template": "chat_template", "train_on_inputs": "mask (train_on_inputs: false is mask: {assistant: train}; true is "
+                       "mask_default: train)",
     "mask_history": "input.train_last_turn_only", "roles_to_train": "input.roles_to_train",
     "train_on_eos": "input.train_on_eos", "field_messages": "input.messages_key (a dataset's own: input: {...})",
     "message_field_role": "input.role_key", "message_field_content": "input.content_key",

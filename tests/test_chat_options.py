@@ -251,6 +251,12 @@ def test_train_on_eot_and_train_on_eos_must_agree() -> None:
     assert parse_config({"input": {"train_on_eot": "all"}}).input.train_on_eos == "all"
     with pytest.raises(ConfigError, match="train_on_eot"):
         parse_config({"input": {"train_on_eot": "all", "train_on_eos": "none"}})
+    # Axolotl's train_on_eos beside gpu-prep's train_end_of_turn: the two said different things, and false
+    # silently won (train_on_eos all trained no end-of-turn token at all).
+    for eos, flag in (("all", False), ("turn", False), ("none", True)):
+        with pytest.raises(ConfigError, match=f"train_end_of_turn {str(flag).lower()} and train_on_eos {eos} disagree"):
+            parse_config({"input": {"train_on_eos": eos, "train_end_of_turn": flag}})
+    assert parse_config({"input": {"train_on_eos": "none", "train_end_of_turn": False}}).input.train_on_eos == "none"
 
 
 @pytest.mark.parametrize("truncation", ["right", "left", "structured"])

@@ -404,6 +404,10 @@ def test_other_tools_configs_get_messages_that_name_the_keys(tmp_path: Path) -> 
     assert "datasets.0.path: unknown key; other tools' 'path' is gpu-prep's data_paths (a list); allowed keys here: name," in text
     assert "sequence_len: unknown key; other tools' 'sequence_len' is gpu-prep's preprocessing.max_seq_len" in text
     assert "allowed keys here: (none)" not in text and "allowed keys here: ," not in text
+    # the hint for Axolotl's train_on_inputs says what either value is (it said mask.user: train, which is true's)
+    text = _refused_config(tmp_path, "train_on_inputs: false\n")
+    assert ("train_on_inputs: unknown key; other tools' 'train_on_inputs' is gpu-prep's mask (train_on_inputs: false "
+            "is mask: {assistant: train}; true is mask_default: train)") in text
 
 
 def test_llama_factory_keys_get_gpu_preps_names_not_a_near_spelling(tmp_path: Path) -> None:
