@@ -289,6 +289,14 @@ def test_qwen3_takes_an_inline_think_block_in_the_last_turn_as_written(tmp_path:
     # think_loss is false: the block is trained as content, and counted so (the run summary warns of it)
     assert manifest["totals"]["parse_report"]["think_blocks_trained"] == 1
     assert _qwen3_run(tmp_path, INLINE_THINK, think_loss=True)[2]["totals"]["parse_report"]["think_blocks_trained"] == 0
+    # think_mode drop and think_max_tokens act on reasoning given apart, not on a block in the content: they
+    # left it whole without a word; now each such block is counted (the summary says to set extract_think_tags)
+    for option in ({"think_mode": "drop"}, {"think_max_tokens": 1}):
+        report = _qwen3_run(tmp_path, INLINE_THINK, **option)[2]["totals"]["parse_report"]
+        assert report["think_blocks_untouched"] == 1, option
+        assert _qwen3_run(tmp_path, INLINE_THINK, extract_think_tags=True, **option)[2]["totals"]["parse_report"] \
+            .get("think_blocks_untouched", 0) == 0
+    assert manifest["totals"]["parse_report"]["think_blocks_untouched"] == 0
     # ... only where the message is trained: by its own flag, and under train_last_turn_only
     question, answer = INLINE_THINK[0]["messages"]
     last = {"role": "assistant", "content": "<think>\nAgain.\n</think>\n\n6"}  # Qwen3 shows the last turn's block

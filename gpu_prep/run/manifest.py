@@ -227,12 +227,17 @@ def summary_warnings(manifest: dict[str, Any]) -> list[str]:
                     "were rendered without it: use a template that shows it (qwen3), or input.think_mode: drop to "
                     "leave it out knowingly")
     if n := report.get("think_blocks_not_rendered"):
-        said.append(f"the chat template wrote nothing of the <think> block in the content of {n:,} message(s) (Qwen3 "
-                    "strips those of turns before the last user turn): they were rendered and trained without it")
+        said.append(f"the chat template wrote nothing of the <think> block in the content of {n:,} message(s) (a "
+                    "template that strips reasoning, as Qwen3's does before the last user turn and DeepSeek R1's in "
+                    "every turn): they were rendered and trained without it")
     if n := report.get("think_blocks_trained"):
         said.append(f"{n:,} trained message(s) hold a <think> block in their content, trained as content although "
                     "input.think_loss is false (it masks reasoning given as reasoning_content): set "
                     "input.extract_think_tags: true to read a leading block as the turn's reasoning")
+    if n := report.get("think_blocks_untouched"):
+        said.append(f"{n:,} message(s) hold a <think> block in their content, which input.think_mode drop and "
+                    "input.think_max_tokens leave as it is: they act on reasoning given apart (reasoning_content); "
+                    "set input.extract_think_tags: true to read a leading block as the turn's reasoning")
     if n := totals.get("preference", {}).get("generation_prompt_differs"):
         said.append(f"the chat template renders the generation prompt of {n:,} row(s) otherwise than prompt + "
                     "completion begins (Gemma 4's empty thought channel, say); as TRL does, those prompts end where "
