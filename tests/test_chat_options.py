@@ -452,3 +452,24 @@ def test_a_rows_system_field_opens_a_conversation_without_one(tmp_path: Path, qw
     assert totals["rows_dropped"] == {"wrong_type": 1}
     texts, totals = rendered(None)
     assert "You are a pirate." not in texts[0] and totals["rows_written"] == 5
+
+
+def test_a_chat_rows_system_field_taken_as_its_system_prompt_is_warned_about(tmp_path: Path) -> None:
+    # Scraped chat data often keeps metadata in a `system` column (the model that wrote it): chat rows take
+    # it as the system prompt by default (input.field_system), which replaced the template's own without a
+    # word; the summary now says so. ShareGPT rows, whose system column is LLaMA-Factory's system prompt, not.
+    from gpu_prep.run.manifest import summary_warnings
+
+    messages = [{"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "A helpful assistant."}]
+    config = {"input": {"type": "chat"}, "mask": {"assistant": "train"}, "preprocessing": {"min_chars": 0}}
+    manifest = json.loads((run_rows(tmp_path, config, [{"messages": messages, "system": "gpt-4-0613"}]) /
+                           "manifest.json").read_text(encoding="utf-8"))
+    said = " ".join(summary_warnings(manifest))
+    assert "1 chat row(s) took their system prompt from the row's 'system' field (input.field_system)" in said
+    assert "set input.field_system: null" in said
+    talk = [{"from": "human", "value": "Who are you?"}, {"from": "gpt", "value": "A helpful assistant."}]
+    sharegpt = run_rows(tmp_path, {**config, "input": {"type": "sharegpt"}}, [{"conversations": talk, "system": "Be brief."}],
+                        name="sg")
+    manifest = json.loads((sharegpt / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["totals"]["parse_report"]["system_from_field"] == 1
+    assert "system prompt from the row's" not in " ".join(summary_warnings(manifest))

@@ -234,6 +234,11 @@ def summary_warnings(manifest: dict[str, Any]) -> list[str]:
         said.append(f"{n:,} trained message(s) hold a <think> block in their content, trained as content although "
                     "input.think_loss is false (it masks reasoning given as reasoning_content): set "
                     "input.extract_think_tags: true to read a leading block as the turn's reasoning")
+    config = manifest["config"]["input"]
+    if (n := report.get("system_from_field")) and config["type"] == "chat" and config.get("field_system"):
+        said.append(f"{n:,} chat row(s) took their system prompt from the row's {config['field_system']!r} field "
+                    "(input.field_system), in place of the template's default one; if that field is not a system "
+                    "prompt (a model's name, say), set input.field_system: null")
     if n := report.get("think_blocks_untouched"):
         said.append(f"{n:,} message(s) hold a <think> block in their content, which input.think_mode drop and "
                     "input.think_max_tokens leave as it is: they act on reasoning given apart (reasoning_content); "
