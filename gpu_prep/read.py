@@ -293,6 +293,10 @@ def check_columns(files: list[InputFile], needed: tuple[str | tuple[str, ...], .
                 continue
         elif file.layout == "parquet" or file.layout.startswith("arrow"):
             have = column_names(file.path, file.layout)
+            twice = sorted({name for name in have if have.count(name) > 1})
+            if twice:  # a row holds one value per key: the last column of a name would win, unseen
+                raise ConfigError(f"input {file.path!r}: its schema names the column {', '.join(map(repr, twice))} more "
+                                  "than once; one of them would be lost")
         else:
             continue
         missing = [" or ".join(map(repr, names)) for names in (n if isinstance(n, tuple) else (n,) for n in needed)

@@ -287,6 +287,21 @@ def _refused(tmp_path: Path, name: str, content: bytes, match: str) -> None:
     assert not out.exists(), "a refused input must leave nothing behind"
 
 
+def test_a_parquet_or_arrow_file_naming_a_column_twice_is_refused(tmp_path: Path) -> None:
+    # As a CSV header naming a column twice is: a row holds one value per key, so the last column won unseen.
+    import pyarrow as pa
+    import pyarrow.feather as feather
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_arrays([pa.array(["first"]), pa.array(["second"])], names=["text", "text"])
+    pq.write_table(table, tmp_path / "dup.parquet")
+    feather.write_feather(table, tmp_path / "dup.feather")
+    for name in ("dup.parquet", "dup.feather"):
+        with pytest.raises(ConfigError, match="its schema names the column 'text' more than once; one of them would be lost"):
+            run(parse_config({"input": {"type": "text"}}), [str(tmp_path / name)], tmp_path / f"out-{name}")
+        assert not (tmp_path / f"out-{name}").exists()
+
+
 def test_unknown_and_mislabelled_files_stop_the_run_naming_the_file(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
