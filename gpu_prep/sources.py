@@ -801,9 +801,37 @@ def batch_rows(path: str, layout: str, start: int = 0, stop: int | None = None, 
     rows = 0 if layout == "arrow-stream" else sum(n for n, _ in batch_sizes(path, layout))  # unknown before read
     row, share = first - 1, _byte_share(file_size(path), rows)
     for batch in _batches(path, layout, start, stop):
-        for record in batch.to_pylist():
+        for record, error in batch_records(batch):
             row += 1
-            yield row, record, None, share(row)
+            yield row, record, error, share(row)
+
+
+def batch_records(batch: Any) -> Iterator[tuple[dict[str, Any] | None, tuple[str, str, Any] | None]]:
+    """A record batch's rows as dicts; a row with a string that is not UTF-8 (pyarrow writes such strings
+    without checking them) as None and its error, naming the column and the byte, whatever column it is:
+    one bad cell stopped the whole run. The row shown keeps the cell with U+FFFD for the bad bytes."""
+    import pyarrow as pa
+
+    try:
+        yield from ((record, None) for record in batch.to_pylist())
+        return
+    except UnicodeDecodeError:
+        pass
+    for k in range(batch.num_rows):
+        record, bad = {}, None
+        for name, column in zip(batch.schema.names, batch.columns):
+            try:
+                record[name] = column[k].as_py()
+            except UnicodeDecodeError as exc:
+                plain = pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+                record[name] = column[k].cast(pa.binary()).as_py().decode("utf-8", errors="replace") if plain else None
+                bad = bad or (name, exc)
+        if bad is None:
+            yield record, None
+        else:
+            name, exc = bad
+            yield None, (Drop.MALFORMED_ROW, f"column {name!r} holds text that is not UTF-8: byte "
+                                             f"0x{exc.object[exc.start]:02x} at offset {exc.start} of a value", record)
 
 
 def _byte_share(size: int, rows: int) -> Any:
@@ -876,9 +904,9 @@ def parquet_rows(path: str, read_groups: ReadGroups, start: int = 0, stop: int |
                 columns = [table.column(name) if name in target.names else rest.column(name) for name in schema.names]
                 batches = pa.Table.from_arrays(columns, schema=schema).to_batches(max_chunksize=BATCH_ROWS)
             for batch in batches:
-                for record in batch.to_pylist():
+                for record, error in batch_records(batch):
                     row += 1
-                    yield row, record, None, share(row)
+                    yield row, record, error, share(row)
 
 
 def _as_decoded(table: Any, target: Any, rows: int) -> Any:

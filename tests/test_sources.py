@@ -302,6 +302,32 @@ def test_a_parquet_or_arrow_file_naming_a_column_twice_is_refused(tmp_path: Path
         assert not (tmp_path / f"out-{name}").exists()
 
 
+@pytest.mark.parametrize("name", ["cells.parquet", "cells.arrow"])
+def test_a_cell_that_is_not_utf8_drops_its_row_naming_the_column(tmp_path: Path, name: str) -> None:
+    # pyarrow writes strings without checking them: one bad cell, even in a column the config never reads,
+    # stopped the whole run ("the file is damaged or cut short", naming the first row of its row group).
+    import pyarrow as pa
+    import pyarrow.feather as feather
+    import pyarrow.parquet as pq
+
+    values = [f"meta {i}".encode() for i in range(100)]
+    values[57] = b"bad \xfe here"
+    table = pa.table({"text": [f"document {i}" for i in range(100)],
+                      "unused": pa.array(values, pa.binary()).view(pa.string())})
+    if name.endswith(".parquet"):
+        pq.write_table(table, tmp_path / name, row_group_size=10)
+    else:
+        feather.write_feather(table, tmp_path / name, chunksize=10)
+    rejects = tmp_path / "rejects.jsonl"
+    got = run(parse_config({"input": {"type": "text"}, "preprocessing": {"min_chars": 0}}), [str(tmp_path / name)],
+              tmp_path / "out", Options(rejects=rejects))
+    assert got["totals"]["rows_written"] == 99 and got["totals"]["rows_dropped"] == {"malformed_row": 1}
+    entry = json.loads(rejects.read_text(encoding="utf-8"))
+    assert entry["line"] == 58 and entry["detail"] == ("column 'unused' holds text that is not UTF-8: byte 0xfe at "
+                                                       "offset 4 of a value")
+    assert entry["row"] == {"text": "document 57", "unused": "bad \ufffd here"} and "5" in entry["where"]
+
+
 def test_unknown_and_mislabelled_files_stop_the_run_naming_the_file(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
