@@ -351,26 +351,32 @@ def _exact_rows(lines: Iterator[tuple[int, bytes | int]], cap: int) -> Iterator[
             raw = raw[3:]
         if not raw.strip():
             continue
-        if len(raw) - raw.endswith(b"\n") > cap:
-            yield _too_large(line_no, len(raw), cap)
+        if (size := len(raw) - _line_end(raw)) > cap:
+            yield _too_large(line_no, size, cap)
             continue
         record, error = _parse_line(raw)
         yield line_no, record, error, len(raw)
 
 
+def _line_end(raw: bytes) -> int:
+    """How many of a line's last bytes are its line end (CRLF or LF): they do not count as its size."""
+    return 2 if raw.endswith(b"\r\n") else 1 if raw.endswith(b"\n") else 0
+
+
 def _bounded_lines(handle: Any, cap: int, first_line: int = 1) -> Iterator[tuple[int, bytes | int]]:
-    """Numbered lines (from first_line) of a binary file, none held longer than cap bytes: a longer line
-    is read past in blocks and given as its size."""
+    """Numbered lines (from first_line) of a binary file, none held longer than cap bytes and its line end:
+    a longer line is read past in blocks and given as its size (its line end left out)."""
     line_no = first_line - 1
-    while raw := handle.readline(cap + 1):
+    while raw := handle.readline(cap + 2):
         line_no += 1
         if len(raw) <= cap or raw.endswith(b"\n"):
             yield line_no, raw
             continue
-        size = len(raw)
+        size, last = len(raw), raw
         while (rest := handle.readline(1 << 20)) and not rest.endswith(b"\n"):
-            size += len(rest)
-        yield line_no, size + len(rest)
+            size, last = size + len(rest), rest
+        tail = (last + rest)[-2:]
+        yield line_no, size + len(rest) - _line_end(tail)
 
 
 def open_input(file: InputFile) -> Any:
@@ -520,8 +526,9 @@ def _range_rows(path: str, offset: int, size: int, lines: list[tuple[int, bytes 
                 columns: dict[str, Any], cap: int) -> Iterator[Row]:
     """The rows of these numbered lines, bytes [offset, offset + size) of the file: as columns where the
     scan and the parser's result allow, else line by line."""
-    # A line over the cap is given as its size (_bounded_lines): its range is read line by line.
-    whole = not any(isinstance(raw, int) for _, raw in lines)
+    # A line over the cap (given as its size by _bounded_lines, or held with its line end) is dropped by the
+    # exact reader: its range is read line by line.
+    whole = not any(isinstance(raw, int) or len(raw) - _line_end(raw) > cap for _, raw in lines)
     numbered = [k for k, (_, raw) in enumerate(lines) if not raw.isspace()] if whole else []
     keys = columnar.scan(b"".join(raw for _, raw in lines), len(numbered)) if numbered else None
     table = None if keys is None else columnar.read_range(path, offset, size, columns)

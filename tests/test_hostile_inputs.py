@@ -124,6 +124,21 @@ def test_two_elements_without_a_comma_stop_the_run(tmp_path: Path, fast_tokenize
     assert totals["rows_written"] == 2 and totals["rows_dropped"] == {"malformed_json": 1}
 
 
+def test_max_row_bytes_counts_a_line_without_its_line_end(tmp_path: Path, fast_tokenizer: None) -> None:
+    # A CRLF line counted its \r against the cap (an LF line's \n was not), so the same row passed as LF and
+    # was dropped as CRLF, and the size said included the line end.
+    config = {**TEXT, "input": {"type": "text", "max_row_bytes": 100}}
+    body = lambda n: json.dumps({"text": "x" * (n - len(json.dumps({"text": ""})))})  # noqa: E731  a line of n bytes
+    for name, end in (("lf.jsonl", "\n"), ("crlf.jsonl", "\r\n")):
+        path = tmp_path / name
+        path.write_bytes("".join(body(n) + end for n in (99, 100, 101, 300)).encode())
+        rejects = tmp_path / f"{name}.rejects"
+        manifest = run(parse_config(config), [str(path)], tmp_path / f"out-{name}", Options(rejects=rejects))
+        assert manifest["totals"]["rows_written"] == 2 and manifest["totals"]["rows_dropped"] == {"too_large": 2}, name
+        details = [json.loads(line)["detail"] for line in rejects.read_text().splitlines()]
+        assert details == [f"the line is {n} bytes, over input.max_row_bytes 100; not parsed" for n in (101, 300)], name
+
+
 def test_an_unending_json_array_element_is_read_no_further_than_max_row_bytes(tmp_path: Path, fast_tokenizer: None) -> None:
     """Its end unknown, the elements after it could not be counted: the run stops (it once dropped the one
     element as too_large and read no further, exit 0)."""
@@ -548,7 +563,8 @@ def test_nan_and_infinity_are_named_as_what_json_lacks() -> None:
 
 def test_a_parquet_string_that_is_not_utf8_is_not_looked_for_in_the_files_bytes(tmp_path: Path) -> None:
     # The text check reads a text file's bytes again to find a bad byte; a Parquet file's bytes are not its
-    # text (the byte it found was in the page metadata): the column's own error, naming the byte, stands.
+    # text (the byte it found was in the page metadata): the column's own error, naming the byte, stands,
+    # and drops the row that holds it.
     import itertools
 
     import pyarrow as pa
@@ -560,9 +576,11 @@ def test_a_parquet_string_that_is_not_utf8_is_not_looked_for_in_the_files_bytes(
     column = pa.StringArray.from_buffers(len(raw), offsets.buffers()[1], pa.py_buffer(b"".join(raw)))
     path = tmp_path / "bad.parquet"
     pq.write_table(pa.table({"text": column}), path)
-    with pytest.raises(InputError) as caught:
-        _run(tmp_path, path, {**TEXT, "preprocessing": {"min_chars": 0}})
-    assert "0xe9" in str(caught.value) and "iconv" not in str(caught.value), caught.value
+    rejects = tmp_path / "rejects.jsonl"
+    manifest = _run(tmp_path, path, {**TEXT, "preprocessing": {"min_chars": 0}}, rejects=rejects)
+    assert manifest["totals"]["rows_written"] == 4 and manifest["totals"]["rows_dropped"] == {"malformed_row": 1}
+    detail = json.loads(rejects.read_text())["detail"]
+    assert "0xe9" in detail and "iconv" not in detail, detail
 
 
 def test_a_rejected_line_that_is_not_utf8_keeps_its_bytes(tmp_path: Path) -> None:
