@@ -256,6 +256,30 @@ def test_a_template_that_breaks_its_limits_on_every_row_is_refused_up_front(tmp_
     assert time.monotonic() - started < 30
 
 
+def test_a_trial_render_held_up_once_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The up-front trial is timed by the clock: on a machine busy elsewhere one render of two messages ran
+    # past 2 s and a good template was refused. Held up once, it is tried again; every time, it is refused.
+    from gpu_prep.chat_template import ChatTemplate, TemplateLimit
+
+    real, calls = ChatTemplate._generate, []
+
+    def held_up(times: int) -> Any:
+        def generate(self: Any, *args: Any) -> Any:
+            calls.append(1)
+            if len(calls) <= times:
+                raise TemplateLimit("input.template_time_limit: the chat template ran past 2 s on this row")
+            return real(self, *args)
+        return generate
+
+    monkeypatch.setattr(ChatTemplate, "_generate", held_up(1))
+    ChatTemplate(PLAIN, {})
+    assert len(calls) == 2
+    calls.clear()
+    monkeypatch.setattr(ChatTemplate, "_generate", held_up(2))
+    with pytest.raises(ConfigError, match="broke its limits rendering a two-message conversation"):
+        ChatTemplate(PLAIN, {})
+
+
 def test_the_limits_are_config_keys_with_defaults_that_fit_the_length_filter() -> None:
     assert (InputConfig().template_time_limit, InputConfig().template_max_chars) == (DEFAULT_TIME_LIMIT, None)
     assert template_limits(parse_config({})) == (DEFAULT_TIME_LIMIT, DEFAULT_MAX_CHARS)
