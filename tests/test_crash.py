@@ -153,6 +153,21 @@ def test_resume_refuses_a_changed_config(reference: dict[str, Any], tmp_path: Pa
     assert shards == {name: data for name, data in reference["bin"][1].items() if name != "manifest.json"}
 
 
+def test_resume_refused_for_changed_inputs_names_them(tmp_path: Path) -> None:
+    # "the inputs changed" said not which: a file added to a folder, one gone, or one rewritten.
+    from gpu_prep.errors import ConfigError
+    from gpu_prep.run.checkpoint import CHECKPOINT, load_for_resume
+
+    before = {"format": 1, "config": "c", "tokenizer": "t",
+              "inputs": [["data/a.jsonl", 10, 1], ["data/b.jsonl", 20, 2], ["data/gone.jsonl", 5, 3]]}
+    (tmp_path / CHECKPOINT).write_text(json.dumps({"identity": before, "writer": []}))
+    now = {**before, "inputs": [["data/a.jsonl", 10, 1], ["data/b.jsonl", 21, 4], ["data/new.jsonl", 1, 5]]}
+    with pytest.raises(ConfigError) as refused:
+        load_for_resume(tmp_path, now)
+    assert ("the inputs changed since it was started ('data/new.jsonl' added, 'data/gone.jsonl' gone, 'data/b.jsonl' "
+            "changed); run with --overwrite to start again") in str(refused.value)
+
+
 def test_resume_of_a_finished_run_changes_nothing(reference: dict[str, Any], tmp_path: Path) -> None:
     config, want, _ = reference["bin"]
     out = tmp_path / "out"

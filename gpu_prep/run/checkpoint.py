@@ -68,6 +68,15 @@ def _kept_files(state: dict[str, Any]) -> set[str]:
     return kept
 
 
+def _which_inputs(before: list[list[Any]], now: list[list[Any]]) -> str:
+    """Which inputs a resume would read otherwise than the run it goes on with: added, gone, or changed (in
+    size or modification time), the first few named."""
+    old, new = {path: rest for path, *rest in before}, {path: rest for path, *rest in now}
+    said = [f"{path!r} added" for path in new if path not in old] + [f"{path!r} gone" for path in old if path not in new]
+    said += [f"{path!r} changed" for path in new if path in old and old[path] != new[path]]
+    return f" ({', '.join(said[:3])}{' ...' if len(said) > 3 else ''})" if said else ""
+
+
 def has_checkpoint(out_dir: Path) -> bool:
     """Whether --resume in out_dir goes on from a checkpoint (which names the rejects file its run began);
     without one it starts afresh, and a file at the rejects path is not the run's to replace."""
@@ -83,7 +92,8 @@ def load_for_resume(out_dir: Path, identity: dict[str, Any]) -> dict[str, Any] |
     if state is not None and state["identity"] != identity:
         changed = [k for k in identity if state["identity"].get(k) != identity[k]]
         raise ConfigError(f"cannot resume {str(out_dir)!r}: the {', '.join(changed)} changed since it was "
-                          "started; run with --overwrite to start again")
+                          f"started{_which_inputs(state['identity'].get('inputs') or [], identity['inputs'])}; run "
+                          "with --overwrite to start again")
     # A shard closed after the checkpoint is open again: its final .bin files go back to being temporaries.
     for domain in state["writer"] if state is not None else []:
         if domain["open"] is not None:
