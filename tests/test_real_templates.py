@@ -227,6 +227,17 @@ def rows_for(name: str) -> list[dict]:
 # ---------------------------------------------------------------- the test
 
 
+def trained_runs(tok: Any, ids: Any, mask: Any) -> list[str]:
+    """Each run of consecutive trained tokens of a sample, decoded."""
+    runs: list[list[int]] = [[]]
+    for token, trained in zip(ids.tolist(), mask.tolist()):
+        if trained:
+            runs[-1].append(token)
+        elif runs[-1]:
+            runs.append([])
+    return [tok.decode(run) for run in runs if run]
+
+
 def run_gpu_prep(directory: Path, rows: list[dict], work: Path, think_loss: bool) -> tuple[dict, list]:
     data = work / "rows.jsonl"
     data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
@@ -334,15 +345,7 @@ def test_turn_scope_gives_a_turn_the_markup_that_closes_it_where_no_end_of_turn_
         text = tok.apply_chat_template(row["messages"], tools=row["tools"], tokenize=False)
         want = re.findall(r"(?:\[/INST\]|\[/TOOL_RESULTS\])(.*?</s>)", text, flags=re.S)
         assert len(want) == sum(m["role"] == "assistant" for m in row["messages"])
-        runs, current = [], []
-        for token, trained in zip(ids.tolist(), mask.tolist()):
-            if trained:
-                current.append(token)
-            elif current:
-                runs.append(current)
-                current = []
-        runs += [current] if current else []
-        assert [tok.decode(r) for r in runs] == want
+        assert trained_runs(tok, ids, mask) == want
 
 
 def test_a_call_turn_is_placed_where_the_template_drops_a_system_message(tmp_path: Path) -> None:
@@ -403,12 +406,4 @@ def test_tool_calls_a_template_writes_before_the_content_are_trained(tmp_path: P
             want = [*re.findall(r"<｜Assistant｜>(.*?<｜end▁of▁sentence｜>)", text, flags=re.S), answer]
         else:  # the turn: from the first header through the content's end of sentence; the answer after the tool
             want = [text[text.index("<｜Assistant｜>"):text.index("<｜tool▁outputs▁begin｜>")], answer]
-        runs, current = [], []
-        for token, trained in zip(ids.tolist(), mask.tolist()):
-            if trained:
-                current.append(token)
-            elif current:
-                runs.append(current)
-                current = []
-        runs += [current] if current else []
-        assert [tok.decode(r) for r in runs] == want
+        assert trained_runs(tok, ids, mask) == want
