@@ -651,6 +651,9 @@ def build_preference(record: dict[str, Any], config: PipelineConfig) -> Pair:
         raise RowError(Drop.EMPTY, f"field {empty!r} has nothing past the prompt")
     for key, completion in ((inp.chosen_key, chosen), (inp.rejected_key, rejected)):
         _opens_with_reply(key, completion, given)
+    if isinstance(prompt, str) and inp.alpaca_render == "chat_template":
+        prompt, (chosen, rejected) = _alpaca_pair(record, prompt, [chosen, rejected], config)
+        return Pair(prompt, chosen, rejected, *_prompt_context(record, prompt, config, system_field=False)[1:])
     prompt, tools, notes = _prompt_context(record, prompt, config)
     return Pair(prompt, chosen, rejected, tools, notes)
 
@@ -674,19 +677,39 @@ def build_kto(record: dict[str, Any], config: PipelineConfig) -> Unpaired:
     if not isinstance(label, bool) and label not in (0, 1):
         raise RowError(Drop.WRONG_TYPE, f"field {inp.label_key!r} must be true or false, got {label!r}")
     _opens_with_reply(inp.completion_key, completion, True)
+    if isinstance(prompt, str) and inp.alpaca_render == "chat_template":
+        prompt, (completion,) = _alpaca_pair(record, prompt, [completion], config)
+        return Unpaired(prompt, completion, bool(label), *_prompt_context(record, prompt, config, system_field=False)[1:])
     prompt, tools, notes = _prompt_context(record, prompt, config)
     return Unpaired(prompt, completion, bool(label), tools, notes)
 
 
-def _prompt_context(record: dict[str, Any], prompt: list[dict[str, Any]] | str, config: PipelineConfig
-                    ) -> tuple[list[dict[str, Any]] | str, list[Any] | None, tuple[str, ...]]:
+def _prompt_context(record: dict[str, Any], prompt: list[dict[str, Any]] | str, config: PipelineConfig,
+                    system_field: bool = True) -> tuple[list[dict[str, Any]] | str, list[Any] | None, tuple[str, ...]]:
     """A preference row's prompt, opened by the row's system prompt field (input.field_system) as a chat
-    row's messages are where it is messages, the row's tools, and the notes of both."""
+    row's messages are where it is messages, the row's tools, and the notes of both. A string prompt beside
+    a non-empty input field (input.field_input: LLaMA-Factory's alpaca ranking rows' query) is noted, as
+    it is not read unless input.alpaca_render is chat_template."""
     notes: list[str] = []
-    if isinstance(prompt, list):
+    if isinstance(prompt, list) and system_field:
         prompt = _with_system_field(record, prompt, config, notes)
+    elif isinstance(prompt, str) and _optional_string(record, config.input.field_input).strip():
+        notes.append("input_field_not_read")
     tools, parsed = _tools(record)
     return prompt, tools, (*notes, *["tools_parsed_from_string"] * parsed)
+
+
+def _alpaca_pair(record: dict[str, Any], prompt: str, completions: list[str], config: PipelineConfig
+                 ) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
+    """A string preference row as LLaMA-Factory reads its alpaca ranking rows (input.alpaca_render
+    chat_template): the prompt joined with the row's input field, after its system prompt and history as
+    turns (as an alpaca row's conversation), each completion the assistant's reply to it."""
+    inp = config.input
+    text = "\n".join(t for t in (prompt, _optional_string(record, inp.field_input)) if t)
+    system = _optional_string(record, inp.field_system) or inp.system_prompt
+    history = _history(record, inp.field_history)
+    turns = [_alpaca_conversation(record, system, history, text, c, config).messages for c in completions]
+    return turns[0][:-1], [t[-1:] for t in turns]
 
 
 def _opens_with_reply(key: str, completion: list[dict[str, Any]] | str, given: bool) -> None:

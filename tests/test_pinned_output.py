@@ -21,7 +21,7 @@ from gpu_prep.output.files import JOURNAL
 from gpu_prep.pipeline import Options, run
 from helpers import REPO, write_jsonl
 
-PINNED = "346fbc91f693afbf9e0319cf22256a43aecf4dbd8d1801bf76d6a216d53c7c53"
+PINNED = "71f96a4da85e06c792033ba92b71fe1d513e572df9dc9329ba887282e9fe4aab"
 PINNED_EXAMPLE = "f1108f8a2db5cd6ef07d39dd6419a02e153b2cf91239293b9c983f0c1fb7b1be"
 MANIFEST_KEYS = ("totals", "domains", "packing")  # what the manifest says that no path or timing enters
 

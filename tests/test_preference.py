@@ -516,3 +516,29 @@ def test_a_rows_system_field_opens_its_prompt_as_a_chat_rows_does(tmp_path: Path
     report = json.loads((out / "manifest.json").read_text())["totals"]["parse_report"]
     assert report["system_from_field"] == 1 and report["system_field_not_used"] == 1
     assert report["rows_with_tools"] == 2 and report["tools_parsed_from_string"] == 2
+
+
+@pytest.mark.parametrize("kind", ["preference", "kto"])
+def test_llama_factorys_alpaca_ranking_rows_render_as_it_does(tmp_path: Path, kind: str) -> None:
+    # {"instruction", "input", "chosen", "rejected"} (LLaMA-Factory's alpaca ranking rows): the input column
+    # was dropped without a word and the strings written template-free. input.alpaca_render chat_template reads
+    # them as LLaMA-Factory does: instruction and input joined by a newline as the user's turn, after the
+    # system prompt, each completion the assistant's reply; without it, the unread input is counted and warned.
+    from transformers import AutoTokenizer
+
+    from gpu_prep.run.manifest import summary_warnings
+
+    answers = {"chosen": "Bonjour", "rejected": "Hola"} if kind == "preference" else {"completion": "Bonjour", "label": True}
+    row = {"instruction": "Translate to French", "input": "Good morning", "system": "You translate.", **answers}
+    settings = {"type": kind, "prompt_key": "instruction"}
+    out = run_rows(tmp_path, _config("qwen2.5", input={**settings, "alpaca_render": "chat_template"}), [row], name="lf")
+    hf = AutoTokenizer.from_pretrained(str(bundled_tokenizer_dir("qwen2.5")))
+    messages = [{"role": "system", "content": "You translate."}, {"role": "user", "content": "Translate to French\nGood morning"}]
+    (got,) = _table(out)
+    assert got["prompt_ids"] == hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    assert hf.decode(got["chosen_ids" if kind == "preference" else "completion_ids"]) == "Bonjour<|im_end|>\n"
+    plain = run_rows(tmp_path, _config("qwen2.5", input=settings), [row], name="plain")
+    manifest = json.loads((plain / "manifest.json").read_text())
+    assert manifest["totals"]["parse_report"]["input_field_not_read"] == 1
+    assert "hold a non-empty 'input' field, which was not read" in " ".join(summary_warnings(manifest))
+    assert hf.decode(_table(plain)[0]["prompt_ids"]) == "Translate to French"

@@ -239,6 +239,11 @@ def summary_warnings(manifest: dict[str, Any]) -> list[str]:
         said.append(f"{n:,} chat row(s) took their system prompt from the row's {config['field_system']!r} field "
                     "(input.field_system), in place of the template's default one; if that field is not a system "
                     "prompt (a model's name, say), set input.field_system: null")
+    if n := report.get("input_field_not_read"):
+        said.append(f"{n:,} preference row(s) with a string prompt hold a non-empty {config.get('field_input') or 'input'!r} "
+                    "field, which was not read (LLaMA-Factory's alpaca ranking rows keep the query there): set "
+                    "input.alpaca_render: chat_template to join it to the prompt and render the rows with the chat "
+                    "template, as LLaMA-Factory does")
     if n := report.get("think_blocks_untouched"):
         said.append(f"{n:,} message(s) hold a <think> block in their content, which input.think_mode drop and "
                     "input.think_max_tokens leave as it is: they act on reasoning given apart (reasoning_content); "
