@@ -363,9 +363,16 @@ def _line_end(raw: bytes) -> int:
     return 2 if raw.endswith(b"\r\n") else 1 if raw.endswith(b"\n") else 0
 
 
+class _Skipped(int):
+    """A line read past (longer than the cap): its size without its line end, and the bytes it took (read),
+    which is what a byte range counts."""
+
+    read: int
+
+
 def _bounded_lines(handle: Any, cap: int, first_line: int = 1) -> Iterator[tuple[int, bytes | int]]:
     """Numbered lines (from first_line) of a binary file, none held longer than cap bytes and its line end:
-    a longer line is read past in blocks and given as its size (its line end left out)."""
+    a longer line is read past in blocks and given as its size (_Skipped)."""
     line_no = first_line - 1
     while raw := handle.readline(cap + 2):
         line_no += 1
@@ -375,8 +382,9 @@ def _bounded_lines(handle: Any, cap: int, first_line: int = 1) -> Iterator[tuple
         size, last = len(raw), raw
         while (rest := handle.readline(1 << 20)) and not rest.endswith(b"\n"):
             size, last = size + len(rest), rest
-        tail = (last + rest)[-2:]
-        yield line_no, size + len(rest) - _line_end(tail)
+        skipped = _Skipped(size + len(rest) - _line_end((last + rest)[-2:]))
+        skipped.read = size + len(rest)
+        yield line_no, skipped
 
 
 def open_input(file: InputFile) -> Any:
@@ -515,7 +523,7 @@ def _columnar_rows(file: InputFile, columnar: Columnar, cap: int, part: Part | N
         size = 0
         for line in _bounded_lines(handle, cap, first_line):
             batch.append(line)
-            size += line[1] if isinstance(line[1], int) else len(line[1])
+            size += line[1].read if isinstance(line[1], _Skipped) else len(line[1])
             if size >= RANGE_BYTES:
                 yield from _range_rows(file.path, offset, size, batch, columnar, columns, cap)
                 offset, batch, size = offset + size, [], 0

@@ -21,7 +21,7 @@ from gpu_prep import read
 from gpu_prep.backend import Backend
 from gpu_prep.config import parse_config
 from gpu_prep.pipeline import Options, run
-from gpu_prep.read import Columnar, ColumnarRecord, as_read, expand_inputs, read_chunks
+from gpu_prep.read import Columnar, ColumnarRecord, as_read, expand_inputs, file_rows, read_chunks
 from helpers import write_jsonl
 
 FIELDS = ("text", "source")
@@ -428,6 +428,29 @@ def test_lines_over_the_cap_are_dropped_as_the_strict_reader_drops_them_and_neve
     assert columns == exact
     assert sum(str(e).count("too_large") for _, errors in exact for e in errors.values()) == 2
     assert peak < 8 << 20, peak  # the 24 MiB line is read past in blocks
+
+
+@pytest.mark.parametrize("end", [b"\n", b"\r\n"])
+def test_ranges_after_a_line_over_the_cap_still_start_at_a_line(tmp_path: Path, monkeypatch: Any, end: bytes) -> None:
+    # A line over the cap is said by its size without its line end; the ranges after it count the bytes it
+    # took, or each began a byte early (two with CRLF), was incomplete, and the rest of the file was read
+    # line by line: the rows the same, the device unused.
+    monkeypatch.setattr(read, "RANGE_BYTES", 4096)
+    path = tmp_path / "rows.jsonl"
+    data = b"".join(json.dumps({"text": "x" * 300 if i in (1, 2, 3) else f"row {i}", "source": "s"}).encode() + end
+                    for i in range(400))
+    path.write_bytes(data)
+    starts = []
+
+    def reading(path: str, offset: int, size: int, columns: dict[str, Any]) -> pa.Table:
+        starts.append(offset == 0 or data[offset - 1:offset] == b"\n")
+        return lenient_read_range(path, offset, size, columns)
+
+    (file,) = expand_inputs([str(path)])
+    rows = list(file_rows(file, Columnar(FIELDS, reading), 200))
+    assert [(r[0], r[2]) for r in rows] == [(r[0], r[2]) for r in file_rows(file, None, 200)]
+    assert starts and all(starts)
+    assert sum(isinstance(r[1], ColumnarRecord) for r in rows) > 300
 
 
 def test_a_plugin_builder_for_a_built_in_type_gets_rows_whole(monkeypatch: Any) -> None:
