@@ -140,6 +140,64 @@ def _render_with_prompt(template: ChatTemplate, messages: list[dict], conv: Conv
         return None
 
 
+class RowTexts:
+    """What a row's rendering writes around its messages where no end-of-turn token marks it, found by
+    rendering for the first message after (or of) a role and, for later ones, where the text that showed,
+    found again, says (an agent's n turns would otherwise cost n renders of a growing conversation):
+    closing, what closes a message's turn (closing_text); calls, where a turn's tool calls written before
+    its content lie (calls_apart)."""
+
+    def __init__(self, real: str, conv: Conversation, template: ChatTemplate, eots: tuple[str, ...]) -> None:
+        self.real, self.conv, self.template, self.eots = real, conv, template, eots
+        self.tails: dict[str, tuple[str, str]] = {}  # role -> closing text, the tool_call_id it holds
+        self.leads: dict[str | None, tuple[str, str]] = {}  # role before -> text up to the calls, header
+        self.unplaced = 0  # call turns whose calls, written before the content, could not be placed
+
+    def notes(self) -> tuple[str, ...]:
+        return ("tool_calls_not_trained",) * self.unplaced
+
+    def closing(self, i: int, at: int, limit: int) -> int:
+        """How many characters from `at` (message i's content end) close its turn (0: none found)."""
+        message, real = self.conv.messages[i], self.real
+        own = message.get("tool_call_id") if isinstance(message.get("tool_call_id"), str) else ""
+        tail = None
+        if message["role"] in self.tails:
+            text, theirs = self.tails[message["role"]]
+            tail = text.replace(theirs, own) if theirs and own else text
+        if not (tail and real.startswith(tail, at)):
+            tail = closing_text(self.template, self.conv, i)
+            if tail:
+                self.tails[message["role"]] = (tail, own)
+        return len(tail) if tail and real.startswith(tail, at) and at + len(tail) <= limit else 0
+
+    def calls(self, i: int, after: int, before: int) -> tuple[int, int, int] | None:
+        """Message i's calls written between the message before it (ending at `after`) and its content (at
+        `before`): where their block starts, where the calls start after the header, where it ends."""
+        previous = self.conv.messages[i - 1]["role"] if i else None
+        if previous in self.leads:
+            lead, header = self.leads[previous]
+            start = after + len(lead)
+            calls = start + len(header) if self.real.startswith(header, start) else start
+            ends = [e + len(t) for t in self.eots if (e := self.real.find(t, calls, before)) >= 0]
+            names = call_names(self.conv.messages[i])
+            if self.real.startswith(lead, after) and ends and any(self.real.find(n, calls, min(ends)) >= 0 for n in names):
+                return start, calls, min(ends)
+        # Once a turn's calls are no plain insertion (R1's template writes the turn after them otherwise
+        # without them), the row's later ones are not tried either: each try renders the row three times.
+        found = None if self.unplaced else calls_apart(self.real, self.conv, self.template, i, self.eots)
+        if found is not None and after <= found[0]:
+            self.leads[previous] = (self.real[after:found[0]], self.real[found[0]:found[1]])
+            return found
+        self.unplaced += 1
+        return None
+
+
+def call_names(message: dict) -> list[str]:
+    """The names of the functions a message calls."""
+    return [c["function"]["name"] for c in message.get("tool_calls") or () if isinstance(c, dict)
+            and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)]
+
+
 def closing_text(template: ChatTemplate, conv: Conversation, i: int) -> str | None:
     """What the template writes after message i's content when the conversation ends with that message (no
     generation prompt): the rest of its turn, where no end-of-turn token closes it (Mistral's `[/INST]`

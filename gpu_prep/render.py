@@ -33,7 +33,7 @@ from gpu_prep.chat_template import row_limits
 from gpu_prep.config import TEMPLATE_ROLES
 from gpu_prep.errors import ConfigError, Drop
 from gpu_prep.format import Conversation, Pair, RowError, Segments, Shape, Tokens, Unpaired
-from gpu_prep.locate import calls_apart, closing_text, locate_contents, render_marked, render_text
+from gpu_prep.locate import RowTexts, call_names, locate_contents, render_marked, render_text
 
 if TYPE_CHECKING:
     from gpu_prep.chat_template import ChatTemplate
@@ -131,9 +131,8 @@ def _after_eot(text: str, eot: re.Pattern[str], last: bool) -> int | None:
     return end + len(text[end:]) - len(text[end:].lstrip("\n"))
 
 
-def _turn_spans(real: str, regions: list[tuple[int, int, int]], labels: list[str | bool], roles: list[str],
-                ctx: RenderContext, closing: Callable[[int], str | None], opening: dict[int, int]
-                ) -> list[tuple[int, int, str | bool]]:
+def _turn_spans(real: str, regions: list[tuple[int, int, int]], labels: list[str | bool], ctx: RenderContext,
+                closing: Callable[[int, int, int], int], opening: dict[int, int]) -> list[tuple[int, int, str | bool]]:
     """Whole turns: each turn runs from the end of the previous turn's end-of-turn token to the same point of
     its own, so headers belong to their own turn and text before the first header (BOS, an injected default
     system prompt) to none. Where no end-of-turn token follows a message, its turn runs on through what the
@@ -146,19 +145,11 @@ def _turn_spans(real: str, regions: list[tuple[int, int, int]], labels: list[str
     if first is None:
         first = len(ctx.prefix_text) if ctx.prefix_text and head.startswith(ctx.prefix_text) else 0
     bounds = [first]
-    seen: dict[str, str] = {}  # a role's closing text, as a rendering showed it: tried before rendering again
     for (i, _, prev_end), (k, start, _) in pairwise(regions):
         if prev_end <= opening.get(k, start) < start:
             start = opening[k]
         after = _after_eot(real[prev_end:start], eot, last=True)
-        if after is None:
-            tail = seen.get(roles[i])
-            if not (tail and real.startswith(tail, prev_end)):
-                tail = closing(i)
-            if tail and real.startswith(tail, prev_end) and prev_end + len(tail) <= start:
-                seen[roles[i]] = tail
-                after = len(tail)
-        bounds.append(prev_end + (after or 0))
+        bounds.append(prev_end + (after if after is not None else closing(i, prev_end, start)))
     last_end = regions[-1][2]
     bounds.append(last_end + (_after_eot(real[last_end:], eot, last=False) or 0))
     return [(a, b, labels[i]) for (i, _, _), a, b in zip(regions, bounds, bounds[1:])]
@@ -174,10 +165,11 @@ def no_template(rows: str, source: Chosen | None, fix: str = NO_TEMPLATE_FIX) ->
 
 
 def conversation_spans(conv: Conversation, ctx: RenderContext
-                       ) -> tuple[str, list[Span], tuple[str, ...], tuple[str, ...]]:
+                       ) -> tuple[str, list[Span], tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """The rendered conversation, its labelled character spans, the roles of messages whose content the
-    template left out (a role it does not know, say: counted, since their text is not in the row), and
-    the roles of trained messages the template's {% generation %} markers never mark (reported)."""
+    template left out (a role it does not know, say: counted, since their text is not in the row), the
+    roles of trained messages the template's {% generation %} markers never mark (reported), and notes for
+    the parse report (tool_calls_not_trained: calls written before a content that could not be placed)."""
     if ctx.template is None:
         raise no_template("chat rows", ctx.template_source)
     generated: list[tuple[int, int, int | None]] = []
@@ -197,19 +189,22 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
     left_out = tuple(roles[i] for i, m in enumerate(conv.messages)
                      if (m["content"] or m.get("tool_calls")) and i not in located)
     if not regions:
-        return real, [], left_out, ()
+        return real, [], left_out, (), ()
     labels = _labels(conv, ctx)
     if marked:
         spans = _generation_spans(real, generated, regions, labels, conv, ctx)
-        return real, spans, left_out, _unmarked(spans, regions, labels, roles, conv, ctx)
+        return real, spans, left_out, _unmarked(spans, regions, labels, roles, conv, ctx), ()
+    texts = RowTexts(real, conv, template, ctx.end_of_turn)
+    ends = [0] + [end for _, _, end in regions[:-1]]  # where the message before each region's ends
+    limits = [start for _, start, _ in regions[1:]] + [len(real)]
     if ctx.config.input.mask_scope == "turn":  # one span per region, in order
         # A turn's tool calls written before its content (locate.calls_apart) open its turn, header and all.
-        limits = [start for _, start, _ in regions[1:]] + [len(real)]
-        apart = {i: found[0] for (i, _, end), limit in zip(regions, limits) if roles[i] == "assistant"
+        apart = {i: found[0] for (i, start, end), after, limit in zip(regions, ends, limits) if roles[i] == "assistant"
                  and conv.messages[i].get("tool_calls") and not _calls_follow(conv.messages[i], real, end, limit)
-                 and (found := calls_apart(real, conv, template, i, ctx.end_of_turn)) is not None}
-        turns = _turn_spans(real, regions, labels, roles, ctx, functools.partial(closing_text, template, conv), apart)
-        return real, [(a, b, label, roles[i]) for (a, b, label), (i, _, _) in zip(turns, regions)], left_out, ()
+                 and (found := texts.calls(i, after, start)) is not None}
+        turns = _turn_spans(real, regions, labels, ctx, texts.closing, apart)
+        turns = [(a, b, label, roles[i]) for (a, b, label), (i, _, _) in zip(turns, regions)]
+        return real, turns, left_out, (), texts.notes()
     # A trained content runs on to the end-of-turn token that closes it: what the template writes between
     # them (tool calls, a space) is the same turn's output. train_on_eos says which turns' end-of-turn
     # tokens are trained: those of trained turns (turn), of every turn (all), of the last trained turn
@@ -217,11 +212,10 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
     policy = ctx.config.input.train_on_eos if ctx.config.input.train_end_of_turn else "none"
     trained = [i for i, _, _ in regions if ctx.trains(labels[i])]
     eot = ctx.eot_pattern()
-    bounds = [start for _, start, _ in regions[1:]] + [len(real)]
     spans: list[Span] = []
     apart: list[Span] = []  # tool calls written apart from their turn's content (before it)
     previous_end = 0
-    for (i, start, end), limit in zip(regions, bounds):
+    for (i, start, end), after, limit in zip(regions, ends, limits):
         content = start  # a training detail's offsets count from here, whatever reasoning is trained before it
         if ctx.config.input.think_loss and i in trained:
             start = _reasoning_start(real, conv.messages[i], previous_end, start)
@@ -246,30 +240,31 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
             spans.append((start, output_end, labels[i], role))
         spans.extend(closing)
         if conv.messages[i].get("tool_calls") and role == "assistant" and not _calls_follow(conv.messages[i], real, end, limit):
-            apart.extend(_apart(real, conv, template, i, labels[i], ctx, policy))
-    return real, sorted(spans + apart, key=lambda span: span[:2]) if apart else spans, left_out, ()
+            apart.extend(_apart(real, texts.calls(i, after, content), labels[i], i in trained, ctx, policy))
+    return real, sorted(spans + apart, key=lambda span: span[:2]) if apart else spans, left_out, (), texts.notes()
 
 
 def _calls_follow(message: dict[str, Any], real: str, end: int, limit: int) -> bool:
     """Whether a message's tool calls are written after its content, before the next message's (so they are
     the turn's output the content's span runs on through): a called function's name is there."""
-    names = [c["function"]["name"] for c in message["tool_calls"] if isinstance(c, dict)
-             and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)]
+    names = call_names(message)
     return not names or any(real.find(name, end, limit) >= 0 for name in names)
 
 
-def _apart(real: str, conv: Conversation, template: ChatTemplate, i: int, label: str | bool, ctx: RenderContext,
+def _apart(real: str, found: tuple[int, int, int] | None, label: str | bool, trained: bool, ctx: RenderContext,
            policy: str) -> list[Span]:
-    """The span of tool calls a template writes apart from the content (locate.calls_apart), with their
-    end-of-turn token where train_on_eos trains every trained turn's."""
-    found = calls_apart(real, conv, template, i, ctx.end_of_turn)
+    """The spans of tool calls a template writes apart from the content (RowTexts.calls), and of their
+    end-of-turn token, labelled as the token closing a turn is."""
     if found is None:
         return []
     _, start, end = found
     token = next((t for t in ctx.end_of_turn if real.startswith(t, end - len(t))), None)
-    if token is not None and policy not in ("turn", "all"):
-        end -= len(token)
-    return [(start, end, label, "assistant")] if end > start else []
+    if token is None:
+        return [(start, end, label, "assistant")] if end > start else []
+    calls = [(start, end - len(token), label, "assistant")] if end - len(token) > start else []
+    if policy not in ("turn", "all"):
+        return calls
+    return calls + [(end - len(token), end, label if trained or policy != "all" else True, "assistant")]
 
 
 def _writes_tool_calls(real: str, conv: Conversation, template: ChatTemplate) -> None:
@@ -709,7 +704,8 @@ def _within_limits(conv: Conversation, ctx: RenderContext
             if ctx.config.preprocessing.truncation == "structured" and ctx.count_tokens is not None:
                 conv, notes = _structured(conv, ctx)
             conv = _think_cut(conv, ctx)
-            text, spans, left_out, unmarked = conversation_spans(conv, ctx)
+            text, spans, left_out, unmarked, found = conversation_spans(conv, ctx)
+            notes += found
             if _reasoning_not_shown(conv, text):
                 notes += ("reasoning_not_rendered",)
             notes += _think_block_notes(conv, text, ctx)

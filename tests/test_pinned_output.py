@@ -21,7 +21,7 @@ from gpu_prep.output.files import JOURNAL
 from gpu_prep.pipeline import Options, run
 from helpers import REPO, write_jsonl
 
-PINNED = "71f96a4da85e06c792033ba92b71fe1d513e572df9dc9329ba887282e9fe4aab"
+PINNED = "bef45cde559e29e67f2b2f4668abd6d39a9f57b3624b037697738165633a1895"
 PINNED_EXAMPLE = "f1108f8a2db5cd6ef07d39dd6419a02e153b2cf91239293b9c983f0c1fb7b1be"
 MANIFEST_KEYS = ("totals", "domains", "packing")  # what the manifest says that no path or timing enters
 

@@ -407,3 +407,41 @@ def test_tool_calls_a_template_writes_before_the_content_are_trained(tmp_path: P
         else:  # the turn: from the first header through the content's end of sentence; the answer after the tool
             want = [text[text.index("<｜Assistant｜>"):text.index("<｜tool▁outputs▁begin｜>")], answer]
         assert trained_runs(tok, ids, mask) == want
+
+
+def test_call_turns_apart_from_their_content_cost_a_few_renders_and_are_counted_when_not_placed(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    # An agent's trajectory: n call turns. Under Mistral's mask_scope turn each tool result's closing text
+    # holds its call's id, and R1's calls come before each turn's content; found by rendering each time, a
+    # row cost three renders a turn (O(n^2)). R1 writes a trajectory of several calls so that a turn's calls
+    # are no plain insertion (the turn after them is written otherwise without them): they cannot be placed,
+    # and are counted, not trained silently.
+    from gpu_prep import chat_template
+    from gpu_prep.backend import CPU
+    from gpu_prep.format import Conversation
+    from gpu_prep.render import render_row
+    from gpu_prep.run.context import build_context
+    from gpu_prep.tokenizer import load_tokenizer
+
+    renders = []
+    real = chat_template.ChatTemplate.render
+    monkeypatch.setattr(chat_template.ChatTemplate, "render", lambda self, *a, **k: renders.append(1) or real(self, *a, **k))
+    r1 = Case("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", R1_SPECIALS[0], R1_SPECIALS[1], R1_SPECIALS[1], "<｜Assistant｜>",
+              R1_SPECIALS)
+    for name, case, scope, content in (("mistral", CASES["mistral"], "turn", None), ("r1", r1, "content", "")):
+        steps = [{"role": "user", "content": "Weather in twenty cities?"}]
+        for k in range(20):
+            call = {"id": f"call{k:05d}", "type": "function", "function": {"name": "get_weather", "arguments": {"city": f"C{k}"}}}
+            steps += [{"role": "assistant", "content": content, "tool_calls": [call]},
+                      {"role": "tool", "tool_call_id": call["id"], "content": f"{k} degrees"}]
+        folder = tokenizer_dir(case, tmp_path / name)
+        config = parse_config({"tokenizer": str(folder), "input": {"type": "chat", "mask_scope": scope},
+                               "mask": {"assistant": "train"}})
+        ctx = build_context(config, load_tokenizer(str(folder)), CPU, [], None, None).render
+        renders.clear()
+        rendered = render_row(Conversation([*steps, {"role": "assistant", "content": "Done."}], tools=TOOLS), ctx)
+        if name == "mistral":  # the row, about one render a call turn (placing it: Mistral's glue holds the
+            # call's id), a closing text or two: not one more for each of the 21 turns a closing text ends
+            assert len(renders) <= 30, len(renders)
+        else:
+            assert len(renders) <= 6 and rendered.notes.count("tool_calls_not_trained") == 20, (len(renders), rendered.notes)

@@ -28,7 +28,8 @@ PARSE_COUNTS = ("rows_with_tools", "tools_parsed_from_string", "messages_parsed_
                 "extracted_think_from_content", "dropped_think_messages", "structured_dropped_turns",
                 "structured_dropped_reasoning", "structured_cut_content", "reasoning_not_rendered",
                 "think_blocks_not_rendered", "think_blocks_trained", "think_blocks_untouched", "system_from_field",
-                "system_field_not_used", "tool_calls_parsed", "tool_schemas_wrapped", "input_field_not_read")
+                "system_field_not_used", "tool_calls_parsed", "tool_schemas_wrapped", "input_field_not_read",
+                "tool_calls_not_trained")
 
 
 @dataclass

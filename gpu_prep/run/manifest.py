@@ -239,6 +239,11 @@ def summary_warnings(manifest: dict[str, Any]) -> list[str]:
         said.append(f"{n:,} chat row(s) took their system prompt from the row's {config['field_system']!r} field "
                     "(input.field_system), in place of the template's default one; if that field is not a system "
                     "prompt (a model's name, say), set input.field_system: null")
+    if n := report.get("tool_calls_not_trained"):
+        said.append(f"the chat template writes the tool calls of {n:,} assistant turn(s) before their content in a "
+                    "way gpu-prep could not place (DeepSeek R1's distills do so in a row of several calls): those calls "
+                    "were written untrained; use a template that writes calls after the content (DeepSeek V3.1's, "
+                    "say)")
     if n := report.get("input_field_not_read"):
         said.append(f"{n:,} preference row(s) with a string prompt hold a non-empty {config.get('field_input') or 'input'!r} "
                     "field, which was not read (LLaMA-Factory's alpaca ranking rows keep the query there): set "
