@@ -623,13 +623,14 @@ class PipelineConfig(_Frozen):
             mapped = names.get(role, role)
             if mapped == role:
                 continue
+            mapping = "input.roles" if self.input.roles else "input.roles (here the default ShareGPT mapping)"
             if mapped == TOOL_CALL_ROLE:
-                raise ValueError(f"{key}: input.roles lists {role!r} under tool_call: such a turn becomes the tool calls "
+                raise ValueError(f"{key}: {mapping} lists {role!r} under tool_call: such a turn becomes the tool calls "
                                  "of an assistant message, the assistant's output, trained by the assistant's rule (a "
                                  f"message's own {self.input.message_training_key or 'training'!r} flag can leave one "
                                  "out); no rule names them apart")
-            raise ValueError(f"{key}: the rules name roles as input.roles maps them, and it maps the row role {role!r} "
-                             f"to {mapped!r}: write {mapped!r}")
+            raise ValueError(f"{key}: the rules name roles as input.roles maps them, and {mapping} maps the row role "
+                             f"{role!r} to {mapped!r}: write {mapped!r}")
         return self
 
     @model_validator(mode="after")
@@ -661,7 +662,10 @@ class PipelineConfig(_Frozen):
         # Only the keys the file set, as it set them: a default written out would count as set, and the
         # defaults that depend on the input type (sharegpt's conversations / from / value) would lose.
         data = self.model_dump(exclude={"datasets"}, exclude_unset=True)
-        data["input"] = {**data.get("input", {}), **own}
+        inherited = data.get("input", {})
+        if {"train_end_of_turn", "train_on_eos", "train_on_eot"} & set(own):  # one of the pair set: the other not inherited
+            inherited = {k: v for k, v in inherited.items() if k not in ("train_end_of_turn", "train_on_eos")}
+        data["input"] = {**inherited, **own}
         if spec.mask is not None:
             data["mask"] = spec.mask
         if spec.mask_default is not None:

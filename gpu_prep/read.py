@@ -152,8 +152,10 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
             found = dataset_folder_files(Path(pattern), how.split)
             if found is None:
                 found, unread, inner = folder_files(Path(pattern), how.builder, how.split)
-                if how.split is not None and not inner:
-                    raise ConfigError(_no_split(pattern, how.split, "this folder has"))
+                loose = [f for f in found if not any(Path(f).is_relative_to(d) for d in inner)]
+                if how.split is not None and (not inner or loose):  # files beside its datasets folders have none
+                    raise ConfigError(_no_split(pattern, how.split, f"{names_of(pattern, loose)} in this folder have"
+                                                if inner else "this folder has"))
                 if not found:
                     raise ConfigError(_nothing_read(pattern, unread))
                 if unread:

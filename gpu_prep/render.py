@@ -585,20 +585,21 @@ def _think_block_notes(conv: Conversation, text: str, ctx: RenderContext) -> tup
     off): think_blocks_not_rendered where the template wrote nothing of it (Qwen3 strips it from the turns
     before the last user turn, as it strips their reasoning), think_blocks_trained where it wrote it in a
     message of a trained role while input.think_loss is false (by role spans), which trains that reasoning
-    as content, unlike a reasoning_content; and think_blocks_untouched for each block while input.think_mode
-    drop or think_max_tokens is set, which act on reasoning given apart, not on content. The ids follow the
+    as content, unlike a reasoning_content; and think_blocks_untouched for each block written while
+    input.think_mode drop or think_max_tokens is set, which act on reasoning given apart, not on content. The ids follow the
     template; the notes make each visible."""
     notes: list[str] = []
     blocks = [i for i, m in enumerate(conv.messages) if isinstance(m.get("content"), str) and "</think>" in m["content"]]
     inp = ctx.config.input
-    if inp.think_mode == "drop" or inp.think_max_tokens is not None:
-        notes.extend(["think_blocks_untouched"] * len(blocks))
+    untouched = inp.think_mode == "drop" or inp.think_max_tokens is not None
     by_roles = not (ctx.generation and ctx.template_for(conv).marked) and not ctx.config.input.think_loss
     labels = _labels(conv, ctx) if blocks and by_roles else []  # training flags and train_last_turn_only count
     for i in blocks:
         if _not_shown(_split_think(conv.messages[i]["content"])[0], text):
             notes.append("think_blocks_not_rendered")
-        elif by_roles and ctx.trains(labels[i]):
+            continue
+        notes.extend(["think_blocks_untouched"] * untouched)  # written, as those options would not have it
+        if by_roles and ctx.trains(labels[i]):
             notes.append("think_blocks_trained")
     return tuple(notes)
 

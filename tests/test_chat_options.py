@@ -257,6 +257,10 @@ def test_train_on_eot_and_train_on_eos_must_agree() -> None:
         with pytest.raises(ConfigError, match=f"train_end_of_turn {str(flag).lower()} and train_on_eos {eos} disagree"):
             parse_config({"input": {"train_on_eos": eos, "train_end_of_turn": flag}})
     assert parse_config({"input": {"train_on_eos": "none", "train_end_of_turn": False}}).input.train_on_eos == "none"
+    # a dataset of a mix that sets one of the two overrides the top level's pair, which agrees with itself
+    mix = parse_config({"input": {"train_on_eos": "all", "train_end_of_turn": True},
+                        "datasets": [{"name": "a", "data_paths": ["a.jsonl"], "input": {"train_on_eos": "none"}}]})
+    assert mix.dataset_config(0).input.train_on_eos == "none"
 
 
 @pytest.mark.parametrize("truncation", ["right", "left", "structured"])
@@ -458,6 +462,10 @@ def test_a_chat_rows_system_field_taken_as_its_system_prompt_is_warned_about(tmp
     # Scraped chat data often keeps metadata in a `system` column (the model that wrote it): chat rows take
     # it as the system prompt by default (input.field_system), which replaced the template's own without a
     # word; the summary now says so. ShareGPT rows, whose system column is LLaMA-Factory's system prompt, not.
+    from helpers import write_jsonl
+
+    from gpu_prep.config import parse_config
+    from gpu_prep.pipeline import Options, run
     from gpu_prep.run.manifest import summary_warnings
 
     messages = [{"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "A helpful assistant."}]
@@ -471,5 +479,11 @@ def test_a_chat_rows_system_field_taken_as_its_system_prompt_is_warned_about(tmp
     sharegpt = run_rows(tmp_path, {**config, "input": {"type": "sharegpt"}}, [{"conversations": talk, "system": "Be brief."}],
                         name="sg")
     manifest = json.loads((sharegpt / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["totals"]["parse_report"]["system_from_field"] == 1
+    assert "system prompt from the row's" not in " ".join(summary_warnings(manifest))
+    # in a mix the count is every dataset's, whatever its type: not said to be chat rows'
+    rows = write_jsonl(tmp_path / "sg.jsonl", [{"conversations": talk, "system": "Be brief."}])
+    mix = {**config, "datasets": [{"name": "sg", "data_paths": [str(rows)], "input": {"type": "sharegpt"}}]}
+    manifest = run(parse_config(mix), [], tmp_path / "mix", Options())
     assert manifest["totals"]["parse_report"]["system_from_field"] == 1
     assert "system prompt from the row's" not in " ".join(summary_warnings(manifest))

@@ -166,6 +166,8 @@ def test_resume_refused_for_changed_inputs_names_them(tmp_path: Path) -> None:
         load_for_resume(tmp_path, now)
     assert ("the inputs changed since it was started ('data/new.jsonl' added, 'data/gone.jsonl' gone, 'data/b.jsonl' "
             "changed); run with --overwrite to start again") in str(refused.value)
+    with pytest.raises(ConfigError, match=r"the inputs changed since it was started \(the same files in another order\)"):
+        load_for_resume(tmp_path, {**before, "inputs": before["inputs"][::-1]})
 
 
 def test_resume_of_a_finished_run_changes_nothing(reference: dict[str, Any], tmp_path: Path) -> None:

@@ -244,14 +244,15 @@ def test_a_rule_naming_a_row_role_the_mapping_renames_is_refused_by_run(tmp_path
                              {"from": "observation", "value": '{"temp": 21}'}, {"from": "gpt", "value": "It is 21."}]}
     data = write_jsonl(tmp_path / "sharegpt.jsonl", [row])
     for rules, says in (({"mask": {"assistant": "train", "human": "train"}},
-                         "mask.human: the rules name roles as input.roles maps them, and it maps the row role 'human' "
-                         "to 'user': write 'user'"),
+                         "mask.human: the rules name roles as input.roles maps them, and input.roles (here the default "
+                         "ShareGPT mapping) maps the row role 'human' to 'user': write 'user'"),
                         ({"mask": {"assistant": "train", "function_call": "mask"}},
-                         "mask.function_call: input.roles lists 'function_call' under tool_call: such a turn becomes "
-                         "the tool calls of an assistant message"),
+                         "mask.function_call: input.roles (here the default ShareGPT mapping) lists 'function_call' "
+                         "under tool_call: such a turn becomes the tool calls of an assistant message"),
                         ({"mask": {}, "input": {"type": "sharegpt", "roles_to_train": ["observation"]}},
-                         "input.roles_to_train: observation: the rules name roles as input.roles maps them, and it "
-                         "maps the row role 'observation' to 'tool': write 'tool'")):
+                         "input.roles_to_train: observation: the rules name roles as input.roles maps them, and "
+                         "input.roles (here the default ShareGPT mapping) maps the row role 'observation' to 'tool': "
+                         "write 'tool'")):
         config = _config(tmp_path, {"input": {"type": "sharegpt"}, "preprocessing": {"min_chars": 0}, **rules})
         result = gpu_prep_cli("run", "-c", config, data, "-o", tmp_path / "out", "--overwrite")
         assert result.returncode == 2 and says in " ".join(result.stderr.split()), result.stderr
@@ -275,8 +276,8 @@ def test_validate_checks_a_config_against_a_sample_of_the_data(tmp_path: Path) -
                          "input.roles_to_train: asistant: no message of the sample has role 'asistant'; did you mean "
                          "'assistant'?"),
                         ({"input": {"type": "sharegpt", "roles_to_train": ["gpt"]}, "mask": {}},
-                         "input.roles_to_train: gpt: the rules name roles as input.roles maps them, and it maps the row "
-                         "role 'gpt' to 'assistant': write 'assistant'")):
+                         "input.roles_to_train: gpt: the rules name roles as input.roles maps them, and input.roles "
+                         "(here the default ShareGPT mapping) maps the row role 'gpt' to 'assistant': write 'assistant'")):
         named = _config(tmp_path, rules, "named.json")
         result = gpu_prep_cli("validate", "-c", named, sharegpt if "sharegpt" in str(rules) else data)
         assert result.returncode == 2 and says in " ".join(result.stderr.split()), result.stderr

@@ -270,8 +270,12 @@ def test_datasets_folders_inside_a_folder_read_one_split_each(tmp_path: Path) ->
     assert {k: v for k, v in got["inputs_left_out"].items() if "files" not in v} == {
         str(project / "dict"): {"split_read": "train", "splits_not_read": ["test"]},
         str(cache): {"split_read": "train", "splits_not_read": ["test"]}}
-    test = run(parse_config({**config, "input": {"type": "text", "split": "test"}}), [str(project)], tmp_path / "test")
-    assert sorted(i["rows_read"] for i in test["inputs"]) == [1, 3, 3]  # the file of its own, each test split
+    # input.split for such a folder: the files beside its datasets folders have no split, and are refused
+    test = parse_config({**config, "input": {"type": "text", "split": "test"}})
+    with pytest.raises(ConfigError, match="input.split 'test' names a split, and extra.jsonl in this folder have none"):
+        run(test, [str(project)], tmp_path / "test")
+    (project / "extra.jsonl").unlink()
+    assert sorted(i["rows_read"] for i in run(test, [str(project)], tmp_path / "test")["inputs"]) == [3, 3]
 
 
 # ---------------------------------------------------------------- refusing what cannot be read

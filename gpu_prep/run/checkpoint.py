@@ -74,6 +74,8 @@ def _which_inputs(before: list[list[Any]], now: list[list[Any]]) -> str:
     old, new = {path: rest for path, *rest in before}, {path: rest for path, *rest in now}
     said = [f"{path!r} added" for path in new if path not in old] + [f"{path!r} gone" for path in old if path not in new]
     said += [f"{path!r} changed" for path in new if path in old and old[path] != new[path]]
+    if not said and [p for p, *_ in before] != [p for p, *_ in now]:
+        said = ["the same files in another order"]
     return f" ({', '.join(said[:3])}{' ...' if len(said) > 3 else ''})" if said else ""
 
 

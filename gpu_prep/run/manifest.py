@@ -146,6 +146,10 @@ def dataset_totals(config: PipelineConfig, datasets: list[Dataset], acct: Accoun
 
 
 WHOLE_FILE_ROWS = 3  # an input of at least this many rows, none of which could be read, fails the run
+# Why a row cannot be read as the config says (its keys, types or JSON), as against a template's or a
+# builder's refusal of it.
+UNREADABLE = frozenset({Drop.MALFORMED_JSON, Drop.MALFORMED_ROW, Drop.NOT_AN_OBJECT, Drop.MISSING_FIELD,
+                        Drop.WRONG_TYPE, Drop.UNKNOWN_SCHEMA})
 
 
 def run_problems(manifest: dict[str, Any], config: PipelineConfig, sample: bool = False) -> list[str]:
@@ -167,7 +171,7 @@ def run_problems(manifest: dict[str, Any], config: PipelineConfig, sample: bool 
         # A file none of whose rows could be read (keys of another shape, not JSON): its columns' absence
         # refuses a Parquet or CSV file up front; a JSON file is only seen once read.
         reasons = entry["rows_dropped"]
-        if entry["rows_read"] >= WHOLE_FILE_ROWS and not entry["rows_written"] and set(reasons) <= Drop.BAD_DATA:
+        if entry["rows_read"] >= WHOLE_FILE_ROWS and not entry["rows_written"] and set(reasons) <= UNREADABLE:
             said = ", ".join(f"{r} {n:,}" for r, n in sorted(reasons.items()))
             problems.append(f"input {entry['path']!r} wrote no rows: none of its {entry['rows_read']:,} rows could be "
                             f"read ({said}); are they of the input type and keys the config names?")
@@ -235,7 +239,9 @@ def summary_warnings(manifest: dict[str, Any]) -> list[str]:
                     "input.think_loss is false (it masks reasoning given as reasoning_content): set "
                     "input.extract_think_tags: true to read a leading block as the turn's reasoning")
     config = manifest["config"]["input"]
-    if (n := report.get("system_from_field")) and config["type"] == "chat" and config.get("field_system"):
+    # (a mix's datasets have their own input types: the count is not the chat rows')
+    if (n := report.get("system_from_field")) and config["type"] == "chat" and config.get("field_system") \
+            and not manifest["config"].get("datasets"):
         said.append(f"{n:,} chat row(s) took their system prompt from the row's {config['field_system']!r} field "
                     "(input.field_system), in place of the template's default one; if that field is not a system "
                     "prompt (a model's name, say), set input.field_system: null")
