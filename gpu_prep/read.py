@@ -353,7 +353,7 @@ def _exact_rows(lines: Iterator[tuple[int, bytes | int]], cap: int) -> Iterator[
             raw = raw[3:]
         if not raw.strip():
             continue
-        if (size := len(raw) - _line_end(raw)) > cap:
+        if len(raw) > cap and (size := len(raw) - _line_end(raw)) > cap:  # (a line end does not count)
             yield _too_large(line_no, size, cap)
             continue
         record, error = _parse_line(raw)
@@ -538,7 +538,7 @@ def _range_rows(path: str, offset: int, size: int, lines: list[tuple[int, bytes 
     scan and the parser's result allow, else line by line."""
     # A line over the cap (given as its size by _bounded_lines, or held with its line end) is dropped by the
     # exact reader: its range is read line by line.
-    whole = not any(isinstance(raw, int) or len(raw) - _line_end(raw) > cap for _, raw in lines)
+    whole = not any(isinstance(raw, int) or (len(raw) > cap and len(raw) - _line_end(raw) > cap) for _, raw in lines)
     numbered = [k for k, (_, raw) in enumerate(lines) if not raw.isspace()] if whole else []
     keys = columnar.scan(b"".join(raw for _, raw in lines), len(numbered)) if numbered else None
     table = None if keys is None else columnar.read_range(path, offset, size, columns)
