@@ -651,10 +651,7 @@ def build_preference(record: dict[str, Any], config: PipelineConfig) -> Pair:
         raise RowError(Drop.EMPTY, f"field {empty!r} has nothing past the prompt")
     for key, completion in ((inp.chosen_key, chosen), (inp.rejected_key, rejected)):
         _opens_with_reply(key, completion, given)
-    if isinstance(prompt, str) and inp.alpaca_render == "chat_template":
-        prompt, (chosen, rejected) = _alpaca_pair(record, prompt, [chosen, rejected], config)
-        return Pair(prompt, chosen, rejected, *_prompt_context(record, prompt, config, system_field=False)[1:])
-    prompt, tools, notes = _prompt_context(record, prompt, config)
+    prompt, (chosen, rejected), tools, notes = _preference_context(record, prompt, [chosen, rejected], config)
     return Pair(prompt, chosen, rejected, tools, notes)
 
 
@@ -677,26 +674,28 @@ def build_kto(record: dict[str, Any], config: PipelineConfig) -> Unpaired:
     if not isinstance(label, bool) and label not in (0, 1):
         raise RowError(Drop.WRONG_TYPE, f"field {inp.label_key!r} must be true or false, got {label!r}")
     _opens_with_reply(inp.completion_key, completion, True)
-    if isinstance(prompt, str) and inp.alpaca_render == "chat_template":
-        prompt, (completion,) = _alpaca_pair(record, prompt, [completion], config)
-        return Unpaired(prompt, completion, bool(label), *_prompt_context(record, prompt, config, system_field=False)[1:])
-    prompt, tools, notes = _prompt_context(record, prompt, config)
+    prompt, (completion,), tools, notes = _preference_context(record, prompt, [completion], config)
     return Unpaired(prompt, completion, bool(label), tools, notes)
 
 
-def _prompt_context(record: dict[str, Any], prompt: list[dict[str, Any]] | str, config: PipelineConfig,
-                    system_field: bool = True) -> tuple[list[dict[str, Any]] | str, list[Any] | None, tuple[str, ...]]:
-    """A preference row's prompt, opened by the row's system prompt field (input.field_system) as a chat
-    row's messages are where it is messages, the row's tools, and the notes of both. A string prompt beside
-    a non-empty input field (input.field_input: LLaMA-Factory's alpaca ranking rows' query) is noted, as
-    it is not read unless input.alpaca_render is chat_template."""
+Part = list[dict[str, Any]] | str  # a preference row's prompt or completion: messages, or a string
+
+
+def _preference_context(record: dict[str, Any], prompt: Part, completions: list[Part], config: PipelineConfig
+                        ) -> tuple[Part, list[Part], list[Any] | None, tuple[str, ...]]:
+    """A preference row's prompt and completions, its tools, and the notes of them: a prompt of messages
+    opened by the row's system prompt field (input.field_system) as a chat row's are; strings, with
+    input.alpaca_render chat_template, read as LLaMA-Factory's alpaca ranking rows (_alpaca_pair), else a
+    non-empty input field beside them (input.field_input) noted as not read."""
     notes: list[str] = []
-    if isinstance(prompt, list) and system_field:
+    if isinstance(prompt, list):
         prompt = _with_system_field(record, prompt, config, notes)
-    elif isinstance(prompt, str) and _optional_string(record, config.input.field_input).strip():
+    elif config.input.alpaca_render == "chat_template":
+        prompt, completions = _alpaca_pair(record, prompt, completions, config)
+    elif _optional_string(record, config.input.field_input).strip():
         notes.append("input_field_not_read")
     tools, parsed = _tools(record)
-    return prompt, tools, (*notes, *["tools_parsed_from_string"] * parsed)
+    return prompt, completions, tools, (*notes, *["tools_parsed_from_string"] * parsed)
 
 
 def _alpaca_pair(record: dict[str, Any], prompt: str, completions: list[str], config: PipelineConfig
