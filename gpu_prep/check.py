@@ -132,7 +132,7 @@ def run_sample(config: PipelineConfig, inputs: list[str], report: SampleReport) 
     report.out_dir = out
     # What would make `run` fail on these rows fails the check too: no row written, or too many dropped;
     # and an input none of whose sample rows could be read (a file of another shape, whatever its size).
-    from gpu_prep.run.manifest import WHOLE_FILE_ROWS, run_problems, summary_warnings
+    from gpu_prep.run.manifest import WHOLE_FILE_ROWS, run_problems, summary_warnings, unreadable_inputs
 
     report.errors.extend(f"the sample run: {problem} (run would exit non-zero)"
                          for problem in run_problems(report.manifest, config, sample=True))
@@ -145,12 +145,10 @@ def run_sample(config: PipelineConfig, inputs: list[str], report: SampleReport) 
                                  "without them; map the role with input.roles")
     report.warnings.extend(f"the sample run: {w}" for w in said + summary_warnings(report.manifest)
                            if w not in report.warnings)
-    for entry in report.manifest["inputs"]:  # fewer rows than run_problems fails on (a bad first line): a warning
-        dropped = entry["rows_dropped"]
-        if 0 < entry["rows_read"] < WHOLE_FILE_ROWS and not entry["rows_written"] and set(dropped) <= Drop.BAD_DATA:
-            reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(dropped.items()))
+    for entry, said in unreadable_inputs(report.manifest):  # fewer rows than run fails on (a bad first line)
+        if entry["rows_read"] < WHOLE_FILE_ROWS:
             report.warnings.append(f"input {entry['path']!r}: none of its {entry['rows_read']} sample rows can be read "
-                                   f"({reasons}); raise --sample to read more of it")
+                                   f"({said}); raise --sample to read more of it")
 
 
 def remove_sample(report: SampleReport) -> None:

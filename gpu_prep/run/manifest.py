@@ -152,6 +152,14 @@ UNREADABLE = frozenset({Drop.MALFORMED_JSON, Drop.MALFORMED_ROW, Drop.NOT_AN_OBJ
                         Drop.WRONG_TYPE, Drop.UNKNOWN_SCHEMA})
 
 
+def unreadable_inputs(manifest: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """The inputs that wrote no row, every row read dropped as one that could not be read (UNREADABLE), each
+    with its drops in words."""
+    return [(entry, ", ".join(f"{r} {n:,}" for r, n in sorted(entry["rows_dropped"].items())))
+            for entry in manifest.get("inputs", [])
+            if entry["rows_read"] and not entry["rows_written"] and set(entry["rows_dropped"]) <= UNREADABLE]
+
+
 def run_problems(manifest: dict[str, Any], config: PipelineConfig, sample: bool = False) -> list[str]:
     """Why a finished run is not useful (empty: it is): no rows written, a dataset of a mix that wrote
     none, or more rows dropped than preprocessing.max_drop_share allows. sample: the run read only the
@@ -167,12 +175,9 @@ def run_problems(manifest: dict[str, Any], config: PipelineConfig, sample: bool 
         if d["rows_written"] == 0 and totals["rows_written"] and not unread:
             dropped = ", ".join(f"{r} {n:,}" for r, n in d["rows_dropped"].items()) or "none"
             problems.append(f"dataset {d['name']!r} wrote no rows (of {d['rows_read']:,} read; dropped: {dropped})")
-    for entry in manifest.get("inputs", []) if totals["rows_written"] else []:
-        # A file none of whose rows could be read (keys of another shape, not JSON): its columns' absence
-        # refuses a Parquet or CSV file up front; a JSON file is only seen once read.
-        reasons = entry["rows_dropped"]
-        if entry["rows_read"] >= WHOLE_FILE_ROWS and not entry["rows_written"] and set(reasons) <= UNREADABLE:
-            said = ", ".join(f"{r} {n:,}" for r, n in sorted(reasons.items()))
+    for entry, said in unreadable_inputs(manifest) if totals["rows_written"] else []:
+        # (a Parquet or CSV file without the columns is refused up front; a JSON file is only seen once read)
+        if entry["rows_read"] >= WHOLE_FILE_ROWS:
             problems.append(f"input {entry['path']!r} wrote no rows: none of its {entry['rows_read']:,} rows could be "
                             f"read ({said}); are they of the input type and keys the config names?")
     dropped = sum(totals["rows_dropped"].values())

@@ -174,16 +174,13 @@ def format_rows(chunk: RawChunk, base: PipelineConfig, sources: Sources | None =
         if isinstance(shape, Tokens) and shape.domain is not None:  # a plugin's builder named it
             domain = shape.domain
         out.schemas[schema] += 1
-        if isinstance(shape, Conversation):
+        if isinstance(shape, (Conversation, Pair, Unpaired)):
             # Rows with tools, and roles chat templates do not know (rendered as the template sees fit,
             # never dropped silently: see messages_left_out_by_template).
             out.notes.update(["rows_with_tools"] * bool(shape.tools) + list(shape.notes))
-            out.notes.update(f"unknown_role:{m['role']}" for m in shape.messages if m["role"] not in KNOWN_ROLES)
-        elif isinstance(shape, (Pair, Unpaired)):
-            out.notes.update(["rows_with_tools"] * bool(shape.tools) + list(shape.notes))
-            if shape.conversational:
-                out.notes.update(f"unknown_role:{m['role']}" for part in (shape.prompt, *shape.completions)
-                                 for m in part if m["role"] not in KNOWN_ROLES)
+            parts = [shape.messages] if isinstance(shape, Conversation) else \
+                [shape.prompt, *shape.completions] if shape.conversational else []
+            out.notes.update(f"unknown_role:{m['role']}" for part in parts for m in part if m["role"] not in KNOWN_ROLES)
         out.rows.index.append(i)
         out.rows.domain.append(domain)
         out.rows.payload.append(shape)
