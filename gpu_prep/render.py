@@ -630,9 +630,10 @@ def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
                     raise RowError(Drop.TEMPLATE_LIMIT, budget.exceeded) from None
                 raise RowError(Drop.TEMPLATE_ERROR, f"the chat template refused the row: {exc}") from None
         _completions_written(pair, wholes, start, ctx)
+        left_out = _prompt_left_out(pair.prompt, prompt)
         alone = prompt
     else:
-        prompt = ctx.prefix_text + pair.prompt
+        prompt, left_out = ctx.prefix_text + pair.prompt, ()
         start, alone = len(prompt), prompt + ctx.suffix_text  # TRL tokenizes the prompt with special tokens
         end = "" if ctx.eos_text == ctx.suffix_text else ctx.eos_text or ""  # T5's </s> closes it already
         wholes = [prompt + c + ("" if c.endswith(end) else end) + ctx.suffix_text for c in pair.completions]
@@ -653,8 +654,14 @@ def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
             total += width
             num_bytes += size
     roles = ["chosen", "rejected"] if isinstance(pair, Pair) else ["desirable" if pair.label else "undesirable"]
-    return RenderedRow(pieces, [False] * len(pieces), spans, num_bytes, span_roles=roles,
+    return RenderedRow(pieces, [False] * len(pieces), spans, num_bytes, span_roles=roles, left_out=left_out,
                        label=pair.label if isinstance(pair, Unpaired) else None, generation_prompt_differs=differs)
+
+
+def _prompt_left_out(messages: list[dict], prompt: str) -> tuple[str, ...]:
+    """The roles of the prompt messages the template wrote nothing of (a role it does not know, ShareGPT's
+    human unmapped, say): the start of their text is not in the rendered prompt."""
+    return tuple(m["role"] for m in messages if isinstance(m.get("content"), str) and _not_shown(m["content"], prompt))
 
 
 def _completions_written(pair: Pair | Unpaired, wholes: list[str], start: int, ctx: RenderContext) -> None:

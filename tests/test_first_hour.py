@@ -262,6 +262,22 @@ def test_a_rule_naming_a_row_role_the_mapping_renames_is_refused_by_run(tmp_path
     assert gpu_prep_cli("run", "-c", config, data, "-o", tmp_path / "out").returncode == 0
 
 
+def test_a_partial_role_mapping_that_leaves_turns_out_ends_3(tmp_path: Path) -> None:
+    # input.roles replaces ShareGPT's default whole: mapping only the data's own assistant name leaves human
+    # unmapped, and Qwen2.5's template writes nothing of such a turn. Every row would train answers to no
+    # question; run ends 3 naming the role, as validate does. Mapped whole, the same data runs.
+    rows = [{"conversations": [{"from": "human", "value": f"Question {k}?"}, {"from": "bot", "value": f"Answer {k}."}]}
+            for k in range(5)]
+    data = write_jsonl(tmp_path / "sharegpt.jsonl", rows)
+    for roles, code in (({"assistant": ["bot"]}, 3), ({"assistant": ["bot"], "user": ["human"]}, 0)):
+        config = _config(tmp_path, {"tokenizer": "qwen2.5", "input": {"type": "sharegpt", "roles": roles},
+                                    "mask": {"assistant": "train"}, "preprocessing": {"min_chars": 0}})
+        result = gpu_prep_cli("run", "-c", config, data, "-o", tmp_path / "out", "--overwrite", "-q")
+        assert result.returncode == code, result.stderr
+        said = " ".join(result.stderr.split())
+        assert ("error: the chat template left out 5 message(s) with role 'human'" in said) == (code == 3), said
+
+
 def test_validate_checks_a_config_against_a_sample_of_the_data(tmp_path: Path) -> None:
     data = write_jsonl(tmp_path / "chat.jsonl", CHATS)
     typo = _config(tmp_path, {"input": {"type": "chat"}, "mask": {"assitant": "train"}}, "typo.json")

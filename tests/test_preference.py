@@ -498,6 +498,29 @@ def test_llama_factorys_ranking_rows_one_message_each_and_unmapped_roles_named(t
 
 
 @pytest.mark.parametrize("kind", ["preference", "kto"])
+def test_a_prompt_message_the_template_leaves_out_fails_the_run(tmp_path: Path, kind: str) -> None:
+    # Qwen2.5's template writes nothing of a message whose role it does not know: a prompt of ShareGPT's
+    # human, unmapped, would leave pairs whose prompt holds only the default system prompt. Counted, and the
+    # run is not useful (run_problems), as for chat rows; mapped, the question is in the prompt.
+    completion = {"chosen": [{"role": "assistant", "content": "Paris."}],
+                  "rejected": [{"role": "assistant", "content": "Lyon."}]} if kind == "preference" else \
+        {"completion": [{"role": "assistant", "content": "Paris."}], "label": True}
+    row = {"prompt": [{"role": "human", "content": "What is the capital of France?"}], **completion}
+    from gpu_prep.run.manifest import run_problems
+
+    for roles, left_out in [({}, {"human": 3}), ({"user": ["human"], "assistant": ["assistant"]}, {})]:
+        config = _config("qwen2.5", input={"type": kind, **({"roles": roles} if roles else {})})
+        out = run_rows(tmp_path, config, [row] * 3, name=f"{kind}-{bool(roles)}")
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["totals"]["messages_left_out_by_template"] == left_out
+        problems = run_problems(manifest, parse_config(config))
+        assert bool(problems) == bool(left_out)
+        assert not left_out or "left out 3 message(s) with role 'human'" in problems[0]
+        prompt = pq.read_table(next(out.rglob("*.parquet"))).column("prompt_ids").to_pylist()[0]
+        assert ("capital of France" in hf_tokenizer(bundled_tokenizer_dir("qwen2.5")).decode(prompt)) == (not left_out)
+
+
+@pytest.mark.parametrize("kind", ["preference", "kto"])
 def test_a_rows_system_field_opens_its_prompt_as_a_chat_rows_does(tmp_path: Path, kind: str) -> None:
     # LLaMA-Factory's ranking rows carry the system prompt in a `system` column (input.field_system, as chat
     # and sharegpt rows read it); preference and KTO rows rendered the template's default system prompt instead.

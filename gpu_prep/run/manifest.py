@@ -180,6 +180,13 @@ def run_problems(manifest: dict[str, Any], config: PipelineConfig, sample: bool 
         if entry["rows_read"] >= WHOLE_FILE_ROWS:
             problems.append(f"input {entry['path']!r} wrote no rows: none of its {entry['rows_read']:,} rows could be "
                             f"read ({said}); are they of the input type and keys the config names?")
+    # Rows written without messages of a role the template does not know (ShareGPT's human or function_call
+    # left out of a partial input.roles, OpenAI's developer): training data with turns missing, a mapping to fix.
+    for role, n in totals.get("messages_left_out_by_template", {}).items():
+        if role not in TEMPLATE_ROLES:
+            problems.append(f"the chat template left out {n:,} message(s) with role {role!r}, which is not one of "
+                            f"{', '.join(TEMPLATE_ROLES)}: their rows were written without them; map the role with "
+                            "input.roles (giving input.roles replaces the default ShareGPT mapping: list every role)")
     dropped = sum(totals["rows_dropped"].values())
     limit = config.preprocessing.max_drop_share
     if totals["rows_written"] and totals["rows_read"] and dropped / totals["rows_read"] > limit:
