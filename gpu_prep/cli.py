@@ -152,8 +152,9 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> None:
     for d in manifest.get("datasets", []):
         asked = "" if d["sampling"] is None else f" (asked {d['sampling']:.0%})"
         dropped = sum(d["rows_dropped"].values())
+        unread = f", {d['rows_not_drawn']:,} not drawn" if d.get("rows_not_drawn") else ""
         table.add_row(f"dataset {d['name']}", f"{d['rows_read']:,} read, {d['rows_written']:,} written, {dropped:,} "
-                      f"dropped; {d['share_of_rows']:.1%} of rows, {d['share_of_tokens']:.1%} of tokens{asked}")
+                      f"dropped{unread}; {d['share_of_rows']:.1%} of rows, {d['share_of_tokens']:.1%} of tokens{asked}")
     out.print(table)
     for warning in summary_warnings(manifest):
         _warn(warning)

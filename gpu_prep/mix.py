@@ -72,6 +72,7 @@ class Dataset:
     # About how many times a weighted mix reads it through (its draws over its rows), once the mix has
     # counted the rows: what the run's progress takes as its share of the input.
     passes: float = 1.0
+    rows_counted: int | None = None  # its rows, where a weighted mix counted them (set_passes)
 
     def count(self, max_row_bytes: int) -> int:
         """Its rows, handlers not run (a handler drops a row as a whole, so the count is the same)."""
@@ -110,7 +111,7 @@ def set_passes(datasets: list[Dataset], lengths: list[int], ratios: list[float],
     drawn = [n / r for n, r in zip(lengths, ratios) if r > 0 and n]
     total = (max if strategy == "all_exhausted" else min)(drawn) if drawn else 0
     for dataset, n, r in zip(datasets, lengths, ratios):
-        dataset.passes = total * r / n if n else 1.0
+        dataset.passes, dataset.rows_counted = (total * r / n if n else 1.0), n
 
 
 def config_rows(config: Any, datasets: list[Dataset] | None, columnar: Columnar | None = None

@@ -120,11 +120,20 @@ def test_mixing_follows_the_seed_interleaving(tmp_path: Path, data: Path, strate
         drawn = sum(d == k for d, _ in want)
         assert per[name]["rows_written"] == drawn and per[name]["sampling"] == ratios[k]
         assert per[name]["share_of_rows"] == pytest.approx(drawn / len(want))
+    from gpu_prep.run.manifest import summary_warnings
+
+    warned = [w for w in summary_warnings(manifest) if "were not drawn" in w]
     if strategy == "first_exhausted":  # stopped as soon as one dataset had given all its rows
         assert any(per[n]["rows_written"] == SIZES[n] for n in SIZES)
         assert all(per[n]["rows_written"] <= SIZES[n] for n in SIZES)
+        # The others' later rows are counted as not drawn, and the summary names each such dataset.
+        assert all(per[n]["rows_read"] + per[n]["rows_not_drawn"] == SIZES[n] for n in SIZES)
+        short = [n for n in SIZES if per[n]["rows_not_drawn"]]
+        assert short and len(warned) == len(short)
+        assert all(f"dataset {n!r}: {per[n]['rows_not_drawn']:,} of its {SIZES[n]:,} rows" in w for n, w in zip(short, warned))
     else:  # every dataset gave every row at least once; some gave rows again
         assert all(per[n]["rows_written"] >= SIZES[n] for n in SIZES)
+        assert all(per[n]["rows_not_drawn"] == 0 for n in SIZES) and not warned
     assert sum(d["share_of_tokens"] for d in manifest["datasets"]) == pytest.approx(1.0)
 
 
@@ -335,6 +344,7 @@ def test_a_dataset_weighted_zero_is_no_problem_for_the_run(tmp_path: Path, data:
     config = parse_config(_config(data, (1.0, 0.0, 0.0), "first_exhausted"))
     manifest = run(config, [], tmp_path / "out")
     assert [d["rows_read"] for d in manifest["datasets"]][1:] == [0, 0]
+    assert [d["rows_not_drawn"] for d in manifest["datasets"]] == [0, *list(SIZES.values())[1:]]
     assert run_problems(manifest, config) == []
 
 

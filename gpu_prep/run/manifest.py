@@ -137,9 +137,13 @@ def dataset_totals(config: PipelineConfig, datasets: list[Dataset], acct: Accoun
             dropped.update(c.dropped)
         written = sum(c.rows_written for c in counts)
         tokens = sum(acct.tokens_by_file[f.index] for f in dataset.files)
+        read = sum(c.rows_read for c in counts)
+        # A weighted mix that stops once a dataset is through (first_exhausted; or max_items) leaves the
+        # others' later rows unread: counted, so that every row of the inputs is accounted for.
+        unread = max(0, dataset.rows_counted - read) if dataset.rows_counted is not None else 0
         out.append({"name": spec.name, "input_type": config.dataset_config(k).input.type,
                     "files": [f.path for f in dataset.files], "sampling": spec.sampling,
-                    "rows_read": sum(c.rows_read for c in counts), "rows_written": written,
+                    "rows_read": read, "rows_not_drawn": unread, "rows_written": written,
                     "rows_dropped": dict(sorted(dropped.items())), "tokens": tokens,
                     "share_of_rows": written / rows_out, "share_of_tokens": tokens / tokens_out})
     return out
@@ -231,6 +235,12 @@ def summary_warnings(manifest: dict[str, Any]) -> list[str]:
             said.append(f"split {split!r} (a {counts['share']:.0%} share) got none of the {totals['rows_written']:,} "
                         "rows written: it has no folder, and a loader asking for it will fail; raise its share or "
                         "give the run more rows")
+    if manifest["config"].get("dataprocessor", {}).get("sampling_stopping_strategy") == "first_exhausted" and \
+            manifest["config"]["preprocessing"].get("max_items") is None:
+        said.extend(f"dataset {d['name']!r}: {d['rows_not_drawn']:,} of its {d['rows_read'] + d['rows_not_drawn']:,} "
+                    "rows were not drawn: sampling_stopping_strategy first_exhausted ends the mix once one dataset is "
+                    "through (all_exhausted draws every row, repeating the smaller datasets)"
+                    for d in manifest.get("datasets", []) if d["rows_not_drawn"] and d["sampling"] != 0)
     for role, n in report.get("unknown_roles", {}).items():
         said.append(f"{n:,} message(s) with role {role!r}, which is not one of {', '.join(TEMPLATE_ROLES)} (map it "
                     "with input.roles)")
