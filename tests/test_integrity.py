@@ -68,6 +68,20 @@ def test_no_output_path_is_or_holds_or_lies_inside_an_input(job: tuple[Path, Pat
     assert not (tmp_path / "out").exists()
 
 
+def test_the_config_in_a_folder_given_as_input_is_refused_not_read_as_a_row(job: tuple[Path, Path],
+                                                                          tmp_path: Path) -> None:
+    # A config.json kept beside the data: the folder's JSON files are all read, and the config would be one
+    # row dropped as missing_field among the data's. Refused before anything is written, naming it.
+    data, config = job
+    inside = data.parent / "config.json"
+    inside.write_text(config.read_text())
+    refused = gpu_prep_cli("run", "-c", inside, data.parent, "-o", tmp_path / "out", "-q")
+    said = " ".join(refused.stderr.split())
+    assert refused.returncode == 2 and f"input {str(inside)!r} is " in said and "not as data" in said, refused.stderr
+    assert not (tmp_path / "out").exists()
+    assert gpu_prep_cli("run", "-c", inside, data, "-o", tmp_path / "out", "-q").returncode == 0  # the data named
+
+
 def test_a_rejects_path_that_would_replace_what_gpu_prep_did_not_write_is_refused(job: tuple[Path, Path],
                                                                                    tmp_path: Path) -> None:
     # The config the run reads, a file of the user's, and the output's own files (which would replace the

@@ -23,9 +23,9 @@ CONTROL = {RUN_MARKER, LOCK, JOURNAL}  # the files that say whose folder it is
 
 
 def check_paths(out_dir: Path, rejects: Path | None, inputs: Iterable[str], also_read: Iterable[str | None]) -> None:
-    """Refuse an output directory or rejects file that is an input, holds one, or lies inside one, and a
+    """Refuse an output directory or rejects file that is an input, holds one, or lies inside one; a
     rejects file that is or lies inside another path the run reads (also_read: its config, chat template,
-    tokenizer folder, plugins)."""
+    tokenizer folder, plugins); and an input (a file a folder gives) that is one of those."""
     for what, path in (("output", out_dir), ("--rejects", rejects)):
         if path is not None and (clash := _clash(path, inputs)):
             raise ConfigError(f"{what} {str(path)!r} {clash[0]} the input {str(clash[1])!r}; writing there could "
@@ -35,6 +35,11 @@ def check_paths(out_dir: Path, rejects: Path | None, inputs: Iterable[str], also
                           "chat template, tokenizer or a plugin); writing there could destroy it: choose another path")
     if rejects is not None and Path(rejects).resolve() == out_dir.resolve():
         raise ConfigError(f"--rejects {str(rejects)!r} is the output directory; give a file")
+    for given in inputs:  # a config.json beside the data in a folder given as input would be read as a row
+        if (clash := _clash(Path(given), also_read)) is not None and clash[0] == "is":
+            raise ConfigError(f"input {str(given)!r} is {str(clash[1])!r}, which the run reads as its config, "
+                              "chat template, tokenizer or a plugin, not as data: move it out of the input folder, or "
+                              "give the data files themselves")
 
 
 def _clash(path: Path, sources: Iterable[str | Path | None]) -> tuple[str, Path] | None:
