@@ -241,7 +241,23 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
         spans.extend(closing)
         if conv.messages[i].get("tool_calls") and role == "assistant" and not _calls_follow(conv.messages[i], real, end, limit):
             apart.extend(_apart(real, texts.calls(i, after, content), labels[i], i in trained, ctx, policy))
+    if policy == "all":  # every turn's: those of turns the template writes on its own too
+        apart.extend(_own_turn_ends(real, regions, spans + apart, eot, roles))
     return real, sorted(spans + apart, key=lambda span: span[:2]) if apart else spans, left_out, (), texts.notes()
+
+
+def _own_turn_ends(real: str, regions: list[tuple[int, int, int]], spans: list[Span], eot: Any,
+                   roles: list[str]) -> list[Span]:
+    """The end-of-turn tokens of turns no message stands for (Qwen2.5's default system prompt, written where
+    a conversation has none), trained under train_on_eos all, each counted under the role of the message
+    before it (system, before the first)."""
+    covered = [(a, b) for a, b, _, _ in spans] + [(start, end) for _, start, end in regions]
+    own: list[Span] = []
+    for found in eot.finditer(real):
+        if not any(a <= found.start() < b for a, b in covered):
+            before = [roles[i] for i, start, _ in regions if start <= found.start()]
+            own.append((found.start(), found.end(), True, before[-1] if before else "system"))
+    return own
 
 
 def _calls_follow(message: dict[str, Any], real: str, end: int, limit: int) -> bool:

@@ -43,6 +43,16 @@ def test_train_on_eos(tmp_path: Path, qwen: Any, policy: str, want: str) -> None
     assert _trained(tmp_path, qwen, TURNS, train_on_eos=policy) == want
 
 
+def test_train_on_eos_all_trains_the_turns_the_template_writes_on_its_own(tmp_path: Path, qwen: Any) -> None:
+    # Qwen2.5's template writes its default system prompt where a conversation has none: "all" is every
+    # turn's end-of-turn token (Axolotl's: every one in the sequence), that turn's too; "turn" leaves it.
+    untold = TURNS[1:]
+    assert _trained(tmp_path, qwen, untold, template=None, train_on_eos="all") == \
+        f"{EOT}{EOT}Hello.{EOT}{EOT}Goodbye.{EOT}"
+    assert _trained(tmp_path, qwen, untold, template=None, train_on_eos="turn") == f"Hello.{EOT}Goodbye.{EOT}"
+    assert _trained(tmp_path, qwen, TURNS, template=None, train_on_eos="all") == f"{EOT}{EOT}Hello.{EOT}{EOT}Goodbye.{EOT}"
+
+
 CALL = [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
 CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 TOOL_TURNS = [{"role": "user", "content": "Weather in Paris?"},
