@@ -554,9 +554,11 @@ def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
         if ids.min() < 0 or ids.max() >= ctx.vocab_size:
             bad = int(ids[(ids < 0) | (ids >= ctx.vocab_size)][0])
             raise RowError(Drop.WRONG_TYPE, f"input_ids holds {bad}, outside the vocabulary (0 to {ctx.vocab_size - 1})")
-        if ctx.config.split_windows is not None and not all(shape.trained):
-            raise RowError(Drop.WRONG_TYPE, f"its labels mask {shape.trained.count(False)} of its {len(ids)} tokens, "
-                                            "and truncation split cuts rows trained whole (a window could train nothing)")
+        if ctx.config.split_windows is not None and len(ids) > ctx.config.split_windows and not all(shape.trained):
+            raise RowError(Drop.TOO_MANY_TOKENS, f"its {len(ids)} tokens are over max_seq_len "
+                                                 f"({ctx.config.split_windows}) and its labels mask "
+                                                 f"{shape.trained.count(False)} of them: truncation split cuts only "
+                                                 "rows trained whole (a window could train nothing)")
         return RenderedRow([""], [False], [], 0, given=(ids, np.asarray(shape.trained, dtype=np.int8)))
     text, char_spans, left_out, unmarked, notes = _within_limits(shape, ctx)
     if ctx.offsets:

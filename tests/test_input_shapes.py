@@ -286,15 +286,18 @@ def test_pretokenized_rows_say_what_is_wrong_and_are_deduplicated_whole(tmp_path
     manifest = run(config, [str(data)], tmp_path / "out", Options(rejects=tmp_path / "rejects.jsonl"))
     assert manifest["totals"]["rows_written"] == 2 and manifest["totals"]["rows_dropped"] == {"duplicate": 1}
     assert "it equals an earlier row (rows of this kind are hashed whole)" in (tmp_path / "rejects.jsonl").read_text()
-    # Split cuts rows trained whole: a row whose labels mask some tokens is refused, named.
+    # Split cuts rows trained whole: a row over max_seq_len whose labels mask some tokens is refused, named;
+    # one that fits is written as it is, its labels kept.
     split = parse_config({"input": {"type": "pretokenized"}, "preprocessing": {"truncation": "split", "max_seq_len": 4,
                                                                               "deduplicate": False}})
     data.write_text(json.dumps({"input_ids": list(range(100, 110)), "labels": [-100] * 5 + list(range(105, 110))})
-                    + "\n" + json.dumps({"input_ids": list(range(200, 210))}) + "\n")
+                    + "\n" + json.dumps({"input_ids": list(range(200, 210))}) + "\n"
+                    + json.dumps({"input_ids": [300, 301, 302], "labels": [-100, 301, 302]}) + "\n")
     manifest = run(split, [str(data)], tmp_path / "split", Options(rejects=tmp_path / "split.jsonl"))
-    assert manifest["totals"]["rows_written"] == 1 and manifest["totals"]["rows_dropped"] == {"wrong_type": 1}
-    assert "its labels mask 5 of its 10 tokens, and truncation split cuts rows trained whole" in \
-        (tmp_path / "split.jsonl").read_text()
+    assert manifest["totals"]["rows_written"] == 2 and manifest["totals"]["rows_dropped"] == {"too_many_tokens": 1}
+    assert "its 10 tokens are over max_seq_len (4) and its labels mask 5 of them: truncation split cuts only rows " \
+           "trained whole" in (tmp_path / "split.jsonl").read_text()
+    assert [m.tolist() for _, m in samples(tmp_path / "split")][-1] == [0, 1, 1]
 
 
 @pytest.mark.parametrize("key", ["tools", "tool_schemas", "functions", "function_schemas"])
