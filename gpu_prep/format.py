@@ -248,14 +248,18 @@ def build_sharegpt(record: dict[str, Any], config: PipelineConfig) -> Conversati
     are wrapped as {"type": "function", "function": ...}, the shape OpenAI clients send and LLaMA-Factory
     writes them in."""
     conv = _conversation(record, *sharegpt_keys(config), config)
-    if conv.tools and any(_bare_schema(t) for t in conv.tools):
-        tools = [{"type": "function", "function": t} if _bare_schema(t) else t for t in conv.tools]
-        return dataclasses.replace(conv, tools=tools, notes=(*conv.notes, "tool_schemas_wrapped"))
-    return conv
+    tools = _wrapped(conv.tools)
+    return conv if tools is None else dataclasses.replace(conv, tools=tools, notes=(*conv.notes, "tool_schemas_wrapped"))
 
 
-def _bare_schema(tool: dict[str, Any]) -> bool:
-    return "name" in tool and "type" not in tool and "function" not in tool
+def _wrapped(tools: list[Any] | None) -> list[Any] | None:
+    """ShareGPT rows' tools with each bare schema ({"name", ...}) wrapped as {"type": "function", "function":
+    ...}; None where none is bare."""
+    def bare(tool: Any) -> bool:
+        return isinstance(tool, dict) and "name" in tool and "type" not in tool and "function" not in tool
+
+    return [{"type": "function", "function": t} if bare(t) else t for t in tools] if tools and any(map(bare, tools)) \
+        else None
 
 
 def messages_row(record: list[Any], config: PipelineConfig) -> dict[str, Any]:
@@ -695,6 +699,11 @@ def _preference_context(record: dict[str, Any], prompt: Part, completions: list[
     elif _optional_string(record, config.input.field_input).strip():
         notes.append("input_field_not_read")
     tools, parsed = _tools(record)
+    # LLaMA-Factory's sharegpt ranking rows (messages under from / value) take their tools as its sharegpt
+    # chat rows do (build_sharegpt); TRL's, as transformers passes them.
+    if config.input.role_key == "from" and (wrapped := _wrapped(tools)) is not None:
+        tools = wrapped
+        notes.append("tool_schemas_wrapped")
     return prompt, completions, tools, (*notes, *["tools_parsed_from_string"] * parsed)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers import gpu_prep_cli, run_rows
+from helpers import gpu_prep_cli, run_rows, samples
 from reference import CHATML_WITH_GENERATION, hf_tokenizer, write_tokenizer_dir
 
 import gpu_prep
@@ -495,6 +495,33 @@ def test_llama_factorys_ranking_rows_one_message_each_and_unmapped_roles_named(t
     assert totals["parse_report"]["unknown_roles"] == {"gpt": 4, "human": 2}
     detail = json.loads(rejects.read_text().splitlines()[0])["detail"]
     assert "wrote nothing of the completion in field 'chosen'" in detail and "its role 'gpt' is not one of" in detail
+
+
+def test_llama_factorys_ranking_rows_wrap_bare_tool_schemas_as_its_sharegpt_chat_rows(tmp_path: Path) -> None:
+    # The same tools in LLaMA-Factory's sharegpt SFT rows and its sharegpt ranking (DPO) rows render alike:
+    # bare schemas wrapped as {"type": "function", "function": ...}; TRL's rows keep them as transformers does.
+    tool = {"name": "get_weather", "description": "Weather now", "parameters": {"type": "object", "properties": {}}}
+    turn = [{"from": "human", "value": "Weather in Paris?"}]
+    ranking = {"conversations": turn, "chosen": {"from": "gpt", "value": "Sunny."},
+               "rejected": {"from": "gpt", "value": "No idea."}, "tools": json.dumps([tool])}
+    keys = {"type": "preference", "prompt_key": "conversations", "role_key": "from", "content_key": "value",
+            "roles": {"user": ["human"], "assistant": ["gpt"]}}
+    trl = {"prompt": [{"role": "user", "content": "Weather in Paris?"}], "chosen": [{"role": "assistant", "content": "Sunny."}],
+           "rejected": [{"role": "assistant", "content": "No idea."}], "tools": [tool]}
+    decode = hf_tokenizer(bundled_tokenizer_dir("qwen2.5")).decode
+    wrapped = '{"type": "function", "function": {"name": "get_weather"'
+    for name, config, row, wraps in (("lf", _config("qwen2.5", input=keys), ranking, True),
+                                     ("trl", _config("qwen2.5"), trl, False)):
+        out = run_rows(tmp_path, config, [row], name=name)
+        prompt = decode(pq.read_table(next(out.rglob("*.parquet"))).column("prompt_ids").to_pylist()[0])
+        assert (wrapped in prompt) == wraps and '"name": "get_weather"' in prompt, prompt
+        report = json.loads((out / "manifest.json").read_text())["totals"]["parse_report"]
+        assert report.get("tool_schemas_wrapped", 0) == int(wraps)
+    chat = {"conversations": [*turn, {"from": "gpt", "value": "Sunny."}], "tools": json.dumps([tool])}
+    out = run_rows(tmp_path, {"tokenizer": "qwen2.5", "input": {"type": "sharegpt"}, "mask": {"assistant": "train"}},
+                   [chat], name="sft")
+    [(ids, _)] = samples(out)
+    assert wrapped in decode(ids)
 
 
 @pytest.mark.parametrize("kind", ["preference", "kto"])
