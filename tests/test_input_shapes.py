@@ -324,6 +324,35 @@ def test_tools_reach_the_template_and_are_counted(tmp_path: Path, qwen: Any) -> 
     assert "lookup_weather" in qwen.decode(ids) and "lookup_weather" not in qwen.decode(ids[mask == 1])
 
 
+def test_openai_wire_format_arguments_and_weights(tmp_path: Path, qwen: Any) -> None:
+    # OpenAI's API gives a call's arguments as a JSON string; templates write them with tojson, so the string
+    # would be trained quoted ("{\"city\": ...}"), which no tool-call parser reads back: parsed, counted.
+    # Its fine-tuning rows mark a turn not to train with weight 0: not read unless named, and warned about.
+    from gpu_prep.run.manifest import summary_warnings
+
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    row = {"messages": [{"role": "user", "content": "Weather in Paris?"},
+                        {"role": "assistant", "content": "", "tool_calls": [call]},
+                        {"role": "tool", "tool_call_id": "c1", "content": "18 C"},
+                        {"role": "assistant", "content": "Bad guess.", "weight": 0},
+                        {"role": "user", "content": "Again?"}, {"role": "assistant", "content": "18 C.", "weight": 1}]}
+    config = {**CHAT, "tokenizer": "qwen2.5"}
+    out = run_rows(tmp_path, config, [row], name="wire")
+    [(ids, mask)] = samples(out)
+    trained = qwen.decode(ids[mask == 1])
+    assert '"arguments": {"city": "Paris"}' in trained and "Bad guess." in trained
+    manifest = json.loads((out / "manifest.json").read_text())
+    report = manifest["totals"]["parse_report"]
+    assert report["tool_call_arguments_parsed"] == 1 and report["message_weight_not_read"] == 2
+    assert any("set input.message_training_key: weight" in w for w in summary_warnings(manifest))
+    weighted = {**config, "input": {**config["input"], "message_training_key": "weight"}}
+    out = run_rows(tmp_path, weighted, [row], name="weighted")
+    [(ids, mask)] = samples(out)
+    assert "Bad guess." not in qwen.decode(ids[mask == 1]) and "18 C." in qwen.decode(ids[mask == 1])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["totals"]["parse_report"]["message_weight_not_read"] == 0
+
+
 def test_a_row_that_is_a_list_of_messages_is_a_conversation(tmp_path: Path) -> None:
     # Multi-dialogue files: each row is the messages themselves, with roles a template may not know.
     want = samples(run_rows(tmp_path, CHAT, OPENAI, name="openai"))

@@ -241,6 +241,10 @@ def summary_warnings(manifest: dict[str, Any]) -> list[str]:
                     "rows were not drawn: sampling_stopping_strategy first_exhausted ends the mix once one dataset is "
                     "through (all_exhausted draws every row, repeating the smaller datasets)"
                     for d in manifest.get("datasets", []) if d["rows_not_drawn"] and d["sampling"] != 0)
+    if n := report.get("message_weight_not_read"):
+        said.append(f"{n:,} message(s) carry a 'weight' key (OpenAI's per-message training flag), which this run does "
+                    f"not read (input.message_training_key is {manifest['config']['input']['message_training_key']!r}): "
+                    "set input.message_training_key: weight to mask the turns weighted 0")
     for role, n in report.get("unknown_roles", {}).items():
         said.append(f"{n:,} message(s) with role {role!r}, which is not one of {', '.join(TEMPLATE_ROLES)} (map it "
                     "with input.roles)")
