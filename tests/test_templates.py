@@ -62,6 +62,25 @@ def test_runs_with_a_named_template_train_the_assistant_turns(tmp_path: Path, qw
     assert (name in ("gemma", "mistral")) != ("terse" in qwen.decode(ids))
 
 
+@pytest.mark.parametrize(("name", "foreign"), [("phi3", "'<|end|>'"), ("llama3", "'<|eot_id|>'"), ("chatml", None),
+                                              ("qwen3", None)])
+def test_a_named_template_whose_turn_marks_the_tokenizer_lacks_is_warned_about(tmp_path: Path, name: str,
+                                                                              foreign: str | None) -> None:
+    # A template made for another vocabulary: its end of turn is written as text pieces, which merge with
+    # the replies' text and are trained so (ids as transformers gives them); the run says so before it starts.
+    from gpu_prep.pipeline import Options, run
+
+    said: list[str] = []
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps({"messages": CONVERSATION}) + "\n")
+    config = parse_config({"tokenizer": "qwen2.5", "chat_template": name, "input": {"type": "chat"},
+                           "chat_template_kwargs": {"bos_token": "<|begin_of_text|>"}, "mask": {"assistant": "train"}})
+    run(config, [str(data)], tmp_path / "out", Options(warn=said.append))
+    warned = [w for w in said if "has no token for" in w]
+    assert len(warned) == (foreign is not None)
+    assert not warned or f"closes turns with {foreign}, which the tokenizer (bundled qwen2.5) has no token" in warned[0]
+
+
 def test_a_template_that_moves_the_system_prompt_into_the_last_user_turn(tmp_path: Path, qwen: Any) -> None:
     """Mistral v0.3 writes the system prompt inside the last user turn, after the turns that follow it: the
     row renders, and exactly the assistant answer and its eos are trained."""

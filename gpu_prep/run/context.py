@@ -230,6 +230,19 @@ def chat_turn_ends_documents(config: PipelineConfig, tok: Tokenizer, eod: str | 
             "to keep it)")
 
 
+def turn_marks_not_tokens(render: RenderContext, tok: Tokenizer) -> str | None:
+    """A warning where a named chat template closes its turns with a text the tokenizer has no token for
+    (Phi-3's <|end|> on Qwen, ChatML's <|im_end|> on BERT): the marks are written as several text tokens,
+    merge with the replies' own text, and are trained as such (ids as transformers gives them)."""
+    source = render.template_source
+    missing = [t for t in source.end_of_turn if tok.token_id(t) is None] if source is not None else []
+    if render.template is None or not missing:
+        return None
+    return (f"the chat template ({source.source}) closes turns with {', '.join(map(repr, missing))}, which the "
+            f"tokenizer ({tok.source or tok.name}) has no token for: it is written as several text tokens, trained with "
+            "the replies as text; name a template made for this tokenizer")
+
+
 def end_of_document(config: PipelineConfig, tok: Tokenizer) -> str | None:
     """The text that closes every pretraining document (input.append_eod): input.eod_token, which must be
     one token of the vocabulary, or the tokenizer's eos token. A tokenizer without one that closes every
