@@ -30,7 +30,7 @@ from gpu_prep.errors import ConfigError, Drop, InputError
 from gpu_prep.jsonscan import LBRACKET, QUOTE
 from gpu_prep.delimited import csv_header, csv_rows
 from gpu_prep.sources import (KNOWN, READ_ERRORS, NotUtf8, batch_rows, batch_sizes, column_names, dataset_folder_files,
-                              default_split, file_size, first_not_utf8, hub_rows, inspect_file, is_url, json_array_rows,
+                              default_split, file_size, first_not_utf8, hub_rows, inspect_file, is_url, json_array_rows, lines_before_damage,
                               open_bytes, parquet_rows, remote_files, split_name, split_names, text_rows, text_size)
 
 # A JSON Lines chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so
@@ -421,6 +421,8 @@ def _guarded(file: InputFile, rows: Iterator[Row]) -> Iterator[Row]:
             if found is not None:
                 raise NotUtf8(file.path, file.compression, *found) from None
         what = "decompress" if file.compression is not None and not isinstance(exc, UnicodeError) else "read"
+        if what == "decompress" and file.layout in ("csv", "tsv"):  # its reader decompresses a block ahead
+            last = lines_before_damage(file.path, file.compression)
         unit = {"json": "element", "parquet": "row"}.get(file.layout, "row" if file.layout.startswith("arrow") else "line")
         raise InputError(f"{file.path}: cannot {what} beyond {unit} {last} ({type(exc).__name__}: {exc}); the "
                          "file is damaged or cut short: rows after that one would be lost, so the run stops") from None

@@ -355,6 +355,20 @@ def line_at(path: str, compression: str | None, offset: int) -> int:
     return line
 
 
+def lines_before_damage(path: str, compression: str) -> int:
+    """How many whole lines of a compressed file's text decompress before it breaks (read again: a reader
+    that decompresses a block ahead of its rows, as pyarrow's CSV reader does, cannot say)."""
+    lines = 0
+    with open_bytes(path, compression) as handle:
+        read = getattr(handle, "read1", handle.read)  # what decompresses before the break, not a whole block
+        try:
+            while data := read(1 << 16):
+                lines += data.count(b"\n")
+        except Exception:  # noqa: BLE001  where the stream breaks, whichever codec's error says so
+            pass
+    return lines
+
+
 class NotUtf8(InputError):
     """Text that is not UTF-8 met part-way through a CSV, TSV, plain text or JSON array file: the rows after
     it cannot be read. The whole text of an uncompressed local file is checked before anything is written
