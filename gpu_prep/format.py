@@ -684,7 +684,8 @@ def build_preference(record: dict[str, Any], config: PipelineConfig) -> Pair:
     for key, completion in ((inp.chosen_key, chosen), (inp.rejected_key, rejected)):
         _opens_with_reply(key, completion, given)
     prompt, (chosen, rejected), tools, notes = _preference_context(record, prompt, [chosen, rejected], config)
-    return Pair(prompt, chosen, rejected, tools, notes)
+    # Written as TRL keeps it, and counted: a pair whose completions are one gives DPO nothing to learn.
+    return Pair(prompt, chosen, rejected, tools, (*notes, "identical_completions") if chosen == rejected else notes)
 
 
 @register("kto")

@@ -21,7 +21,7 @@ from gpu_prep.output.files import JOURNAL
 from gpu_prep.pipeline import Options, run
 from helpers import REPO, write_jsonl
 
-PINNED = "863f2456d7a5bd39f45b9ac783369d8af061992f42904890ce0ee7b69c0f467b"
+PINNED = "6d09eb5f6390783766e576032df82a2b6f9586d63f4ba3e59a464cd115c63d9c"
 PINNED_EXAMPLE = "f1108f8a2db5cd6ef07d39dd6419a02e153b2cf91239293b9c983f0c1fb7b1be"
 MANIFEST_KEYS = ("totals", "domains", "packing")  # what the manifest says that no path or timing enters
 

@@ -198,6 +198,14 @@ def test_bad_rows_are_dropped_by_name_and_counted(tmp_path: Path, tokenizer_dir:
     assert totals["rows_dropped"] == {"missing_field": 1, "wrong_type": 2, "empty": 1}
     details = [json.loads(line)["detail"] for line in (tmp_path / "rejects.jsonl").read_text().split("\n") if line]
     assert "'rejected' is missing" in details[0] and "'prompt' must be a string" in details[1]
+    # A pair whose chosen is its rejected, with the prompt given: written as TRL keeps it, counted and warned about.
+    from gpu_prep.run.manifest import summary_warnings
+
+    same = {"prompt": "Say hi.", "chosen": "Hi!", "rejected": "Hi!"}
+    manifest = json.loads((run_rows(tmp_path, _config(tokenizer_dir), [good, same, same], name="same")
+                           / "manifest.json").read_text())
+    assert manifest["totals"]["rows_written"] == 3 and manifest["totals"]["parse_report"]["identical_completions"] == 2
+    assert any("2 preference pair(s) have the same chosen and rejected" in w for w in summary_warnings(manifest))
 
 
 @pytest.mark.parametrize("over, says", [

@@ -29,7 +29,8 @@ PARSE_COUNTS = ("rows_with_tools", "tools_parsed_from_string", "messages_parsed_
                 "structured_dropped_reasoning", "structured_cut_content", "reasoning_not_rendered",
                 "think_blocks_not_rendered", "think_blocks_trained", "think_blocks_untouched", "system_from_field",
                 "system_field_not_used", "tool_calls_parsed", "tool_schemas_wrapped", "input_field_not_read",
-                "tool_calls_not_trained", "tool_call_arguments_parsed", "message_weight_not_read")
+                "tool_calls_not_trained", "tool_call_arguments_parsed", "message_weight_not_read",
+                "identical_completions")
 
 
 @dataclass

@@ -241,6 +241,9 @@ def summary_warnings(manifest: dict[str, Any]) -> list[str]:
                     "rows were not drawn: sampling_stopping_strategy first_exhausted ends the mix once one dataset is "
                     "through (all_exhausted draws every row, repeating the smaller datasets)"
                     for d in manifest.get("datasets", []) if d["rows_not_drawn"] and d["sampling"] != 0)
+    if n := report.get("identical_completions"):
+        said.append(f"{n:,} preference pair(s) have the same chosen and rejected completion (written, as TRL keeps "
+                    "them): a preference loss learns nothing from them")
     if n := report.get("message_weight_not_read"):
         said.append(f"{n:,} message(s) carry a 'weight' key (OpenAI's per-message training flag), which this run does "
                     f"not read (input.message_training_key is {manifest['config']['input']['message_training_key']!r}): "
