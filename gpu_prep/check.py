@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_prep.builders import BuilderTokenizer
-from gpu_prep.config import PAIR_TYPES, TEMPLATE_ROLES, PipelineConfig
+from gpu_prep.config import PAIR_TYPES, SHAREGPT_ROLES, TEMPLATE_ROLES, PipelineConfig
 from gpu_prep.errors import Drop
 from gpu_prep.format import Conversation, detect_schema, registered
 from gpu_prep.mix import config_rows
@@ -149,6 +149,36 @@ def remove_sample(report: SampleReport) -> None:
         shutil.rmtree(report.out_dir.parent, ignore_errors=True)
 
 
+def _starter_roles(records: list[Any], kind: str) -> str:
+    """The input.roles a starter config needs for chat or sharegpt rows whose roles the default mapping does
+    not know (a ShareGPT bot, say): the default written out whole (a mapping given replaces it), each other
+    role under user or assistant as the turn before it suggests (after a user's turn, the assistant's)."""
+    if kind not in ("chat", "sharegpt"):
+        return ""
+    key, role_key = ("conversations", "from") if kind == "sharegpt" else ("messages", "role")
+    mapping = {t: list(s) for t, s in (SHAREGPT_ROLES if kind == "sharegpt" else {}).items()}
+    known = {source: target for target, sources in mapping.items() for source in sources}
+    known.update((r, r) for r in TEMPLATE_ROLES if r not in known)
+    after_user: Counter = Counter()
+    others: Counter = Counter()
+    for record in records:
+        turns = record.get(key) if isinstance(record, dict) else record
+        roles = [t.get(role_key) for t in turns if isinstance(t, dict)] if isinstance(turns, list) else []
+        for before, role in zip([None, *roles], roles):
+            if isinstance(role, str) and role not in known:
+                others[role] += 1
+                after_user[role] += known.get(before) == "user"
+    if not others:
+        return ""
+    for role in others:
+        target = "assistant" if after_user[role] * 2 > others[role] else "user"
+        mapping.setdefault(target, []).append(role)
+    lines = "".join(f"\n    {target}: [{', '.join(sources)}]" for target, sources in mapping.items())
+    return (f"\n  # The rows hold roles the default mapping does not know ({', '.join(others)}), placed here under user "
+            "or\n  # assistant by the turn before them (after a user's: the assistant's): check them. A mapping "
+            f"given\n  # replaces the default whole, so it is written out whole.\n  roles:{lines}")
+
+
 # What each input type trains by default in a starter config, with a comment saying why.
 _STARTER_MASK = {
     "chat": ("{assistant: train}", "the assistant's turns (and the end-of-turn token closing each)"),
@@ -179,12 +209,13 @@ def starter_config(inputs: list[str], tokenizer: str | None, rows: int = 50) -> 
     files, _ = run_inputs(parse_config({}), inputs)
     base = parse_config({"input": {"type": "auto"}})
     kinds: Counter = Counter()
-    seen = 0
+    seen, records = 0, []
     for chunk in read_chunks(files, rows, max_items=rows):
         for record in chunk.records:
             seen += 1
             if record is not None:
                 kinds[detect_schema({"messages": record} if isinstance(record, list) else record, base)] += 1
+                records.append(record)
     found = {k: n for k, n in kinds.items() if k is not None}
     if not found:
         from gpu_prep.errors import ConfigError
@@ -204,7 +235,7 @@ tokenizer: {tokenizer or "qwen2.5"}
 # The tokenizer's own chat template; or a name (chatml, llama3, mistral, ...), a .jinja file.
 chat_template: tokenizer_default
 input:
-  type: {kind}
+  type: {kind}{_starter_roles(records, kind)}
 # What is trained: {why}.
 mask: {mask}
 preprocessing:

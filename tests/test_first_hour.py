@@ -453,6 +453,23 @@ def test_init_writes_a_starter_config_that_runs(tmp_path: Path, rows: list, kind
     assert refused.returncode == 2 and "none of the first 1 rows" in refused.stderr
 
 
+def test_init_maps_roles_the_default_mapping_does_not_know(tmp_path: Path) -> None:
+    # A ShareGPT assistant called bot: the starter maps it (after a user's turn, so the assistant's) beside the
+    # default written out whole, and its run trains the bot's answers; without it the run would end 3.
+    rows = [{"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": f"Question {k}?"},
+                               {"from": "bot", "value": f"Answer {k}."}]} for k in range(6)]
+    data = write_jsonl(tmp_path / "bot.jsonl", rows)
+    printed = gpu_prep_cli("init", data)
+    assert printed.returncode == 0 and "    assistant: [gpt, model, assistant, bot]\n" in printed.stdout, printed.stdout
+    assert "    user: [human, user]\n" in printed.stdout and "(bot)" in printed.stdout
+    (tmp_path / "config.yaml").write_text(printed.stdout)
+    ran = gpu_prep_cli("run", "-c", tmp_path / "config.yaml", data, "-o", tmp_path / "out", "-q")
+    assert ran.returncode == 0, ran.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["totals"]["rows_written"] == 6 and manifest["totals"]["trained_tokens_by_role"].get("assistant")
+    assert "roles:" not in gpu_prep_cli("init", write_jsonl(tmp_path / "chat.jsonl", CHATS)).stdout
+
+
 def test_every_key_other_tools_are_pointed_to_exists() -> None:
     from gpu_prep.config import DatasetConfig, PipelineConfig
     from gpu_prep.config import _section
