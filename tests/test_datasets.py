@@ -134,6 +134,8 @@ def test_mixing_follows_the_seed_interleaving(tmp_path: Path, data: Path, strate
     else:  # every dataset gave every row at least once; some gave rows again
         assert all(per[n]["rows_written"] >= SIZES[n] for n in SIZES)
         assert all(per[n]["rows_not_drawn"] == 0 for n in SIZES) and not warned
+        assert all(per[n]["rows_drawn_again"] == per[n]["rows_read"] - SIZES[n] for n in SIZES)
+        assert any(per[n]["rows_drawn_again"] for n in SIZES)
     assert sum(d["share_of_tokens"] for d in manifest["datasets"]) == pytest.approx(1.0)
 
 
@@ -407,6 +409,8 @@ def test_a_mix_that_would_drop_its_own_repeats_is_warned_about(tmp_path: Path, d
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     web = next(d for d in manifest["datasets"] if d["name"] == "web")
     assert web["rows_read"] > SIZES["web"] and web["rows_written"] == SIZES["web"]
+    # The repeats dropped are the mix's own: no advice to compare whole texts instead of first characters.
+    assert "dedup_prefix_chars" not in result.stderr
 
 
 @pytest.mark.parametrize(("setting", "message"), [

@@ -140,10 +140,11 @@ def dataset_totals(config: PipelineConfig, datasets: list[Dataset], acct: Accoun
         read = sum(c.rows_read for c in counts)
         # A weighted mix that stops once a dataset is through (first_exhausted; or max_items) leaves the
         # others' later rows unread: counted, so that every row of the inputs is accounted for.
-        unread = max(0, dataset.rows_counted - read) if dataset.rows_counted is not None else 0
+        counted = read if dataset.rows_counted is None else dataset.rows_counted
         out.append({"name": spec.name, "input_type": config.dataset_config(k).input.type,
-                    "files": [f.path for f in dataset.files], "sampling": spec.sampling,
-                    "rows_read": read, "rows_not_drawn": unread, "rows_written": written,
+                    "files": [f.path for f in dataset.files], "sampling": spec.sampling, "rows_read": read,
+                    "rows_not_drawn": max(0, counted - read), "rows_drawn_again": max(0, read - counted),
+                    "rows_written": written,
                     "rows_dropped": dict(sorted(dropped.items())), "tokens": tokens,
                     "share_of_rows": written / rows_out, "share_of_tokens": tokens / tokens_out})
     return out
@@ -217,7 +218,9 @@ def duplicate_warning(manifest: dict[str, Any]) -> str | None:
     totals, config = manifest["totals"], manifest["config"]
     prefix, read = config["preprocessing"]["dedup_prefix_chars"], totals["rows_read"]
     parts = manifest.get("datasets") or [{"input_type": config["input"]["type"], "rows_dropped": totals["rows_dropped"]}]
-    dropped = sum(d["rows_dropped"].get("duplicate", 0) for d in parts if d["input_type"] not in WHOLE_ROW_TYPES)
+    # A mix's own repeats (all_exhausted draws the smaller datasets again) are duplicates whatever dedup compares.
+    dropped = sum(max(0, d["rows_dropped"].get("duplicate", 0) - d.get("rows_drawn_again", 0))
+                  for d in parts if d["input_type"] not in WHOLE_ROW_TYPES)
     if prefix is None or dropped < PREFIX_DUPLICATE_ROWS or dropped / read <= PREFIX_DUPLICATE_SHARE:
         return None
     return (f"{dropped:,} of the {read:,} rows read ({dropped / read:.0%}) were dropped as duplicates of an earlier "
