@@ -114,7 +114,9 @@ def _judge(config: PipelineConfig, report: SampleReport) -> None:
             report.warnings.append(f"{key}: no message of the sample has role {role!r} "
                                    f"(roles in the data: {', '.join(sorted(report.roles))})")
     for role in sorted(report.roles):
-        if role not in config.mask and role not in config.input.roles_to_train:
+        # (context roles masked by default are what everyone expects: no word about them)
+        expected = role in ("system", "user", "tool") and config.mask_default == "mask"
+        if role not in config.mask and role not in config.input.roles_to_train and not expected:
             report.warnings.append(f"role {role!r} ({report.roles[role]} messages) has no mask rule: mask_default "
                                    f"{config.mask_default!r} applies")
 

@@ -309,7 +309,10 @@ def test_validate_checks_a_config_against_a_sample_of_the_data(tmp_path: Path) -
     assert '"name": "qwen2.5"' in result.stdout  # the resolved tokenizer, never null
     assert "sample: 5 rows read, 5 would be written, tokenizer bundled qwen2.5" in result.stdout
     assert "⟦Answer 0: about 384,400 km on average.<|im_end|>⟧" in result.stdout
-    assert "role 'user' (5 messages) has no mask rule" in result.stderr
+    assert "has no mask rule" not in result.stderr  # the user's turns masked by default: as expected, no word
+    untrained = _config(tmp_path, {"input": {"type": "chat"}, "mask": {"user": "mask"}}, "untrained.json")
+    result = gpu_prep_cli("validate", "-c", untrained, data, "--sample", 5)
+    assert "role 'assistant' (5 messages) has no mask rule: mask_default 'mask' applies" in result.stderr
     # What would make run exit non-zero fails the check: here too many rows dropped, and an empty input.
     short = _config(tmp_path, {"input": {"type": "chat"}, "mask": {"assistant": "train"},
                                "preprocessing": {"max_seq_len": 8, "truncation": "drop"}}, "short.json")
