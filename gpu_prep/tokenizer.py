@@ -425,6 +425,18 @@ def _no_folder(spec: str, path: Path, hub: ConfigError) -> str:
             f"names a path in it){hint}; as a model id: {hub}")
 
 
+def _with_special_tokens_map(config: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The tokenizer config with the special tokens of special_tokens_map.json put in, as transformers does
+    where the config is of the older kind (no added_tokens_decoder): the map's entries win. Folders saved so
+    (Llama-2's and Mistral's first releases) name their bos and eos there alone."""
+    if "added_tokens_decoder" in config or not path.is_file():
+        return config
+    tokens = orjson.loads(path.read_bytes())
+    if not isinstance(tokens, dict):
+        raise ValueError(f"{path.name} holds {type(tokens).__name__}, not an object")
+    return {**config, **tokens}
+
+
 def load_tokenizer(spec: str, revision: str | None = None) -> Tokenizer:
     """A tokenizer directory, the name of a bundled tokenizer (gpu_prep.bundled), or a model id in the
     Hugging Face hub cache (at revision, else main)."""
@@ -454,6 +466,7 @@ def load_tokenizer(spec: str, revision: str | None = None) -> Tokenizer:
     try:
         with_config = files["tokenizer_config.json"].is_file()  # without: no special tokens, as HF loads it
         config = orjson.loads(files["tokenizer_config.json"].read_bytes()) if with_config else {}
+        config = _with_special_tokens_map(config, directory / "special_tokens_map.json")
         kept = _outline_path(files["tokenizer.json"])
     except (ValueError, OSError) as exc:
         raise ConfigError(f"tokenizer {spec!r}: cannot load {directory}: {exc}") from None

@@ -209,6 +209,31 @@ def test_ids_and_masks_equal_transformers(cases: dict[str, Case], name: str, met
     assert manifest["tokenizer"]["engine"] == "hf"
 
 
+def test_special_tokens_named_in_special_tokens_map_alone_are_the_tokenizers(cases: dict[str, Case],
+                                                                           tmp_path: Path) -> None:
+    # Llama-2's and Mistral's first releases keep bos and eos in special_tokens_map.json, their
+    # tokenizer_config.json of the older kind (no added_tokens_decoder): transformers reads the map there, so
+    # the template's bos_token and eos_token are <s> and </s>. Unread, every sample lost both, silently.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from transformers import AutoTokenizer
+
+    source = cases["sentencepiece-bpe"].folder
+    folder = _with(source, tmp_path / "legacy", mistral_v02())
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    specials = {k: config.pop(k) for k in ("bos_token", "eos_token", "unk_token") if k in config}
+    config.pop("added_tokens_decoder", None)
+    assert specials.get("bos_token") and specials.get("eos_token")
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    (folder / "special_tokens_map.json").write_text(json.dumps(specials), encoding="utf-8")
+    hf = AutoTokenizer.from_pretrained(str(folder))
+    assert (hf.bos_token, hf.eos_token) == (specials["bos_token"], specials["eos_token"])
+    rows = conversations(True)[:20]
+    expected = hf.apply_chat_template(rows, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    manifest, got = run_gpu_prep(folder, rows, tmp_path, "generation")
+    assert got == list(zip(expected["input_ids"], expected["assistant_masks"]))
+    assert manifest["tokenizer"]["bos_id"] == hf.bos_token_id and manifest["tokenizer"]["eos_id"] == hf.eos_token_id
+
+
 @pytest.mark.parametrize("kind", ["preference", "kto"])
 def test_standard_pairs_tokenize_the_prompt_as_trl_does(cases: dict[str, Case], kind: str, tmp_path: Path) -> None:
     # TRL tokenizes "The sky is" with the tokenizer's BOS added: ['<s>', '▁The', ...]. The BOS written into
