@@ -39,7 +39,7 @@ from gpu_prep.run.checkpoint import Checkpointer, has_checkpoint, load_for_resum
 from gpu_prep.run.commit import Committer
 from gpu_prep.read import InputFile, LeftOut
 from gpu_prep.run.context import (Decisions, Options, RunContext, build_context, chat_turn_ends_documents,
-                                  check_unchanged, run_inputs, turn_marks_not_tokens)
+                                  check_unchanged, responses_without_eos, run_inputs, turn_marks_not_tokens)
 from gpu_prep.run.local import run_chunks, run_here
 from gpu_prep.run.manifest import Outcome, build_manifest
 from gpu_prep.run.outdir import (MANIFEST, check_output, check_paths, check_rejects, output_lock, prepare_output,
@@ -101,7 +101,7 @@ def _context(config: PipelineConfig, files: list[InputFile], datasets: Any, opti
     first_rows_formatted(run_ctx)  # where the rows' shape says whether they need the chat template the run lacks
     if options.warn is not None:
         for warning in (chat_turn_ends_documents(config, tok, run_ctx.render.eod_text),
-                        turn_marks_not_tokens(run_ctx.render, tok)):
+                        turn_marks_not_tokens(run_ctx.render, tok), responses_without_eos(config, tok)):
             if warning:
                 options.warn(warning)
     return run_ctx

@@ -62,6 +62,16 @@ def test_instruction_rows_mask_the_prompt_pieces(tmp_path: Path, reference) -> N
     response = reference("Ottawa.", add_special_tokens=False)["input_ids"]
     assert ids.tolist() == [101, *prompt, *response, 102]
     assert mask.tolist() == [0] * (1 + len(prompt)) + [1] * len(response) + [0]
+    # BERT has no eos to close the response with: the run says so before it starts (qwen2.5's has one).
+    from gpu_prep.config import parse_config
+    from gpu_prep.pipeline import Options, run
+
+    for tokenizer, warned in (("bert-uncased", True), ("qwen2.5", False)):
+        said: list[str] = []
+        run(parse_config({**config, "tokenizer": tokenizer}), [str(out.parent / "run.jsonl")],
+            tmp_path / f"warned-{tokenizer}", Options(warn=said.append))
+        hits = [w for w in said if "has no eos token, which closes an instruction row's trained response" in w]
+        assert len(hits) == warned and (not warned or "'[SEP]' the tokenizer closes each text with" in hits[0]), said
 
 
 def test_chat_rows_are_masked_by_the_tokenizers_offsets(tmp_path: Path, reference) -> None:

@@ -243,6 +243,20 @@ def turn_marks_not_tokens(render: RenderContext, tok: Tokenizer) -> str | None:
             "the replies as text; name a template made for this tokenizer")
 
 
+def responses_without_eos(config: PipelineConfig, tok: Tokenizer) -> str | None:
+    """A warning where instruction rows, whose response the eos token closes (trained: the model learns to
+    stop there), meet a tokenizer that has none (BERT's; one whose folder names none)."""
+    def closed_by_eos(c: PipelineConfig) -> bool:
+        return c.input.type in ("instruction", "prompt_response") or \
+            (c.input.type == "alpaca" and c.input.alpaca_render != "chat_template")
+
+    if tok.eos_text is not None or not any(closed_by_eos(c) for c in config.all_configs()):
+        return None
+    after = f" (the {tok.suffix_text!r} the tokenizer closes each text with is not trained)" if tok.suffix_text else ""
+    return (f"the tokenizer ({tok.source or tok.name}) has no eos token, which closes an instruction row's trained "
+            f"response: responses are written with no end to learn{after}; name a tokenizer with an eos token")
+
+
 def end_of_document(config: PipelineConfig, tok: Tokenizer) -> str | None:
     """The text that closes every pretraining document (input.append_eod): input.eod_token, which must be
     one token of the vocabulary, or the tokenizer's eos token. A tokenizer without one that closes every
