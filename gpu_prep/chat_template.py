@@ -779,6 +779,7 @@ def has_generation_markers(source: str) -> bool:
 # What a template is tried on when it is made: one that cannot render this within the limits cannot render
 # any row, and is refused once, up front, rather than on every row and every probe of the Jinja-free path.
 _TRIAL = ({"role": "user", "content": "Hello."}, {"role": "assistant", "content": "Hello! How can I help?"})
+_SPECIAL_NAMES = ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token")
 
 
 class ChatTemplate:
@@ -811,6 +812,15 @@ class ChatTemplate:
                 if attempt == 2 or "template_time_limit" not in str(exc):
                     raise ConfigError(f"{self.origin} broke its limits rendering a two-message conversation, as it "
                                       f"would on every row: {exc}") from None
+            except jinja2.exceptions.UndefinedError as exc:
+                # A special token the tokenizer lacks (Llama-2's template reads bos_token, T5's tokenizer has
+                # none): undefined in every row's rendering too.
+                lacking = next((name for name in _SPECIAL_NAMES if f"'{name}' is undefined" in str(exc)), None)
+                if lacking is not None:
+                    raise ConfigError(f"{self.origin} reads {lacking}, which the tokenizer does not have (as "
+                                      f"transformers, every row would fail: {exc}); give it in chat_template_kwargs "
+                                      f"({{{lacking}: ...}}) or name a template made for this tokenizer") from None
+                return
             except jinja2.exceptions.TemplateError:
                 return  # it refuses this conversation (it wants a system message, say): rows will say what they make of it
 

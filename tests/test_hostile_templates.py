@@ -256,6 +256,23 @@ def test_a_template_that_breaks_its_limits_on_every_row_is_refused_up_front(tmp_
     assert time.monotonic() - started < 30
 
 
+def test_a_template_reading_a_special_token_the_tokenizer_lacks_is_refused_up_front(tmp_path: Path) -> None:
+    # Llama-2's template adds bos_token to each user turn; the bundled qwen2.5 has none: every row would
+    # fail (as in transformers), so the run stops before it starts, saying which token and how to give it.
+    llama2 = ("{% for m in messages %}{% if m.role == 'user' %}{{ bos_token + '[INST] ' + m.content + ' [/INST]' }}"
+              "{% else %}{{ ' ' + m.content + eos_token }}{% endif %}{% endfor %}")
+    data = write_jsonl(tmp_path / "data.jsonl", [_conversation("Hello")])
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(_config(llama2)))
+    result = gpu_prep_cli("run", "-c", config, data, "-o", tmp_path / "out", timeout=HANG_SECONDS)
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 2 and "reads bos_token, which the tokenizer does not have" in said, result.stderr
+    assert not (tmp_path / "out").exists()
+    given = json.loads(config.read_text())
+    config.write_text(json.dumps({**given, "chat_template_kwargs": {"bos_token": "<|endoftext|>"}}))
+    assert gpu_prep_cli("run", "-c", config, data, "-o", tmp_path / "out", timeout=HANG_SECONDS).returncode == 0
+
+
 def test_a_trial_render_held_up_once_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
     # The up-front trial is timed by the clock: on a machine busy elsewhere one render of two messages ran
     # past 2 s and a good template was refused. Held up once, it is tried again; every time, it is refused.
