@@ -19,6 +19,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote
 from typing import Any
 
 import numpy as np
@@ -29,9 +30,10 @@ from gpu_prep.backend import ReadGroups, ReadRange
 from gpu_prep.errors import ConfigError, Drop, InputError
 from gpu_prep.jsonscan import LBRACKET, QUOTE
 from gpu_prep.delimited import csv_header, csv_rows
-from gpu_prep.sources import (KNOWN, READ_ERRORS, NotUtf8, batch_rows, batch_sizes, column_names, dataset_folder_files,
-                              default_split, file_size, first_not_utf8, hub_rows, inspect_file, is_url, json_array_rows, lines_before_damage,
-                              open_bytes, parquet_rows, remote_files, split_name, split_names, text_rows, text_size)
+from gpu_prep.sources import (DATASETS_METADATA, KNOWN, READ_ERRORS, NotUtf8, batch_rows, batch_sizes, column_names,
+                              dataset_folder_files, default_split, file_size, first_not_utf8, hub_rows, inspect_file,
+                              is_url, json_array_rows, lines_before_damage, open_bytes, parquet_rows, remote_files,
+                              split_name, split_names, text_rows, text_size)
 
 # A JSON Lines chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so
 # memory stays bounded whatever the rows' sizes (Parquet and JSON-array rows count rows only).
@@ -146,8 +148,14 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
     how, left_out = how or ReadAs(), left_out if left_out is not None else LeftOut()
     paths: list[tuple[str, str]] = []  # (what was given, a file it gives)
     for pattern in patterns:
+        if pattern.startswith("file://"):  # a local path, read by the local rules (folders, splits, given twice)
+            pattern = unquote(pattern[len("file://"):])
         if is_url(pattern):
-            found = remote_files(pattern)
+            if how.split is not None:
+                raise ConfigError(_no_split(pattern, how.split, "a URL has"))
+            found, unread = remote_files(pattern)
+            if unread:
+                left_out.files[pattern] = unread
         elif os.path.isdir(pattern):
             found = dataset_folder_files(Path(pattern), how.split)
             if found is None:
@@ -196,9 +204,6 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
 
 DELIMITERS = {"csv": ",", "tsv": "\t"}  # of the CSV and TSV layouts
 # What a datasets cache folder holds beside its data: metadata, and the cache files .map and .filter leave.
-_DATASETS_METADATA = frozenset({"dataset_info.json", "state.json", "dataset_dict.json"})
-
-
 def folder_files(folder: Path, builder: str | None = None, split: str | None = None
                  ) -> tuple[list[str], list[str], dict[str, tuple[str, list[str]]]]:
     """The files of a folder (and the folders in it) that gpu-prep reads, sorted, and those it leaves out,
@@ -228,7 +233,7 @@ def folder_files(folder: Path, builder: str | None = None, split: str | None = N
         if not path.is_file():
             continue
         if (path.parent / "dataset_info.json").is_file() and (
-                path.name in _DATASETS_METADATA or (path.name.startswith("cache-") and path.suffix == ".arrow")):
+                path.name in DATASETS_METADATA or (path.name.startswith("cache-") and path.suffix == ".arrow")):
             continue
         (read if builder or split_name(str(path))[0] else left_out).append(str(path))
     return sorted(read), sorted(left_out), splits

@@ -133,16 +133,34 @@ def _decompressed(raw: Any, compression: str | None) -> Any:
     return raw
 
 
-def remote_files(pattern: str) -> list[str]:
-    """A URL's files: itself, a folder's readable files, or a glob's matches, as URLs, sorted."""
+DATASETS_METADATA = frozenset({"dataset_info.json", "state.json", "dataset_dict.json"})
+
+
+def remote_files(pattern: str) -> tuple[list[str], list[str]]:
+    """A URL's files, as URLs, sorted: itself, a glob's matches, or a folder's files by the rules of a local
+    folder (read.folder_files): none hidden or under a hidden folder (.ipynb_checkpoints), none of the
+    metadata and cache-*.arrow files of a folder the datasets library wrote; and those left out, their
+    names saying no format gpu-prep reads. A DatasetDict's folder is refused: its splits are not read
+    over a URL (give the split's folder)."""
     fs, inner = filesystem(pattern)
     if any(c in inner for c in "*?["):
-        found = fs.glob(inner)
-    elif fs.isdir(inner):
-        found = [p for p in fs.find(inner) if split_name(p)[0]]
-    else:
-        found = [inner] if fs.exists(inner) else []
-    return sorted(fs.unstrip_protocol(p) for p in found if not fs.isdir(p))
+        found = [p for p in fs.glob(inner) if not fs.isdir(p)]
+        return sorted(fs.unstrip_protocol(p) for p in found), []
+    if not fs.isdir(inner):
+        return ([fs.unstrip_protocol(inner)] if fs.exists(inner) else []), []
+    root = inner.rstrip("/")
+    files = [p for p in fs.find(inner) if not any(part.startswith(".") for part in p[len(root):].split("/"))]
+    written = {p.rsplit("/", 1)[0] for p in files if p.rsplit("/", 1)[-1] == "dataset_info.json"}
+    if any(p.rsplit("/", 1)[-1] == "dataset_dict.json" for p in files):
+        raise ConfigError(f"input {pattern!r} holds a DatasetDict (dataset_dict.json), whose splits are not read over a "
+                          "URL: give the folder of the split to read (its URL ending in /train, say)")
+    read, left_out = [], []
+    for path in files:
+        folder, name = path.rsplit("/", 1)
+        if folder in written and (name in DATASETS_METADATA or (name.startswith("cache-") and name.endswith(".arrow"))):
+            continue
+        (read if split_name(path)[0] else left_out).append(fs.unstrip_protocol(path))
+    return sorted(read), sorted(left_out)
 
 
 def text_size(path: str, compression: str | None, size: int) -> int | None:

@@ -445,6 +445,45 @@ def test_urls_are_read_through_fsspec_as_local_files_are(tmp_path: Path) -> None
         run(config, ["memory://bucket/nothing.jsonl"], tmp_path / "none")
 
 
+def test_a_folder_by_url_is_read_by_the_rules_of_a_local_folder(tmp_path: Path) -> None:
+    # A notebook's stale copy under .ipynb_checkpoints, the datasets library's metadata and cache-*.arrow
+    # files, a file of no known format: over a URL as on disk, none is read (they were, without a word).
+    # file:// is a local path; a DatasetDict by URL is refused, and input.split with a URL too.
+    fsspec = pytest.importorskip("fsspec")
+    settings, make = KINDS["instruction"]
+    rows = make()
+    config = parse_config({**settings, "preprocessing": {"deduplicate": False}})
+    local = tmp_path / "data"
+    local.mkdir()
+    want = run(config, [str(write_jsonl(local / "part.jsonl", rows))], tmp_path / "want")
+    (local / ".ipynb_checkpoints").mkdir()
+    write_jsonl(local / ".ipynb_checkpoints" / "part-checkpoint.jsonl", rows[:5])
+    (local / "notes.md").write_text("# notes\n")
+    saved = Path(_save_to_disk(rows, local)[0])  # a .map() leaves its cache-*.arrow beside the data
+    (saved / "cache-0123.arrow").write_bytes(next(saved.glob("data-*.arrow")).read_bytes())
+    memory = fsspec.filesystem("memory")
+    for path in local.rglob("*"):
+        if path.is_file():
+            memory.pipe(f"/folder/{path.relative_to(local).as_posix()}", path.read_bytes())
+    for given in ("memory://folder/", f"file://{local}"):
+        got = run(config, [given], tmp_path / f"got-{given.split(':')[0]}")
+        assert got["totals"]["rows_read"] == 2 * len(rows), given  # part.jsonl and the saved dataset's Arrow file
+        assert _shards(got) == _shards(run(config, [str(local / "part.jsonl"), str(local / "saved")],
+                                           tmp_path / f"local-{given.split(':')[0]}"))
+        [(folder, unread)] = got["inputs_left_out"].items()
+        assert unread["files"] == 1 and unread["first"][0].endswith("/notes.md"), (given, folder, unread)
+    assert _shards(want)
+    with pytest.raises(ConfigError, match="are the same file"):
+        run(config, [str(local / "part.jsonl"), f"file://{local}/part.jsonl"], tmp_path / "twice")
+    memory.pipe("/dict/dataset_dict.json", b'{"splits": ["train"]}')
+    memory.pipe("/dict/train/data.jsonl", (local / "part.jsonl").read_bytes())
+    with pytest.raises(ConfigError, match="holds a DatasetDict"):
+        run(config, ["memory://dict/"], tmp_path / "dict")
+    split = parse_config({**settings, "input": {**settings["input"], "split": "train"}})
+    with pytest.raises(ConfigError, match="input.split 'train' names a split, and a URL has none"):
+        run(split, ["memory://folder/"], tmp_path / "split")
+
+
 def test_a_hub_dataset_entry_streams_through_datasets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("datasets")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
