@@ -59,6 +59,7 @@ class InputFile:
     hub: str | None = None  # layout "hub": the datasets.load_dataset arguments, as JSON
     encoding: str | None = None  # a text file's encoding when its BOM says UTF-16 or UTF-32 (None: UTF-8)
     text_bytes: int | None = None  # about how much text it holds, decompressed (sources.text_size; progress)
+    version: str | None = None  # layout "hub": what names the dataset's version (sources.hub_version)
 
     @property
     def weight(self) -> int:

@@ -500,6 +500,16 @@ def test_a_hub_dataset_entry_streams_through_datasets(tmp_path: Path, monkeypatc
     got = run(parse_config({**config, "datasets": [{"name": "corpus", "hub": hub}]}), [], tmp_path / "got")
     assert _shards(got) == {"corpus": _shards(want)["__default__"]}  # a dataset's domain is its name
     assert got["inputs"][0]["path"] == f"hub:{repo}:train"
+    # Its version (the files datasets reads it from) is recorded, and a resume compares it: a dataset that
+    # changed between a stop and --resume would give shards of two versions.
+    from gpu_prep.run.checkpoint import run_identity
+    from gpu_prep.run.context import hub_input
+
+    version = got["inputs"][0]["version"]
+    before = run_identity("c", [hub_input(hub, 0)], {"sha256": "t"})
+    assert version and before["inputs"][0][2] == version
+    write_jsonl(repo / "data" / "train.jsonl", [{**rows[0], "text": "changed " + rows[0]["text"]}, *rows[1:]])
+    assert run_identity("c", [hub_input(hub, 0)], {"sha256": "t"}) != before
     with pytest.raises(ConfigError, match="hub dataset 'nobody/nothing': cannot load it"):
         run(parse_config({**config, "datasets": [{"name": "x", "hub": {"name": "nobody/nothing"}}]}), [], tmp_path / "x")
     assert not (tmp_path / "x").exists()

@@ -44,8 +44,8 @@ def run_identity(config_sha256: str, files: list[Any], tokenizer: dict[str, Any]
     PipelineConfig.output_sha256), each input, the tokenizer's files."""
     inputs = []
     for f in files:
-        if not os.path.isfile(f.path):  # a URL or a hub dataset: its size is what can be told cheaply
-            inputs.append([f.path, f.size_bytes, None])
+        if not os.path.isfile(f.path):  # a URL: its size is what can be told cheaply; a hub dataset: its version
+            inputs.append([f.path, f.size_bytes, getattr(f, "version", None)])
             continue
         stat = os.stat(f.path)
         inputs.append([f.path, stat.st_size, stat.st_mtime_ns])

@@ -22,7 +22,7 @@ from gpu_prep.errors import ConfigError, InputError
 from gpu_prep.format import columnar_schema
 from gpu_prep.mix import HANDLERS, Dataset, with_tokenizer
 from gpu_prep.read import Columnar, InputFile, LeftOut, ReadAs, check_columns, expand_inputs
-from gpu_prep.sources import hub_dataset
+from gpu_prep.sources import hub_dataset, hub_version
 from gpu_prep.render import RenderContext, no_template
 from gpu_prep.templates import resolve_template
 from gpu_prep.tokenizer import KNOWN_END_OF_TURN, Tokenizer
@@ -344,7 +344,7 @@ def check_unchanged(files: list[InputFile], started: list[list[Any]]) -> None:
     """Fail the run when an input's size or modification time differs from when the run started: the rows
     read may be a mix of two versions, and the manifest's checksum may describe neither."""
     for f, (path, size, mtime) in zip(files, started):
-        if mtime is None:  # not a local file
+        if not isinstance(mtime, int):  # not a local file (a URL; a hub dataset, which names its version there)
             continue
         try:
             stat = os.stat(path)
@@ -357,9 +357,10 @@ def check_unchanged(files: list[InputFile], started: list[list[Any]]) -> None:
 
 def hub_input(arguments: dict[str, Any], index: int) -> InputFile:
     """A hub dataset as one input, loaded once here so that a wrong name fails before anything is written."""
-    hub_dataset(arguments)
+    version = hub_version(hub_dataset(arguments))
     where = f"hub:{arguments['name']}" + (f"/{arguments['config']}" if arguments.get("config") else "")
-    return InputFile(index, f"{where}:{arguments['split']}", 0, "hub", hub=orjson.dumps(arguments).decode())
+    return InputFile(index, f"{where}:{arguments['split']}", 0, "hub", hub=orjson.dumps(arguments).decode(),
+                     version=version)
 
 
 def read_as(config: PipelineConfig, builder: str | None = None) -> ReadAs:
