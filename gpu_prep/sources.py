@@ -462,8 +462,13 @@ def inspect_file(path: str, fmt: str, compression: str | None) -> tuple[str, str
             raise ConfigError(f"input {path!r}: named as {'JSON Lines' if fmt == 'jsonl' else 'JSON'}, but it holds "
                               f"{_what(head)}; name its format with a dataset's builder, or give it the extension of "
                               "what it is")
-        if fmt == "json" and text.startswith("{"):
-            return "jsonl", encoding  # one object per line, named .json
+        if fmt == "json" and text.startswith("{"):  # one object per line, named .json; or one object over many
+            line, newline, _ = text.partition("\n")
+            if newline and not _json_value(line):
+                raise ConfigError(f"input {path!r}: holds one JSON object written over many lines, neither JSON Lines "
+                                  "(an object a line) nor an array of rows; where its rows are a field's list "
+                                  "({\"data\": [...]}), write them out as JSON Lines (jq -c '.data[]' FILE > rows.jsonl)")
+            return "jsonl", encoding
         if fmt == "jsonl" and text.split("\n", 1)[0].strip() == "[":
             raise ConfigError(f"input {path!r}: named as JSON Lines, but it holds a JSON array written over many "
                               "lines (its first line is '['); name it .json to read its elements as rows")
@@ -499,11 +504,15 @@ def _not_utf8_past_head(path: str, compression: str | None, array: bool) -> str:
 def _json_line(text: str) -> bool:
     """Whether the first line of the text (when whole in it) is a JSON value."""
     line, _, rest = text.partition("\n")
+    return _json_value(line) and bool(rest)
+
+
+def _json_value(text: str) -> bool:
     try:
-        json.loads(line)
+        json.loads(text)
     except ValueError:
         return False
-    return bool(rest)
+    return True
 
 
 def _readable(path: str, layout: str) -> str:
