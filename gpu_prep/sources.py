@@ -628,6 +628,9 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
     finder = json.JSONDecoder()
     decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
     with open_bytes(path, compression, encoding) as handle:
+        # What decompresses before a break is read (a cut file's whole elements are rows): a block read
+        # whole would raise with the elements before the break in it unread.
+        take = getattr(handle, "read1", handle.read)
         buffer, pos, done = "", 0, False
         index = 0  # the elements read
         read = 0  # the bytes of text given to the decoder
@@ -639,7 +642,7 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
                 raise NotUtf8(path, compression, *bad, index)
             if done:
                 return False
-            data = handle.read(block)
+            data = take(block)
             done = not data
             held = len(decoder.getstate()[0])
             try:
