@@ -112,6 +112,9 @@ def is_message_list(record: Any) -> bool:
 
 def _hub_hint(path: str) -> str:
     """For a missing path that reads like a hub dataset id (ORG/NAME, no extension): where such ids go."""
+    if path.startswith("hf://datasets/"):  # the repo is what follows datasets/, whatever folder comes after
+        parts = path[len("hf://datasets/"):].split("/")
+        return f"; no such file or folder in the hub dataset {'/'.join(parts[:2])!r} (or it is not in the cache)"
     parts = Path(path).parts
     if len(parts) < 2 or split_name(path)[0] is not None or glob.has_magic(path):
         return ""

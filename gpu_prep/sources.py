@@ -407,6 +407,9 @@ def _what(head: bytes) -> str:
         return "an Arrow IPC file"
     if head.startswith(b"\xff\xff\xff\xff"):
         return "an Arrow IPC stream"
+    if head.startswith(b"FEA1"):  # pyarrow.feather.write_feather(..., version=1)
+        return ("Feather version 1, which gpu-prep does not read (write it again as version 2: "
+                "pyarrow.feather.write_feather(pyarrow.feather.read_table(path), new_path))")
     for codec, magic in _MAGIC.items():
         if head.startswith(magic):
             return f"{codec}-compressed data"

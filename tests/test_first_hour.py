@@ -554,6 +554,9 @@ def test_a_missing_input_that_reads_like_a_hub_id_points_to_the_hub_key(tmp_path
     assert "hub: {name: HuggingFaceH4/ultrachat_200k}" in result.stderr, result.stderr
     plain = gpu_prep_cli("run", "-c", REPO / "configs/sft.json", tmp_path / "missing.jsonl", "-o", tmp_path / "out")
     assert plain.returncode == 2 and "no such file" in plain.stderr and "hub" not in plain.stderr
+    from gpu_prep.read import _hub_hint  # a hub URL's folder: its repo is what follows datasets/
+
+    assert "in the hub dataset 'acme/chat'" in _hub_hint("hf://datasets/acme/chat/data/")
 
 
 @pytest.mark.parametrize("module", ["gpu_prep", "gpu_prep.launch"])

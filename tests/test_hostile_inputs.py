@@ -407,6 +407,7 @@ HOSTILE = [
     ("cut.txt.xz", "txt-xz-half", 1, "cannot decompress beyond line"),
     ("cut.json.gz", "json-gzip-half", 1, "cannot decompress beyond element"),
     ("cut.jsonl.zst", "zstd-half", 2, "cannot decompress it as zstd"),
+    ("old.feather", b"FEA1" + _random(500), 2, "Feather version 1, which gpu-prep does not read"),
     # One object over many lines (the datasets json builder's field= layout): its lines were rows, all malformed.
     ("wrapped.json", json.dumps({"version": 1, "data": [{"text": f"row {i}"} for i in range(30)]}, indent=2).encode(),
      2, "holds one JSON object written over many lines"),
