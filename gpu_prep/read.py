@@ -432,7 +432,8 @@ def _guarded(file: InputFile, rows: Iterator[Row]) -> Iterator[Row]:
         what = "decompress" if file.compression is not None and not isinstance(exc, UnicodeError) else "read"
         if what == "decompress" and file.layout in ("csv", "tsv"):  # its reader decompresses a block ahead
             last = lines_before_damage(file.path, file.compression)
-        unit = {"json": "element", "parquet": "row"}.get(file.layout, "row" if file.layout.startswith("arrow") else "line")
+        unit = {"json": "element", "parquet": "row", "hub": "row"}.get(file.layout,
+                                                                      "row" if file.layout.startswith("arrow") else "line")
         raise InputError(f"{file.path}: cannot {what} beyond {unit} {last} ({type(exc).__name__}: {exc}); the "
                          "file is damaged or cut short: rows after that one would be lost, so the run stops") from None
 
@@ -568,7 +569,7 @@ def file_rows(file: InputFile, columnar: Columnar | None = None, max_row_bytes: 
     the file when it cannot be read to its end."""
     layout = file.layout
     if layout == "hub":
-        return hub_rows(orjson.loads(file.hub))
+        return _guarded(file, hub_rows(orjson.loads(file.hub)))
     return _guarded(file, _rows_of(file, columnar, max_row_bytes))
 
 

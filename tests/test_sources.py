@@ -24,7 +24,7 @@ import pytest
 
 from corpora import sharegpt_chats
 from gpu_prep.config import load_config, parse_config
-from gpu_prep.errors import ConfigError
+from gpu_prep.errors import ConfigError, InputError
 from gpu_prep.pipeline import Options, run
 from gpu_prep.read import expand_inputs, file_rows
 from gpu_prep.sources import inspect_file, split_name
@@ -513,6 +513,23 @@ def test_a_hub_dataset_entry_streams_through_datasets(tmp_path: Path, monkeypatc
     with pytest.raises(ConfigError, match="hub dataset 'nobody/nothing': cannot load it"):
         run(parse_config({**config, "datasets": [{"name": "x", "hub": {"name": "nobody/nothing"}}]}), [], tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def test_a_hub_dataset_that_breaks_part_way_names_itself_and_its_last_row(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # A cache file cut short under datasets: pyarrow's error alone named neither the dataset nor the row.
+    import gpu_prep.run.context as context
+    import gpu_prep.sources as sources
+
+    def broken(arguments: dict[str, Any]) -> Any:
+        yield from ({"text": f"row {k} of the hub dataset"} for k in range(3))
+        raise OSError("Expected to be able to read 7624 bytes for message body, got 7260")
+
+    monkeypatch.setattr(sources, "hub_dataset", broken)
+    monkeypatch.setattr(context, "hub_dataset", broken)
+    config = {**KINDS["text"][0], "datasets": [{"name": "web", "hub": {"name": "acme/web", "split": "train"}}]}
+    with pytest.raises(InputError, match=r"hub:acme/web:train: cannot read beyond row 3 \(OSError: Expected to be"):
+        run(parse_config(config), [], tmp_path / "out")
 
 
 def test_a_dropped_columnar_row_is_located_by_row_group_or_record_batch(tmp_path: Path) -> None:
