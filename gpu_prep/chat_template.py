@@ -800,6 +800,7 @@ class ChatTemplate:
             raise _syntax_error(origin, source, exc) from None
         self.variables = {**special_tokens, **(kwargs or {})}
         self.marked = has_generation_markers(source)
+        self.unusable: str | None = None  # why no row can be rendered (a special token the tokenizer lacks)
         self._try()
 
     def _try(self) -> None:
@@ -814,12 +815,13 @@ class ChatTemplate:
                                       f"would on every row: {exc}") from None
             except jinja2.exceptions.UndefinedError as exc:
                 # A special token the tokenizer lacks (Llama-2's template reads bos_token, T5's tokenizer has
-                # none): undefined in every row's rendering too.
+                # none): undefined in every row's rendering too. Said where rows need the template
+                # (context.render_context): a pretraining run never renders one.
                 lacking = next((name for name in _SPECIAL_NAMES if f"'{name}' is undefined" in str(exc)), None)
                 if lacking is not None:
-                    raise ConfigError(f"{self.origin} reads {lacking}, which the tokenizer does not have (as "
-                                      f"transformers, every row would fail: {exc}); give it in chat_template_kwargs "
-                                      f"({{{lacking}: ...}}) or name a template made for this tokenizer") from None
+                    self.unusable = (f"{self.origin} reads {lacking}, which the tokenizer does not have (as in "
+                                     f"transformers, every row would fail: {exc}); give it in chat_template_kwargs "
+                                     f"({{{lacking}: ...}}) or name a template made for this tokenizer")
                 return
             except jinja2.exceptions.TemplateError:
                 return  # it refuses this conversation (it wants a system message, say): rows will say what they make of it

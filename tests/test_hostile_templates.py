@@ -271,6 +271,11 @@ def test_a_template_reading_a_special_token_the_tokenizer_lacks_is_refused_up_fr
     given = json.loads(config.read_text())
     config.write_text(json.dumps({**given, "chat_template_kwargs": {"bos_token": "<|endoftext|>"}}))
     assert gpu_prep_cli("run", "-c", config, data, "-o", tmp_path / "out", timeout=HANG_SECONDS).returncode == 0
+    # A pretraining run renders no conversation: the same template is no reason to stop it.
+    text = write_jsonl(tmp_path / "text.jsonl", [{"text": "A document long enough to be kept. " * 4}])
+    config.write_text(json.dumps({**_config(llama2), "input": {"type": "text"}}))
+    ran = gpu_prep_cli("run", "-c", config, text, "-o", tmp_path / "text-out", timeout=HANG_SECONDS)
+    assert ran.returncode == 0, ran.stderr
 
 
 def test_a_trial_render_held_up_once_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -187,6 +187,8 @@ def render_context(config: PipelineConfig, tok: Tokenizer) -> RenderContext:
                      if chosen.tool_text else None)
     if template is None and (rows := _template_needed(config)):  # not left to the first row, mid-run
         raise no_template(rows, chosen)
+    if template is not None and template.unusable and _template_needed(config):
+        raise ConfigError(template.unusable)
     generation = mask_method(config, template)
     chat = template is not None and config.input.type == "chat"
     marked = generation and template is not None and template.marked
