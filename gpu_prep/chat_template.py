@@ -37,7 +37,7 @@ import types
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from functools import lru_cache, update_wrapper
+from functools import cached_property, lru_cache, update_wrapper
 from itertools import islice
 from typing import Any, NoReturn
 
@@ -825,6 +825,19 @@ class ChatTemplate:
                 return
             except jinja2.exceptions.TemplateError:
                 return  # it refuses this conversation (it wants a system message, say): rows will say what they make of it
+
+    @cached_property
+    def quotes_string_arguments(self) -> bool:
+        """Whether the template writes a tool call's arguments given as a string (OpenAI's wire format) quoted,
+        as a JSON string (tojson: Qwen2.5, Llama 3.1), rather than as given (Qwen3 tests `is string`)."""
+        call = {"type": "function", "function": {"name": "probe", "arguments": '{"probe": 1}'}}
+        try:
+            with row_limits(DEFAULT_TIME_LIMIT, DEFAULT_MAX_CHARS):
+                text = self.render([{"role": "user", "content": "Hello."},
+                                    {"role": "assistant", "content": "", "tool_calls": [call]}])
+        except Exception:  # noqa: BLE001  a template that refuses the probe writes no such call either
+            return False
+        return '\\"probe\\"' in text
 
     def _arguments(self, messages: list[dict[str, Any]], tools: list[Any] | None, documents: list[Any] | None,
                    add_generation_prompt: bool) -> dict[str, Any]:

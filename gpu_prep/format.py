@@ -344,9 +344,6 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
         # Row keys are renamed to the template's, not copied: templates read role and content.
         extra = {k: v for k, v in message.items() if k not in sources}
         extra.update((target, message[source]) for target, source in renames.items() if source in message)
-        if "tool_calls" in extra and (parsed := _arguments_parsed(extra["tool_calls"]))[1]:
-            extra["tool_calls"] = parsed[0]
-            notes.extend(["tool_call_arguments_parsed"] * parsed[1])
         if "weight" in extra and inp.message_training_key != "weight":
             notes.append("message_weight_not_read")
         source = next((k for k in inp.reasoning_keys if isinstance(message.get(k), str)), None)
@@ -393,29 +390,6 @@ def _with_system_field(record: dict[str, Any], messages: list[dict[str, Any]], c
 
 
 THINK_BLOCK = re.compile(r"\s*<think>(.*?)</think>\s*", re.DOTALL)  # an inline reasoning block
-
-
-def _arguments_parsed(calls: Any) -> tuple[Any, int]:
-    """Tool calls whose arguments are a string holding a JSON object (OpenAI's wire format) with the object in
-    its place, and how many were: chat templates write arguments with tojson, so the string would be
-    trained as a quoted JSON string that no tool-call parser reads back as arguments."""
-    if not isinstance(calls, list):
-        return calls, 0
-    out, parsed = [], 0
-    for call in calls:
-        inner = call.get("function", call) if isinstance(call, dict) else None
-        arguments = inner.get("arguments") if isinstance(inner, dict) else None
-        if isinstance(arguments, str) and arguments.lstrip().startswith("{"):
-            try:
-                value = json.loads(arguments)
-            except ValueError:
-                value = None
-            if isinstance(value, dict):
-                inner = {**inner, "arguments": value}
-                call = {**call, "function": inner} if "function" in call else inner
-                parsed += 1
-        out.append(call)
-    return out, parsed
 
 
 def _tool_calls(content: str, where: str, role: str) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import json
 import os
 import re
 import unicodedata
@@ -629,26 +630,29 @@ def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
     Conversational: the prompt is the template's rendering of the prompt messages with its generation
     prompt; standard: the texts as they are between the tokenizer's own prefix and suffix, with the eos
     token closing a completion that lacks it (as TRL adds it)."""
-    differs = False
+    differs, notes = False, ()
     if pair.conversational:
         if ctx.template is None:
             raise no_template("conversational preference rows", ctx.template_source, "name one with chat_template")
         conv = Conversation([*pair.prompt, *pair.completions[0]], tools=pair.tools)
         template = ctx.template_for(conv)
+        (asked, parsed), *parts = [_arguments_as_objects(part, template) for part in (pair.prompt, *pair.completions)]
+        completions = [part for part, _ in parts]
+        notes = ("tool_call_arguments_parsed",) * (parsed + sum(n for _, n in parts))  # as a chat row's
         with row_limits(*ctx.limits) as budget:
             try:
-                prompt = template.render(pair.prompt, pair.tools, None, add_generation_prompt=True)
-                wholes = [template.render([*pair.prompt, *c], pair.tools) for c in pair.completions]
+                prompt = template.render(asked, pair.tools, None, add_generation_prompt=True)
+                wholes = [template.render([*asked, *c], pair.tools) for c in completions]
                 start = min(_common_prefix(prompt, w) for w in wholes)
                 differs = start < len(prompt)
                 if differs:  # Gemma 4's empty thought channel: held to the generation prompt (_diverges_late)
-                    _diverges_late(template.render(pair.prompt, pair.tools, None), prompt, wholes, start)
+                    _diverges_late(template.render(asked, pair.tools, None), prompt, wholes, start)
             except jinja2.exceptions.TemplateError as exc:
                 if budget.exceeded is not None:
                     raise RowError(Drop.TEMPLATE_LIMIT, budget.exceeded) from None
                 raise RowError(Drop.TEMPLATE_ERROR, f"the chat template refused the row: {exc}") from None
         _completions_written(pair, wholes, start, ctx)
-        left_out = _prompt_left_out(pair.prompt, prompt)
+        left_out = _prompt_left_out(asked, prompt)
         alone = prompt
     else:
         prompt, left_out = ctx.prefix_text + pair.prompt, ()
@@ -673,13 +677,18 @@ def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
             num_bytes += size
     roles = ["chosen", "rejected"] if isinstance(pair, Pair) else ["desirable" if pair.label else "undesirable"]
     return RenderedRow(pieces, [False] * len(pieces), spans, num_bytes, span_roles=roles, left_out=left_out,
-                       label=pair.label if isinstance(pair, Unpaired) else None, generation_prompt_differs=differs)
+                       notes=notes, label=pair.label if isinstance(pair, Unpaired) else None,
+                       generation_prompt_differs=differs)
 
 
 def _prompt_left_out(messages: list[dict], prompt: str) -> tuple[str, ...]:
-    """The roles of the prompt messages the template wrote nothing of (a role it does not know, ShareGPT's
-    human unmapped, say): the start of their text is not in the rendered prompt."""
-    return tuple(m["role"] for m in messages if isinstance(m.get("content"), str) and _not_shown(m["content"], prompt))
+    """The roles of the prompt's messages of a role that is none of system, user, assistant and tool (ShareGPT's
+    human unmapped, say) whose text the template wrote nothing of: neither the start of it nor that start
+    written as a JSON string (Llama 3.1 writes its ipython role's content with tojson) is in the prompt. (A
+    template role's content a template transforms, a <think> block Qwen3 strips, is no sign of a mapping.)"""
+    return tuple(m["role"] for m in messages if m["role"] not in TEMPLATE_ROLES and isinstance(m.get("content"), str)
+                 and _not_shown(m["content"], prompt)
+                 and _not_shown(json.dumps(m["content"], ensure_ascii=False)[1:-1], prompt))
 
 
 def _completions_written(pair: Pair | Unpaired, wholes: list[str], start: int, ctx: RenderContext) -> None:
@@ -718,6 +727,35 @@ def _diverges_late(head: str, prompt: str, wholes: list[str], start: int) -> Non
                                         f"completion on {whole[start:start + 40]!r}")
 
 
+def _arguments_as_objects(messages: list[dict[str, Any]], template: ChatTemplate) -> tuple[list[dict[str, Any]], int]:
+    """The messages with each tool call's arguments given as a string holding a JSON object (OpenAI's wire
+    format) made that object, where the template writes a string quoted (tojson: Qwen2.5, Llama 3.1), which
+    would train a JSON string no tool-call parser reads as arguments; and how many were. A template that
+    writes a string as given (Qwen3) gets the messages as they are, as transformers passes them."""
+    calls = [m for m in messages if m.get("tool_calls")]
+    if not calls or template is None or not template.quotes_string_arguments:
+        return messages, 0
+    parsed = 0
+    out = []
+    for message in messages:
+        made = []
+        for call in message.get("tool_calls") or ():
+            inner = call.get("function", call) if isinstance(call, dict) else None
+            arguments = inner.get("arguments") if isinstance(inner, dict) else None
+            if isinstance(arguments, str) and arguments.lstrip().startswith("{"):
+                try:
+                    value = json.loads(arguments)
+                except (ValueError, RecursionError):
+                    value = None
+                if isinstance(value, dict):
+                    inner = {**inner, "arguments": value}
+                    call = {**call, "function": inner} if "function" in call else inner
+                    parsed += 1
+            made.append(call)
+        out.append({**message, "tool_calls": made} if parsed and message.get("tool_calls") else message)
+    return (out, parsed) if parsed else (messages, 0)
+
+
 def _within_limits(conv: Conversation, ctx: RenderContext
                    ) -> tuple[str, list[Span], tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """conversation_spans (after structured truncation, where asked, and think_max_tokens' cut) and notes
@@ -730,6 +768,10 @@ def _within_limits(conv: Conversation, ctx: RenderContext
             if ctx.config.preprocessing.truncation == "structured" and ctx.count_tokens is not None:
                 conv, notes = _structured(conv, ctx)
             conv = _think_cut(conv, ctx)
+            messages, parsed = _arguments_as_objects(conv.messages, ctx.template_for(conv))
+            if parsed:
+                conv = dataclasses.replace(conv, messages=messages)
+                notes += ("tool_call_arguments_parsed",) * parsed
             text, spans, left_out, unmarked, found = conversation_spans(conv, ctx)
             notes += found
             if _reasoning_not_shown(conv, text):

@@ -330,7 +330,7 @@ def test_openai_wire_format_arguments_and_weights(tmp_path: Path, qwen: Any) -> 
     # Its fine-tuning rows mark a turn not to train with weight 0: not read unless named, and warned about.
     from gpu_prep.run.manifest import summary_warnings
 
-    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
     row = {"messages": [{"role": "user", "content": "Weather in Paris?"},
                         {"role": "assistant", "content": "", "tool_calls": [call]},
                         {"role": "tool", "tool_call_id": "c1", "content": "18 C"},
@@ -345,6 +345,11 @@ def test_openai_wire_format_arguments_and_weights(tmp_path: Path, qwen: Any) -> 
     report = manifest["totals"]["parse_report"]
     assert report["tool_call_arguments_parsed"] == 1 and report["message_weight_not_read"] == 2
     assert any("set input.message_training_key: weight" in w for w in summary_warnings(manifest))
+    # Qwen3's template writes a string as given (it tests `is string`): kept, as transformers passes it.
+    out = run_rows(tmp_path, {**config, "tokenizer": "qwen3"}, [row], name="qwen3")
+    [(ids, mask)] = samples(out)
+    assert '"arguments": {"city":"Paris"}' in qwen.decode(ids[mask == 1])
+    assert json.loads((out / "manifest.json").read_text())["totals"]["parse_report"]["tool_call_arguments_parsed"] == 0
     weighted = {**config, "input": {**config["input"], "message_training_key": "weight"}}
     out = run_rows(tmp_path, weighted, [row], name="weighted")
     [(ids, mask)] = samples(out)

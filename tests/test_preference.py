@@ -553,6 +553,20 @@ def test_a_prompt_message_the_template_leaves_out_fails_the_run(tmp_path: Path, 
         assert not left_out or "left out 3 message(s) with role 'human'" in problems[0]
         prompt = pq.read_table(next(out.rglob("*.parquet"))).column("prompt_ids").to_pylist()[0]
         assert ("capital of France" in hf_tokenizer(bundled_tokenizer_dir("qwen2.5")).decode(prompt)) == (not left_out)
+    # A role a template knows and writes transformed is no sign of a mapping to fix: Llama 3.1 writes its
+    # ipython role's content with tojson (quotes escaped), Qwen3 strips an earlier turn's <think> block.
+    tool_result = {**row, "prompt": [{"role": "user", "content": "Weather?"},
+                                      {"role": "ipython", "content": '{"temp": 20, "sky": "clear"}'}]}
+    llama = {**_config("qwen2.5", input={"type": kind}), "chat_template": "llama3.1",
+             "chat_template_kwargs": {"bos_token": "<|endoftext|>"}}
+    thought = {**row, "prompt": [{"role": "user", "content": "2+2?"},
+                                 {"role": "assistant", "content": "<think>Add them.</think>It is 4."},
+                                 {"role": "user", "content": "And 3+3?"}]}
+    for config, case in ((llama, tool_result), (_config("qwen3", input={"type": kind}), thought)):
+        out = run_rows(tmp_path, config, [case] * 2, name=f"{kind}-{config['tokenizer']}-{config.get('chat_template')}")
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["totals"]["messages_left_out_by_template"] == {}
+        assert not run_problems(manifest, parse_config(config))
 
 
 @pytest.mark.parametrize("kind", ["preference", "kto"])
