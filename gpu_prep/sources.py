@@ -497,8 +497,7 @@ def inspect_file(path: str, fmt: str, compression: str | None) -> tuple[str, str
                               f"{_what(head)}; name its format with a dataset's builder, or give it the extension of "
                               "what it is")
         if fmt == "json" and text.startswith("{"):  # one object per line, named .json; or one object over many
-            line, newline, _ = text.partition("\n")
-            if newline and not _json_value(line):
+            if text.partition("\n")[0].strip() == "{":  # as json.dumps(indent=...), jq and JSON.stringify write it
                 raise ConfigError(f"input {path!r}: holds one JSON object written over many lines, neither JSON Lines "
                                   "(an object a line) nor an array of rows; where its rows are a field's list "
                                   "({\"data\": [...]}), write them out as JSON Lines (jq -c '.data[]' FILE > rows.jsonl)")
@@ -544,7 +543,7 @@ def _json_line(text: str) -> bool:
 def _json_value(text: str) -> bool:
     try:
         json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return True
 

@@ -464,6 +464,17 @@ def test_a_damaged_or_binary_file_ends_the_run_naming_it(tmp_path: Path, name: s
         assert whole > 1000 and f"beyond element {whole} " in done.stderr, (whole, done.stderr)
 
 
+def test_json_lines_named_json_with_a_bad_first_line_are_read_as_json_lines(tmp_path: Path) -> None:
+    # Only an object opened alone on the first line (as pretty-printers write one) is refused as one object
+    # over many lines: a first row cut short, or nested past the parser's depth, is one malformed_json row.
+    rows = "".join(json.dumps({"text": f"row number {i} is a row"}) + "\n" for i in range(20))
+    for name, first in (("cut.json", '{"text": "a row cut sh'), ("deep.json", "{" + '"a":[' * 2000 + "1" + "]" * 2000 + "}")):
+        path = tmp_path / name
+        path.write_text(first + "\n" + rows)
+        manifest = _run(tmp_path, path, name=f"out-{name}")
+        assert manifest["totals"]["rows_written"] == 20 and list(manifest["totals"]["rows_dropped"]) == ["malformed_json"]
+
+
 def test_a_parquet_file_without_the_column_the_input_type_needs_writes_nothing(tmp_path: Path) -> None:
     path = tmp_path / "texts.parquet"
     _parquet(path, ROWS)
