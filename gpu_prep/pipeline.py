@@ -46,6 +46,7 @@ from gpu_prep.run.outdir import (MANIFEST, check_output, check_paths, check_reje
                                  rejects_name, remove_partial_files)
 from gpu_prep.run.overlap import Stopwatch, deaf_to_ctrl_c, in_background
 from gpu_prep.run.stages import first_rows_formatted
+from gpu_prep.sources import local_path
 from gpu_prep.tokenizer import load_tokenizer
 
 __all__ = ["MANIFEST", "Options", "run"]
@@ -67,7 +68,7 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, options:
     out_dir = Path(out_dir)
     rejects = Path(options.rejects) if options.rejects else None
     named = [p for spec in config.datasets or [] for p in spec.data_paths or []]
-    check_paths(out_dir, rejects, [*inputs, *named, *(f.path for f in files)],
+    check_paths(out_dir, rejects, [*map(local_path, [*inputs, *named]), *(f.path for f in files)],
                 [options.config_file, config.chat_template, options.tokenizer_for(config), *options.plugins])
     if options.resume and (out_dir / MANIFEST).exists():  # finished already: nothing to do (nor written)
         return _finished(config, files, out_dir, options)

@@ -19,7 +19,6 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import unquote
 from typing import Any
 
 import numpy as np
@@ -32,8 +31,8 @@ from gpu_prep.jsonscan import LBRACKET, QUOTE
 from gpu_prep.delimited import csv_header, csv_rows
 from gpu_prep.sources import (DATASETS_METADATA, KNOWN, READ_ERRORS, NotUtf8, batch_rows, batch_sizes, column_names,
                               dataset_folder_files, default_split, file_size, first_not_utf8, hub_rows, inspect_file,
-                              is_url, json_array_rows, lines_before_damage, open_bytes, parquet_rows, remote_files,
-                              split_name, split_names, text_rows, text_size)
+                              is_url, json_array_rows, lines_before_damage, local_path, open_bytes, parquet_rows,
+                              remote_files, split_name, split_names, text_rows, text_size)
 
 # A JSON Lines chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so
 # memory stays bounded whatever the rows' sizes (Parquet and JSON-array rows count rows only).
@@ -152,8 +151,7 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
     how, left_out = how or ReadAs(), left_out if left_out is not None else LeftOut()
     paths: list[tuple[str, str]] = []  # (what was given, a file it gives)
     for pattern in patterns:
-        if pattern.startswith("file://"):  # a local path, read by the local rules (folders, splits, given twice)
-            pattern = unquote(pattern[len("file://"):])
+        pattern = local_path(pattern)  # file://: read by the local rules (folders, splits, given twice)
         if is_url(pattern):
             if how.split is not None:
                 raise ConfigError(_no_split(pattern, how.split, "a URL has"))

@@ -39,6 +39,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import unquote
 from typing import Any
 
 from gpu_prep.backend import ReadGroups
@@ -77,6 +78,12 @@ def split_name(path: str) -> tuple[str | None, str | None]:
     if compression is not None and fmt not in TEXT_FORMATS:
         return None, None
     return fmt, compression
+
+
+def local_path(path: str) -> str:
+    """A file:// URL as the local path it names (read, and checked against the output, as one); any other
+    path as it is."""
+    return unquote(path[len("file://"):]) if path.startswith("file://") else path
 
 
 def is_url(path: str) -> bool:

@@ -57,7 +57,8 @@ def test_no_output_path_is_or_holds_or_lies_inside_an_input(job: tuple[Path, Pat
     folder = data.parent  # given as the input, a folder's files are all read
     cases = [(data, "-o", data, "is the input"), (data, "-o", folder, "holds the input"),
              (folder, "-o", folder / "out", "lies inside the input"), (data, "-o", tmp_path, "holds the input"),
-             (data, "--rejects", data, "is the input"), (folder, "--rejects", folder / "rejects.jsonl", "lies inside")]
+             (data, "--rejects", data, "is the input"), (folder, "--rejects", folder / "rejects.jsonl", "lies inside"),
+             (f"file://{folder}", "--rejects", folder / "rejects.jsonl", "lies inside")]  # file:// is a local path
     for source, option, path, relation in cases:
         args = ["run", "-c", config, source, "-q"]
         args += ["-o", tmp_path / "out", "--rejects", path] if option == "--rejects" else ["-o", path, "--overwrite"]
