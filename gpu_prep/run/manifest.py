@@ -240,10 +240,11 @@ def summary_warnings(manifest: dict[str, Any]) -> list[str]:
                         "give the run more rows")
     if manifest["config"].get("dataprocessor", {}).get("sampling_stopping_strategy") == "first_exhausted" and \
             manifest["config"]["preprocessing"].get("max_items") is None:
+        # (.get: a manifest of a run finished before these were counted, returned by --resume)
         said.extend(f"dataset {d['name']!r}: {d['rows_not_drawn']:,} of its {d['rows_read'] + d['rows_not_drawn']:,} "
                     "rows were not drawn: sampling_stopping_strategy first_exhausted ends the mix once one dataset is "
                     "through (all_exhausted draws every row, repeating the smaller datasets)"
-                    for d in manifest.get("datasets", []) if d["rows_not_drawn"] and d["sampling"] != 0)
+                    for d in manifest.get("datasets", []) if d.get("rows_not_drawn") and d["sampling"] != 0)
     if n := report.get("identical_completions"):
         said.append(f"{n:,} preference pair(s) have the same chosen and rejected completion (written, as TRL keeps "
                     "them): a preference loss learns nothing from them")
