@@ -154,31 +154,35 @@ def remove_sample(report: SampleReport) -> None:
 def _starter_roles(records: list[Any], kind: str) -> str:
     """The input.roles a starter config needs for chat or sharegpt rows whose roles the default mapping does
     not know (a ShareGPT bot, say): the default written out whole (a mapping given replaces it), each other
-    role under user or assistant as the turn before it suggests (after a user's turn, the assistant's)."""
+    role under the template role its name is in another case (USER), else a ShareGPT name stands for, else
+    by where it stands: turns alternate from the user's after any system message, so a role found mostly
+    in second place of a pair is the assistant's."""
     if kind not in ("chat", "sharegpt"):
         return ""
     key, role_key = ("conversations", "from") if kind == "sharegpt" else ("messages", "role")
     mapping = {t: list(s) for t, s in (SHAREGPT_ROLES if kind == "sharegpt" else {}).items()}
     known = {source: target for target, sources in mapping.items() for source in sources}
     known.update((r, r) for r in TEMPLATE_ROLES if r not in known)
-    after_user: Counter = Counter()
-    others: Counter = Counter()
+    named = {source: target for target, sources in SHAREGPT_ROLES.items() for source in sources}
+    seen: Counter = Counter()
+    second: Counter = Counter()  # in second place of a user-assistant pair
     for record in records:
         turns = record.get(key) if isinstance(record, dict) else record
         roles = [t.get(role_key) for t in turns if isinstance(t, dict)] if isinstance(turns, list) else []
-        for before, role in zip([None, *roles], roles):
-            if isinstance(role, str) and role not in known:
-                others[role] += 1
-                after_user[role] += known.get(before) == "user"
-    if not others:
+        roles = [r for r in roles if isinstance(r, str)]
+        for place, role in enumerate(r for r in roles if r.lower() != "system"):
+            if role not in known:
+                seen[role] += 1
+                second[role] += place % 2
+    if not seen:
         return ""
-    for role in others:
-        target = "assistant" if after_user[role] * 2 > others[role] else "user"
+    for role in seen:
+        target = named.get(role.lower()) or ("assistant" if second[role] * 2 > seen[role] else "user")
         mapping.setdefault(target, []).append(role)
     lines = "".join(f"\n    {target}: [{', '.join(sources)}]" for target, sources in mapping.items())
-    return (f"\n  # The rows hold roles the default mapping does not know ({', '.join(others)}), placed here under user "
-            "or\n  # assistant by the turn before them (after a user's: the assistant's): check them. A mapping "
-            f"given\n  # replaces the default whole, so it is written out whole.\n  roles:{lines}")
+    return (f"\n  # The rows hold roles the default mapping does not know ({', '.join(seen)}), placed here by their "
+            "name\n  # or where they stand in the conversations: check them. A mapping given replaces the default "
+            f"whole,\n  # so it is written out whole.\n  roles:{lines}")
 
 
 # What each input type trains by default in a starter config, with a comment saying why.

@@ -471,6 +471,16 @@ def test_init_maps_roles_the_default_mapping_does_not_know(tmp_path: Path) -> No
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["totals"]["rows_written"] == 6 and manifest["totals"]["trained_tokens_by_role"].get("assistant")
     assert "roles:" not in gpu_prep_cli("init", write_jsonl(tmp_path / "chat.jsonl", CHATS)).stdout
+    # Chat rows none of whose roles are known: by name in another case, else by where they stand.
+    for user, assistant in (("USER", "ASSISTANT"), ("human", "bot")):
+        rows = [{"messages": [{"role": user, "content": f"Question {k}?"}, {"role": assistant, "content": f"Answer {k}."}]}
+                for k in range(6)]
+        data = write_jsonl(tmp_path / f"{user}.jsonl", rows)
+        printed = gpu_prep_cli("init", data)
+        assert f"    user: [{user}]\n    assistant: [{assistant}]\n" in printed.stdout, printed.stdout
+        (tmp_path / "config.yaml").write_text(printed.stdout)
+        ran = gpu_prep_cli("run", "-c", tmp_path / "config.yaml", data, "-o", tmp_path / f"out-{user}", "-q")
+        assert ran.returncode == 0, ran.stderr
 
 
 def test_every_key_other_tools_are_pointed_to_exists() -> None:
