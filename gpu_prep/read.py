@@ -432,8 +432,10 @@ def _guarded(file: InputFile, rows: Iterator[Row]) -> Iterator[Row]:
             last = lines_before_damage(file.path, file.compression)
         unit = {"json": "element", "parquet": "row", "hub": "row"}.get(file.layout,
                                                                       "row" if file.layout.startswith("arrow") else "line")
-        raise InputError(f"{file.path}: cannot {what} beyond {unit} {last} ({type(exc).__name__}: {exc}); the "
-                         "file is damaged or cut short: rows after that one would be lost, so the run stops") from None
+        why = ("the dataset cannot be read on (a damaged cache file, or rows of another schema)" if file.layout == "hub"
+               else "the file is damaged or cut short")
+        raise InputError(f"{file.path}: cannot {what} beyond {unit} {last} ({type(exc).__name__}: {exc}); {why}: rows "
+                         "after that one would be lost, so the run stops") from None
 
 
 # Reading JSON Lines as columns: the GPU backend parses byte ranges with cudf.read_json. Its recovery
