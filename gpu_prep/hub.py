@@ -1,4 +1,5 @@
-"""Model ids ("Qwen/Qwen2.5-7B-Instruct") as tokenizer folders, through the Hugging Face hub cache.
+"""The Hugging Face hub: model ids ("Qwen/Qwen2.5-7B-Instruct") as tokenizer folders, through the hub cache,
+and datasets (a config's `hub:` entry) streamed by the datasets library, with what names their version.
 
 The cache is read first, as transformers reads it (HF_HOME, HF_HUB_CACHE; HF_TOKEN for gated models), so a
 machine that has the model needs no network; with HF_HUB_OFFLINE=1 nothing else is tried. Otherwise only the
@@ -7,9 +8,12 @@ tokenizer's files are downloaded, never weights. huggingface_hub comes with the 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from gpu_prep.errors import ConfigError
 
@@ -58,3 +62,49 @@ def resolve_model_id(model_id: str, revision: str | None = None) -> tuple[Path, 
         raise ConfigError(f"{where}: the hub cache's snapshot {folder} has no tokenizer.json; download the "
                           f"tokenizer files with `{get} --include 'tokenizer*' '*.jinja'`")
     return folder, folder.name
+
+
+def hub_dataset(arguments: dict[str, Any]) -> Any:
+    """A streamed datasets.IterableDataset (a ConfigError naming the dataset when it cannot be loaded)."""
+    name = arguments["name"]
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError(f"hub dataset {name!r}: needs the datasets library: pip install \"gpu-prep[hub]\"") from None
+    try:
+        return datasets.load_dataset(name, arguments.get("config"), split=arguments.get("split", "train"),
+                                     revision=arguments.get("revision"), data_files=arguments.get("data_files"),
+                                     streaming=True)
+    except Exception as exc:  # noqa: BLE001  not found, offline, gated, no such split: one message
+        raise ConfigError(f"hub dataset {name!r}: cannot load it ({type(exc).__name__}: {exc}); offline it must be "
+                          "in the datasets cache (HF_HOME), or give a local folder") from None
+
+
+def hub_version(dataset: Any) -> str | None:
+    """What names the version of a streamed hub dataset, hashed: the files datasets reads it from (a hub URL
+    holds the revision; a file on disk, the datasets cache's included, is named with its size and modification
+    time). None where datasets does not say (its internals differ): only the name is compared then."""
+    def strings(value: Any) -> Iterator[str]:
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, dict):
+            for item in value.values():
+                yield from strings(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                yield from strings(item)
+
+    try:
+        sources = sorted(set(strings(dataset._ex_iterable.kwargs)))
+    except AttributeError:
+        return None
+    if not sources:
+        return None
+    named = [f"{p}|{os.stat(p).st_size}|{os.stat(p).st_mtime_ns}" if os.path.isfile(p) else p for p in sources]
+    return hashlib.sha256("\n".join(named).encode("utf-8")).hexdigest()
+
+
+def hub_rows(arguments: dict[str, Any]) -> Iterator[tuple[int, Any, None, int]]:
+    """A hub dataset's rows, streamed, numbered from 1."""
+    for row, record in enumerate(hub_dataset(arguments), start=1):
+        yield row, dict(record), None, 0

@@ -29,8 +29,9 @@ from gpu_prep.backend import ReadGroups, ReadRange
 from gpu_prep.errors import ConfigError, Drop, InputError
 from gpu_prep.jsonscan import LBRACKET, QUOTE
 from gpu_prep.delimited import csv_header, csv_rows
+from gpu_prep.hub import hub_rows
 from gpu_prep.sources import (DATASETS_METADATA, KNOWN, READ_ERRORS, NotUtf8, batch_rows, batch_sizes, column_names,
-                              dataset_folder_files, default_split, file_size, first_not_utf8, hub_rows, inspect_file,
+                              dataset_folder_files, default_split, file_size, first_not_utf8, inspect_file,
                               is_url, json_array_rows, lines_before_damage, local_path, open_bytes, parquet_rows,
                               remote_files, split_name, split_names, text_rows, text_size)
 
@@ -58,7 +59,7 @@ class InputFile:
     hub: str | None = None  # layout "hub": the datasets.load_dataset arguments, as JSON
     encoding: str | None = None  # a text file's encoding when its BOM says UTF-16 or UTF-32 (None: UTF-8)
     text_bytes: int | None = None  # about how much text it holds, decompressed (sources.text_size; progress)
-    version: str | None = None  # layout "hub": what names the dataset's version (sources.hub_version)
+    version: str | None = None  # layout "hub": what names the dataset's version (hub.hub_version)
 
     @property
     def weight(self) -> int:

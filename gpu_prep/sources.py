@@ -32,7 +32,6 @@ import gzip
 import io
 import json
 import lzma
-import hashlib
 import os
 import re
 import zlib
@@ -791,52 +790,6 @@ def _goes_on(path: str, problem: str, rest: str, fix: str) -> Exception:
     """The rows after this point could only be lost (not read, not counted): the run stops, saying so."""
     return InputError(f"{path}: {problem}, where the file goes on with {rest!r}; the rows after it would be "
                       f"lost, so the run stops ({fix})")
-
-
-def hub_dataset(arguments: dict[str, Any]) -> Any:
-    """A streamed datasets.IterableDataset (a ConfigError naming the dataset when it cannot be loaded)."""
-    name = arguments["name"]
-    try:
-        import datasets
-    except ImportError:
-        raise ConfigError(f"hub dataset {name!r}: needs the datasets library: pip install \"gpu-prep[hub]\"") from None
-    try:
-        return datasets.load_dataset(name, arguments.get("config"), split=arguments.get("split", "train"),
-                                     revision=arguments.get("revision"), data_files=arguments.get("data_files"),
-                                     streaming=True)
-    except Exception as exc:  # noqa: BLE001  not found, offline, gated, no such split: one message
-        raise ConfigError(f"hub dataset {name!r}: cannot load it ({type(exc).__name__}: {exc}); offline it must be "
-                          "in the datasets cache (HF_HOME), or give a local folder") from None
-
-
-def hub_version(dataset: Any) -> str | None:
-    """What names the version of a streamed hub dataset, hashed: the files datasets reads it from (a hub URL
-    holds the revision; a file on disk, the datasets cache's included, is named with its size and modification
-    time). None where datasets does not say (its internals differ): only the name is compared then."""
-    def strings(value: Any) -> Iterator[str]:
-        if isinstance(value, str):
-            yield value
-        elif isinstance(value, dict):
-            for item in value.values():
-                yield from strings(item)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                yield from strings(item)
-
-    try:
-        sources = sorted(set(strings(dataset._ex_iterable.kwargs)))
-    except AttributeError:
-        return None
-    if not sources:
-        return None
-    named = [f"{p}|{os.stat(p).st_size}|{os.stat(p).st_mtime_ns}" if os.path.isfile(p) else p for p in sources]
-    return hashlib.sha256("\n".join(named).encode("utf-8")).hexdigest()
-
-
-def hub_rows(arguments: dict[str, Any]) -> Iterator[Row]:
-    """A hub dataset's rows, streamed, numbered from 1."""
-    for row, record in enumerate(hub_dataset(arguments), start=1):
-        yield row, dict(record), None, 0
 
 
 def locator(path: str, layout: str, number: int, batches: dict[str, list[int]]) -> str:

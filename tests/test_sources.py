@@ -518,14 +518,14 @@ def test_a_hub_dataset_entry_streams_through_datasets(tmp_path: Path, monkeypatc
 def test_a_hub_dataset_that_breaks_part_way_names_itself_and_its_last_row(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     # A cache file cut short under datasets: pyarrow's error alone named neither the dataset nor the row.
+    import gpu_prep.hub as hub
     import gpu_prep.run.context as context
-    import gpu_prep.sources as sources
 
     def broken(arguments: dict[str, Any]) -> Any:
         yield from ({"text": f"row {k} of the hub dataset"} for k in range(3))
         raise OSError("Expected to be able to read 7624 bytes for message body, got 7260")
 
-    monkeypatch.setattr(sources, "hub_dataset", broken)
+    monkeypatch.setattr(hub, "hub_dataset", broken)
     monkeypatch.setattr(context, "hub_dataset", broken)
     config = {**KINDS["text"][0], "datasets": [{"name": "web", "hub": {"name": "acme/web", "split": "train"}}]}
     with pytest.raises(InputError, match=r"hub:acme/web:train: cannot read beyond row 3 \(OSError: Expected to be.*; "
