@@ -438,6 +438,7 @@ def test_call_turns_apart_from_their_content_cost_a_few_renders_and_are_counted_
         config = parse_config({"tokenizer": str(folder), "input": {"type": "chat", "mask_scope": scope},
                                "mask": {"assistant": "train"}})
         ctx = build_context(config, load_tokenizer(str(folder)), CPU, [], None, None).render
+        ctx.template_for(Conversation(steps, tools=TOOLS)).quotes_string_arguments  # a probe once a template, not a row
         renders.clear()
         rendered = render_row(Conversation([*steps, {"role": "assistant", "content": "Done."}], tools=TOOLS), ctx)
         if name == "mistral":  # the row, about one render a call turn (placing it: Mistral's glue holds the
