@@ -30,8 +30,8 @@ from gpu_prep.errors import ConfigError, Drop, InputError
 from gpu_prep.jsonscan import LBRACKET, QUOTE
 from gpu_prep.delimited import csv_header, csv_rows
 from gpu_prep.hub import hub_rows
-from gpu_prep.sources import (DATASETS_METADATA, KNOWN, READ_ERRORS, NotUtf8, batch_rows, batch_sizes, column_names,
-                              dataset_folder_files, default_split, file_size, first_not_utf8, inspect_file,
+from gpu_prep.sources import (KNOWN, READ_ERRORS, NotUtf8, batch_rows, batch_sizes, column_names, dataset_folder_files,
+                              datasets_own, default_split, file_size, first_not_utf8, inspect_file,
                               is_url, json_array_rows, lines_before_damage, local_path, open_bytes, parquet_rows,
                               remote_files, split_name, split_names, text_rows, text_size)
 
@@ -206,7 +206,8 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
 
 
 DELIMITERS = {"csv": ",", "tsv": "\t"}  # of the CSV and TSV layouts
-# What a datasets cache folder holds beside its data: metadata, and the cache files .map and .filter leave.
+
+
 def folder_files(folder: Path, builder: str | None = None, split: str | None = None
                  ) -> tuple[list[str], list[str], dict[str, tuple[str, list[str]]]]:
     """The files of a folder (and the folders in it) that gpu-prep reads, sorted, and those it leaves out,
@@ -235,8 +236,7 @@ def folder_files(folder: Path, builder: str | None = None, split: str | None = N
             continue
         if not path.is_file():
             continue
-        if (path.parent / "dataset_info.json").is_file() and (
-                path.name in DATASETS_METADATA or (path.name.startswith("cache-") and path.suffix == ".arrow")):
+        if datasets_own(path.name) and (path.parent / "dataset_info.json").is_file():
             continue
         (read if builder or split_name(str(path))[0] else left_out).append(str(path))
     return sorted(read), sorted(left_out), splits

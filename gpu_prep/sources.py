@@ -143,6 +143,12 @@ def _decompressed(raw: Any, compression: str | None) -> Any:
 DATASETS_METADATA = frozenset({"dataset_info.json", "state.json", "dataset_dict.json"})
 
 
+def datasets_own(name: str) -> bool:
+    """Whether a file of this name, in a folder the datasets library wrote (a dataset_info.json beside it),
+    is the library's own rather than data: its metadata, or a cache file .map and .filter leave."""
+    return name in DATASETS_METADATA or (name.startswith("cache-") and name.endswith(".arrow"))
+
+
 def remote_files(pattern: str) -> tuple[list[str], list[str]]:
     """A URL's files, as URLs, sorted: itself, a glob's matches, or a folder's files by the rules of a local
     folder (read.folder_files): none hidden or under a hidden folder (.ipynb_checkpoints), none of the
@@ -164,7 +170,7 @@ def remote_files(pattern: str) -> tuple[list[str], list[str]]:
     read, left_out = [], []
     for path in files:
         folder, name = path.rsplit("/", 1)
-        if folder in written and (name in DATASETS_METADATA or (name.startswith("cache-") and name.endswith(".arrow"))):
+        if folder in written and datasets_own(name):
             continue
         (read if split_name(path)[0] else left_out).append(fs.unstrip_protocol(path))
     return sorted(read), sorted(left_out)
@@ -416,11 +422,11 @@ def lines_before_damage(path: str, compression: str) -> int:
     that decompresses a block ahead of its rows, as pyarrow's CSV reader does, cannot say)."""
     lines = 0
     with open_bytes(path, compression) as handle:
-        read = getattr(handle, "read1", handle.read)  # what decompresses before the break, not a whole block
+        take = _up_to_a_break(handle)
         try:
-            while data := read(1 << 16):
+            while data := take(SCAN_BYTES):
                 lines += data.count(b"\n")
-        except Exception:  # noqa: BLE001  where the stream breaks, whichever codec's error says so
+        except READ_ERRORS:  # where the stream breaks
             pass
     return lines
 
@@ -543,15 +549,11 @@ def _not_utf8_past_head(path: str, compression: str | None, array: bool) -> str:
 def _json_line(text: str) -> bool:
     """Whether the first line of the text (when whole in it) is a JSON value."""
     line, _, rest = text.partition("\n")
-    return _json_value(line) and bool(rest)
-
-
-def _json_value(text: str) -> bool:
     try:
-        json.loads(text)
+        json.loads(line)
     except (ValueError, RecursionError):
         return False
-    return True
+    return bool(rest)
 
 
 def _readable(path: str, layout: str) -> str:
