@@ -161,8 +161,7 @@ def _starter_roles(records: list[Any], kind: str) -> str:
         return ""
     key, role_key = ("conversations", "from") if kind == "sharegpt" else ("messages", "role")
     mapping = {t: list(s) for t, s in (SHAREGPT_ROLES if kind == "sharegpt" else {}).items()}
-    known = {source: target for target, sources in mapping.items() for source in sources}
-    known.update((r, r) for r in TEMPLATE_ROLES if r not in known)
+    known = {source for sources in mapping.values() for source in sources} | set(TEMPLATE_ROLES)
     named = {source: target for target, sources in SHAREGPT_ROLES.items() for source in sources}
     seen: Counter = Counter()
     second: Counter = Counter()  # in second place of a user-assistant pair

@@ -100,7 +100,8 @@ def hub_version(dataset: Any) -> str | None:
         return None
     if not sources:
         return None
-    named = [f"{p}|{os.stat(p).st_size}|{os.stat(p).st_mtime_ns}" if os.path.isfile(p) else p for p in sources]
+    named = [f"{p}|{stat.st_size}|{stat.st_mtime_ns}" if os.path.isfile(p) and (stat := os.stat(p)) else p
+             for p in sources]
     return hashlib.sha256("\n".join(named).encode("utf-8")).hexdigest()
 
 

@@ -204,7 +204,8 @@ class Accounting:
         return [
             {
                 "path": f.path, "size_bytes": f.size_bytes, "sha256": checksum,
-                **({"version": f.version} if f.version is not None else {}), "rows_read": c.rows_read, "rows_written": c.rows_written, "rows_truncated": c.rows_truncated,
+                **({"version": f.version} if f.version is not None else {}),  # a hub dataset's
+                "rows_read": c.rows_read, "rows_written": c.rows_written, "rows_truncated": c.rows_truncated,
                 "rows_dropped": dict(sorted(c.dropped.items())),
             }
             for f, c, checksum in zip(self.files, self.counts, checksums)

@@ -45,7 +45,7 @@ def run_identity(config_sha256: str, files: list[Any], tokenizer: dict[str, Any]
     inputs = []
     for f in files:
         if not os.path.isfile(f.path):  # a URL: its size is what can be told cheaply; a hub dataset: its version
-            inputs.append([f.path, f.size_bytes, getattr(f, "version", None)])
+            inputs.append([f.path, f.size_bytes, f.version])
             continue
         stat = os.stat(f.path)
         inputs.append([f.path, stat.st_size, stat.st_mtime_ns])
