@@ -11,6 +11,7 @@ row is dropped.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import jinja2
@@ -227,10 +228,9 @@ def calls_apart(real: str, conv: Conversation, template: ChatTemplate, i: int, e
         prompted = template.render(conv.messages[:i], conv.tools, conv.documents, add_generation_prompt=True)
     except jinja2.exceptions.TemplateError:
         return None
-    start = next((k for k, (a, b) in enumerate(zip(real, other)) if a != b), min(len(real), len(other)))
-    tail = 0
-    while tail < len(other) - start and real[-1 - tail] == other[-1 - tail]:
-        tail += 1
+    start = len(os.path.commonprefix((real, other)))
+    room = len(other) - start  # the common tail may not reach back past the common head
+    tail = len(os.path.commonprefix((real[::-1][:room], other[::-1][:room])))
     end = len(real) - tail
     if len(other) != start + tail or end <= start:
         return None
@@ -239,8 +239,7 @@ def calls_apart(real: str, conv: Conversation, template: ChatTemplate, i: int, e
         places.append((places[-1][0] - 1, places[-1][1] - 1))
     start, end = next(((a, b) for a, b in places if any(real.startswith(t, b - len(t)) for t in eots)), places[0])
     header = prompted[len(before):] if prompted.startswith(before) else ""
-    shared = next((k for k, (a, b) in enumerate(zip(header, real[start:end])) if a != b), min(len(header), end - start))
-    return start, start + shared, end
+    return start, start + len(os.path.commonprefix((header, real[start:end]))), end
 
 
 def _place_empty(real: str, with_every: str, regions: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
