@@ -256,9 +256,10 @@ def summary_warnings(manifest: dict[str, Any]) -> list[str]:
         said.append(f"{n:,} message(s) with role {role!r}, which is not one of {', '.join(TEMPLATE_ROLES)} (map it "
                     "with input.roles)")
     for role, n in totals.get("messages_left_out_by_template", {}).items():
-        said.append(f"the chat template left out the content of {n:,} message(s) with role {role!r} (a role it does "
-                    "not render, or text beside tool calls that it writes alone, as Llama 3.1's and Mistral's do): "
-                    "their rows were rendered and trained without that text")
+        if role in TEMPLATE_ROLES:  # (those of other roles are run_problems' errors)
+            said.append(f"the chat template left out the content of {n:,} message(s) with role {role!r} (text beside "
+                        "tool calls that it writes alone, as Llama 3.1's and Mistral's do, say): their rows were "
+                        "rendered and trained without that text")
     if n := report.get("reasoning_not_rendered"):
         said.append(f"the chat template wrote none of the reasoning of {n:,} row(s) (it shows no reasoning): they "
                     "were rendered without it: use a template that shows it (qwen3), or input.think_mode: drop to "
