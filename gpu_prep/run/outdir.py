@@ -35,9 +35,12 @@ def check_paths(out_dir: Path, rejects: Path | None, inputs: Iterable[str], also
                           "chat template, tokenizer or a plugin); writing there could destroy it: choose another path")
     if rejects is not None and Path(rejects).resolve() == out_dir.resolve():
         raise ConfigError(f"--rejects {str(rejects)!r} is the output directory; give a file")
-    for given in inputs:  # a config.json beside the data in a folder given as input would be read as a row
-        if (clash := _clash(Path(given), also_read)) is not None and clash[0] == "is":
-            raise ConfigError(f"input {str(given)!r} is {str(clash[1])!r}, which the run reads as its config, "
+    # A config.json beside the data in a folder given as input would be read as a row. (Each path resolved
+    # once: a folder's inputs may be thousands.)
+    readers = {Path(p).resolve() for p in also_read if p and "://" not in str(p) and os.path.exists(p)}
+    for given in inputs:
+        if readers and "://" not in str(given) and (target := Path(given).resolve()) in readers:
+            raise ConfigError(f"input {str(given)!r} is {str(target)!r}, which the run reads as its config, "
                               "chat template, tokenizer or a plugin, not as data: move it out of the input folder, or "
                               "give the data files themselves")
 
