@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpu_prep.errors import ConfigError
+from gpu_prep.errors import ConfigError, InputError
 
 # What a tokenizer folder holds (no weights): the files transformers reads to build a tokenizer.
 TOKENIZER_PATTERNS = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -105,7 +105,16 @@ def hub_version(dataset: Any) -> str | None:
     return hashlib.sha256("\n".join(named).encode("utf-8")).hexdigest()
 
 
-def hub_rows(arguments: dict[str, Any]) -> Iterator[tuple[int, Any, None, int]]:
-    """A hub dataset's rows, streamed, numbered from 1."""
-    for row, record in enumerate(hub_dataset(arguments), start=1):
+def check_hub_version(where: str, dataset: Any, version: str | None) -> None:
+    """An InputError when the dataset is not the version the run found at its start (None: not known)."""
+    if version is not None and (now := hub_version(dataset)) != version:
+        raise InputError(f"{where}: the dataset changed since the run started (its files were {version[:12]}, now "
+                         f"{str(now)[:12]}); run again on a dataset nothing writes to")
+
+
+def hub_rows(where: str, arguments: dict[str, Any], version: str | None) -> Iterator[tuple[int, Any, None, int]]:
+    """A hub dataset's rows, streamed, numbered from 1, from the version the run started with."""
+    dataset = hub_dataset(arguments)
+    check_hub_version(where, dataset, version)
+    for row, record in enumerate(dataset, start=1):
         yield row, dict(record), None, 0

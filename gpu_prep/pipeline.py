@@ -37,9 +37,9 @@ from gpu_prep.plugins import check_registered
 from gpu_prep.run.accounting import Accounting
 from gpu_prep.run.checkpoint import Checkpointer, has_checkpoint, load_for_resume, run_identity
 from gpu_prep.run.commit import Committer
-from gpu_prep.read import InputFile, LeftOut
+from gpu_prep.read import InputFile, LeftOut, check_unchanged
 from gpu_prep.run.context import (Decisions, Options, RunContext, build_context, chat_turn_ends_documents,
-                                  check_unchanged, responses_without_eos, run_inputs, turn_marks_not_tokens)
+                                  responses_without_eos, run_inputs, turn_marks_not_tokens)
 from gpu_prep.run.local import run_chunks, run_here
 from gpu_prep.run.manifest import Outcome, build_manifest
 from gpu_prep.run.outdir import (MANIFEST, check_output, check_paths, check_rejects, output_lock, prepare_output,
@@ -142,7 +142,8 @@ def _run(run_ctx: RunContext, out_dir: Path, options: Options, clock: Stopwatch,
     try:
         outcome = _process(run_ctx, out_dir, options, checkpoints, resumed or {}, clock)
         hashes = clock.time("checksums", checksums)
-        check_unchanged(files, resume_identity["inputs"])
+        for f in files:  # a change after the last read; the checksums describe what was read
+            check_unchanged(f)
         seconds = {"total": time.perf_counter() - clock.started, **clock.seconds}
         manifest = build_manifest(run_ctx, outcome, identity, hashes, seconds, out_dir, left_out)
         failpoint("manifest")

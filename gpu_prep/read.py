@@ -29,7 +29,7 @@ from gpu_prep.backend import ReadGroups, ReadRange
 from gpu_prep.errors import ConfigError, Drop, InputError
 from gpu_prep.jsonscan import LBRACKET, QUOTE
 from gpu_prep.delimited import csv_header, csv_rows
-from gpu_prep.hub import hub_rows
+from gpu_prep.hub import check_hub_version, hub_dataset, hub_rows
 from gpu_prep.sources import (KNOWN, READ_ERRORS, NotUtf8, batch_rows, batch_sizes, column_names, dataset_folder_files,
                               datasets_own, default_split, file_size, first_not_utf8, inspect_file,
                               is_url, json_array_rows, lines_before_damage, local_path, open_bytes, parquet_rows,
@@ -60,6 +60,9 @@ class InputFile:
     encoding: str | None = None  # a text file's encoding when its BOM says UTF-16 or UTF-32 (None: UTF-8)
     text_bytes: int | None = None  # about how much text it holds, decompressed (sources.text_size; progress)
     version: str | None = None  # layout "hub": what names the dataset's version (hub.hub_version)
+    # A local file's modification time when the run found it: with size_bytes, the identity every read of it
+    # is checked against (check_unchanged), so a file cut or appended to after that is never read as data.
+    mtime_ns: int | None = None
 
     @property
     def weight(self) -> int:
@@ -198,11 +201,34 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
         if fmt is None:
             raise ConfigError(f"input {path!r}: not a format gpu-prep reads by its name (it reads {KNOWN}); "
                               "rename it, or name its format with a dataset's builder")
+        # Taken before the file's content is first looked at, so that what inspect_file sees is checked too.
+        stat = None if is_url(path) else os.stat(path)
+        size = file_size(path) if stat is None else stat.st_size
         layout, encoding = inspect_file(path, fmt, compression)
-        size = file_size(path)
         files.append(InputFile(first_index + len(files), path, size, layout, compression, how.text_key,
-                               how.text_per_line, encoding=encoding, text_bytes=text_size(path, compression, size)))
+                               how.text_per_line, encoding=encoding, text_bytes=text_size(path, compression, size),
+                               mtime_ns=None if stat is None else stat.st_mtime_ns))
     return files
+
+
+def check_unchanged(file: InputFile) -> None:
+    """An InputError when the input is not what the run found at its start (a local file's size and
+    modification time, a URL's size, a hub dataset's version): rows read from it would be a mix of two
+    versions, or a part of one cut short, and the manifest's checksum would describe neither."""
+    if file.layout == "hub":
+        check_hub_version(file.path, hub_dataset(orjson.loads(file.hub)), file.version)
+        return
+    try:
+        if file.mtime_ns is None:
+            now = (file_size(file.path), None)
+        else:
+            stat = os.stat(file.path)
+            now = (stat.st_size, stat.st_mtime_ns)
+    except (OSError, ValueError):
+        raise InputError(f"{file.path}: removed since the run started; run again when the inputs are stable") from None
+    if now != (file.size_bytes, file.mtime_ns):
+        raise InputError(f"{file.path}: changed since the run started ({file.size_bytes:,} bytes then, {now[0]:,} "
+                         "now, or modified since); run again on inputs nothing writes to")
 
 
 DELIMITERS = {"csv": ",", "tsv": "\t"}  # of the CSV and TSV layouts
@@ -568,9 +594,9 @@ def _range_rows(path: str, offset: int, size: int, lines: list[tuple[int, bytes 
 def file_rows(file: InputFile, columnar: Columnar | None = None, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[Row]:
     """(line or row number, record, error, bytes of JSON) for every row of one file; an InputError naming
     the file when it cannot be read to its end."""
-    layout = file.layout
-    if layout == "hub":
-        return _guarded(file, hub_rows(orjson.loads(file.hub)))
+    if file.layout == "hub":  # checks the version of the dataset it loads
+        return _guarded(file, hub_rows(file.path, orjson.loads(file.hub), file.version))
+    check_unchanged(file)
     return _guarded(file, _rows_of(file, columnar, max_row_bytes))
 
 
@@ -650,7 +676,9 @@ def part_rows(part: Part, columnar: Columnar | None = None, max_row_bytes: int =
     data: the part's bytes when the caller has read them already."""
     if part.end is None:
         yield from file_rows(part.file, columnar, max_row_bytes)
-    elif part.batches and columnar is not None and columnar.parquet(part.file):
+        return
+    check_unchanged(part.file)
+    if part.batches and columnar is not None and columnar.parquet(part.file):
         yield from _guarded(part.file, parquet_rows(part.file.path, columnar.read_groups,
                                                     part.start, part.end, first_line))
     elif part.batches:

@@ -245,8 +245,8 @@ def test_an_input_that_changes_while_read_fails_the_run(job: tuple[Path, Path], 
             with open(data, "r+b") as handle:
                 handle.truncate(len(original) // 3)
 
-    with pytest.raises(InputError, match=rf"{data}: changed while the run read it \({len(original):,} bytes at the "
-                                         rf"start, {len(original) // 3:,} now"):
+    with pytest.raises(InputError, match=rf"{data}: changed since the run started \({len(original):,} bytes then, "
+                                         rf"{len(original) // 3:,} now"):
         run(parse_config(CONFIG), [str(data)], tmp_path / "out", Options(chunk_rows=50, progress=truncate_once))
     assert not (tmp_path / "out" / "manifest.json").exists()
     data.write_bytes(original)  # unchanged, the same run passes, and its checksum is of the bytes read
@@ -254,6 +254,32 @@ def test_an_input_that_changes_while_read_fails_the_run(job: tuple[Path, Path], 
     import hashlib
 
     assert manifest["inputs"][0]["sha256"] == hashlib.sha256(original).hexdigest()
+
+
+@pytest.mark.parametrize("change", ["cut", "append"])
+def test_an_input_changed_before_its_first_read_fails_the_run(job: tuple[Path, Path], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch, change: str) -> None:
+    """The identity the run took when it found the input (before loading the tokenizer, which takes seconds) is
+    the one every read is held to: a file cut or appended to in between is not read as the data."""
+    data, _ = job
+    original = data.read_bytes()
+    load = gpu_prep.pipeline.load_tokenizer
+
+    def change_then_load(*args: object, **kwargs: object) -> object:
+        with open(data, "r+b") as handle:
+            if change == "cut":
+                handle.truncate(1000)
+            else:
+                handle.seek(0, 2)
+                handle.write(b'{"messages": [{"role": "user", "content": "late"}]}\n' * 5)
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(gpu_prep.pipeline, "load_tokenizer", change_then_load)
+    now = 1000 if change == "cut" else len(data.read_bytes()) + 5 * 52
+    with pytest.raises(InputError, match=rf"{data}: changed since the run started \({len(original):,} bytes then, "
+                                         rf"{now:,} now"):
+        run(parse_config(CONFIG), [str(data)], tmp_path / "out", Options(chunk_rows=50))
+    assert not (tmp_path / "out" / "manifest.json").exists()
 
 
 def test_the_reader_and_verify_accept_only_complete_unedited_runs(job: tuple[Path, Path], tmp_path: Path) -> None:

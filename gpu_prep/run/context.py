@@ -3,7 +3,6 @@ process that runs gpu-prep, or a cluster's worker), and the two decisions a run 
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from gpu_prep.backend import Backend
 from gpu_prep.builders import BuilderTokenizer
 from gpu_prep.chat_template import ChatTemplate
 from gpu_prep.config import PipelineConfig
-from gpu_prep.errors import ConfigError, InputError
+from gpu_prep.errors import ConfigError
 from gpu_prep.format import columnar_schema
 from gpu_prep.hub import hub_dataset, hub_version
 from gpu_prep.mix import HANDLERS, Dataset, with_tokenizer
@@ -340,21 +339,6 @@ def needed_columns(config: PipelineConfig) -> tuple[str | tuple[str, ...], ...]:
     pair = (inp.prompt_key, inp.response_key)
     answer = (inp.prompt_key, (inp.response_key, inp.completion_key))
     return {"text": (inp.text_key,), "instruction": pair, "prompt_response": answer}.get(inp.type, ())
-
-
-def check_unchanged(files: list[InputFile], started: list[list[Any]]) -> None:
-    """Fail the run when an input's size or modification time differs from when the run started: the rows
-    read may be a mix of two versions, and the manifest's checksum may describe neither."""
-    for f, (path, size, mtime) in zip(files, started):
-        if not isinstance(mtime, int):  # not a local file (a URL; a hub dataset, which names its version there)
-            continue
-        try:
-            stat = os.stat(path)
-        except OSError:
-            raise InputError(f"{path}: removed while the run read it; run again when the inputs are stable") from None
-        if (stat.st_size, stat.st_mtime_ns) != (size, mtime):
-            raise InputError(f"{path}: changed while the run read it ({size:,} bytes at the start, {stat.st_size:,} "
-                             "now, or modified since); run again on inputs nothing writes to")
 
 
 def hub_input(arguments: dict[str, Any], index: int) -> InputFile:
