@@ -158,6 +158,45 @@ def test_overwrite_and_resume_remove_only_what_gpu_prep_wrote(job: tuple[Path, P
     assert gpu_prep_cli("verify", out).returncode == 0  # files beside the run's are not its business
 
 
+def test_nothing_is_written_or_removed_through_a_link_in_the_output(job: tuple[Path, Path], tmp_path: Path) -> None:
+    """A domain folder, a control file or a new domain's folder made a link to elsewhere: --overwrite refuses
+    the output (exit 2) naming the link, and what the link leads to is left as it was."""
+    data, config = job
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    assert gpu_prep_cli("run", "-c", config, data, "-o", out, "-q").returncode == 0
+    (out / "__default__").rename(elsewhere)
+    (out / "__default__").symlink_to(elsewhere, target_is_directory=True)
+    theirs = _files(elsewhere)
+    refused = gpu_prep_cli("run", "-c", config, data, "-o", out, "-q", "--overwrite")
+    assert refused.returncode == 2 and f"{out / '__default__'} is a link" in refused.stderr, refused.stderr
+    assert _files(elsewhere) == theirs
+    (out / "__default__").unlink()
+    assert gpu_prep_cli("run", "-c", config, data, "-o", out, "-q", "--overwrite").returncode == 0
+
+    target = tmp_path / "precious.txt"
+    target.write_bytes(b"keep me")
+    for control in (".gpu-prep-lock", ".gpu-prep-files", ".gpu-prep-run"):
+        saved = (out / control).read_bytes() if (out / control).exists() else None
+        (out / control).unlink(missing_ok=True)
+        (out / control).symlink_to(target)
+        refused = gpu_prep_cli("run", "-c", config, data, "-o", out, "-q", "--overwrite")
+        assert refused.returncode == 2 and f"{out / control} is a link" in refused.stderr, (control, refused.stderr)
+        assert target.read_bytes() == b"keep me"
+        (out / control).unlink()
+        if saved is not None:
+            (out / control).write_bytes(saved)
+
+    # A folder where a domain the journal does not know yet will be written: refused when the run gets there.
+    domains = tmp_path / "domains.jsonl"
+    write_jsonl(domains, [{**row, "source": "web"} for row in CHATS[:50]])
+    (elsewhere / "web").mkdir()
+    (out / "web").symlink_to(elsewhere / "web", target_is_directory=True)
+    config.write_text(json.dumps({**CONFIG, "output": {**CONFIG["output"], "domain_key": "source"}}))
+    refused = gpu_prep_cli("run", "-c", config, domains, "-o", out, "-q", "--overwrite")
+    assert refused.returncode == 2 and f"{out / 'web'} is a link" in refused.stderr, refused.stderr
+    assert not any((elsewhere / "web").iterdir())
+
+
 def test_two_runs_started_together_never_share_an_output(job: tuple[Path, Path], tmp_path: Path) -> None:
     data, config = job
     (tmp_path / "big").mkdir()

@@ -32,13 +32,28 @@ class Journal:
 
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
+        self.given = Path(os.path.abspath(root))  # where the run's paths are built from (-o may be a link)
         self.names = journal_names(root)
+        refuse_link(root, JOURNAL)
         self.handle = open(root / JOURNAL, "a", encoding="utf-8")  # noqa: SIM115  closed in close()
         self.lock = threading.Lock()
 
+    def name_of(self, path: Path) -> str | None:
+        """path's name relative to root, taken by its letters (a link inside root is not followed out of
+        it); None where path is not in root."""
+        absolute = Path(os.path.abspath(path))
+        for base in (self.given, self.root):
+            if absolute.is_relative_to(base):
+                return absolute.relative_to(base).as_posix()
+        return None
+
     def claim(self, path: Path) -> None:
-        """Record `path` (inside root) as the run's, before it is created."""
-        name = Path(os.path.relpath(Path(path).resolve(), self.root)).as_posix()
+        """Record `path` (inside root) as the run's, before it is created; a ConfigError where a link stands
+        on the way to it (writing there would write through the link, out of the output folder)."""
+        name = self.name_of(path)
+        if name is None:
+            return
+        refuse_link(self.root, name)
         with self.lock:
             if name not in self.names:
                 self.handle.write(json.dumps(name) + "\n")
@@ -87,14 +102,33 @@ def journal(root: Path) -> Iterator[Journal]:
 def claim(path: Path) -> None:
     """Record a path about to be created in the journal of the output directory holding it, if any."""
     for current in _ACTIVE:
-        if Path(path).resolve().is_relative_to(current.root):
-            current.claim(path)
+        current.claim(path)
+
+
+def linked_part(root: Path, name: str) -> Path | None:
+    """The first path from root down to root/name (name itself included) that is a symbolic link, if any."""
+    path = Path(root)
+    for part in Path(name).parts:
+        path = path / part
+        if path.is_symlink():
+            return path
+    return None
+
+
+def refuse_link(root: Path, name: str) -> None:
+    """A ConfigError where a link stands on the way to root/name: gpu-prep writes and removes nothing
+    through a link, which could lead out of its output folder."""
+    if (link := linked_part(root, name)) is not None:
+        raise ConfigError(f"{link} is a link (to {os.readlink(link)!r}) in the output {str(root)!r}, where "
+                          f"gpu-prep writes {name!r}; it writes nothing through links, which could lead out of "
+                          "the output folder: remove the link, or choose another output")
 
 
 def remove_written(root: Path, keep: set[str]) -> None:
     """Remove every file the journal lists but `keep` (paths relative to root), then the directories that
-    held them and are left empty; nothing else in root is touched."""
-    names = journal_names(root) - keep
+    held them and are left empty; nothing else in root is touched, nor anything a link in root leads to (a
+    link where a listed file was is removed itself, a file under a linked folder is left)."""
+    names = {name for name in journal_names(root) - keep if linked_part(root, str(Path(name).parent)) is None}
     for name in names:
         (root / name).unlink(missing_ok=True)
     parents = {p for name in names for p in Path(name).parents if p != Path(".")}

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gpu_prep.errors import ConfigError
-from gpu_prep.output.files import JOURNAL, journal_names, remove_written
+from gpu_prep.output.files import JOURNAL, journal_names, refuse_link, remove_written
 from gpu_prep.output.writer import RESERVED_NAMES
 
 MANIFEST = "manifest.json"
@@ -104,8 +104,10 @@ def output_lock(out_dir: Path) -> Iterator[None]:
     while True:
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            # Never through a link: the pid written into it would land wherever the link leads.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
+            refuse_link(out_dir, LOCK)
             raise ConfigError(f"output {str(out_dir)!r}: cannot write there ({exc.strerror or exc}); give -o a "
                               "folder that can be written") from None
         try:
@@ -149,7 +151,9 @@ def check_output(out_dir: Path, overwrite: bool, resume: bool) -> None:
     if not (out_dir / JOURNAL).exists():
         raise ConfigError(f"output {str(out_dir)!r} has no list of the files gpu-prep wrote there ({JOURNAL}: an "
                           "older version wrote it); remove it yourself, or choose another folder")
-    journal_names(out_dir)  # refuses a list that something else wrote over, before any work
+    # Refuses a list that something else wrote over, and links where gpu-prep's files are, before any work.
+    for name in sorted(CONTROL | {MANIFEST} | journal_names(out_dir)):
+        refuse_link(out_dir, name)
 
 
 def prepare_output(out_dir: Path, overwrite: bool, resume: bool = False) -> None:
