@@ -22,14 +22,15 @@ if spec := os.environ.get("GPU_PREP_FAILPOINT"):
     _ARMED[_name] = int(_count or 1)
 
 
-def failpoint(name: str) -> None:
+def failpoint(name: str, path: object = None) -> None:
+    """path: the file an OSError raised here is about, as a failed write names it."""
     if name in _ARMED:
         _ARMED[name] -= 1
         if _ARMED[name] == 0 and _first():
             how = os.environ.get("GPU_PREP_FAILPOINT_SIGNAL", "KILL")
             if how.startswith("E"):
                 code = getattr(errno, how)
-                raise OSError(code, os.strerror(code))
+                raise OSError(code, os.strerror(code), *([str(path)] if path is not None else []))
             if os.environ.get("GPU_PREP_FAILPOINT_GROUP") == "1":
                 os.killpg(os.getpgid(0), getattr(signal, "SIG" + how))
             else:

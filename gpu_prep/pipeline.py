@@ -146,13 +146,13 @@ def _run(run_ctx: RunContext, out_dir: Path, options: Options, clock: Stopwatch,
             check_unchanged(f)
         seconds = {"total": time.perf_counter() - clock.started, **clock.seconds}
         manifest = build_manifest(run_ctx, outcome, identity, hashes, seconds, out_dir, left_out)
-        failpoint("manifest")
+        failpoint("manifest", out_dir / MANIFEST)
         write_json_atomic(out_dir / MANIFEST, manifest)
     except BaseException as exc:
         # After a Ctrl-C, further ones wait until what was done is put in order: a hurried second press could
         # leave it half done, or print a traceback.
         with deaf_to_ctrl_c() if isinstance(exc, KeyboardInterrupt) else contextlib.nullcontext():
-            checkpoints.close()
+            checkpoints.close(failed=True)
             resumable = isinstance(exc, (KeyboardInterrupt, Interrupted)) or checkpoints.rows_saved is not None
             if not resumable:  # what a checkpoint refers to stays for --resume; else the temporaries go
                 remove_partial_files(out_dir)

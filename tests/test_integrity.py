@@ -4,14 +4,17 @@ reader and verify accept only complete, unedited runs."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
+import re
 import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -268,11 +271,43 @@ def test_a_full_disk_anywhere_then_resume_is_byte_identical(job: tuple[Path, Pat
     out, rejects = tmp_path / "out", tmp_path / "out.rejects"
     full = gpu_prep_cli("run", *args, "-o", out, "--rejects", rejects, "--checkpoint-every", 0,
                         env={"GPU_PREP_FAILPOINT": f"{point}:{nth}", "GPU_PREP_FAILPOINT_SIGNAL": "ENOSPC"})
-    assert full.returncode == 1 and "No space left on device" in full.stderr and "--resume" in full.stderr, full.stderr
+    # One sentence naming the file the disk filled on, and what --resume does.
+    assert full.returncode == 1 and re.match(rf"error: {tmp_path}/\S+: No space left on device; the run stopped, ",
+                                             full.stderr) and "--resume" in full.stderr, full.stderr
     assert "Traceback" not in full.stderr
     assert gpu_prep_cli("run", *args, "-o", out, "--rejects", rejects, "--resume").returncode == 0
     assert _tree(out) == _tree(tmp_path / "clean")
     assert rejects.read_bytes() == (tmp_path / "clean.rejects").read_bytes()
+
+
+def test_a_full_disk_that_also_fails_closing_the_logs_is_told_as_the_first_error(
+        job: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a full disk the manifest's write fails, and so does the dedup log's last flush as the run closes it:
+    the error told is the first one, naming the file, with what --resume does (not a bare errno line)."""
+    from gpu_prep import failpoint
+    from gpu_prep.errors import WriteError
+    from gpu_prep.run import checkpoint
+
+    class FullAtClose:
+        def __init__(self, handle: Any) -> None:
+            self.handle = handle
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.handle, name)
+
+        def close(self) -> None:
+            self.handle.close()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as a buffered flush reports it: no file
+
+    log = checkpoint._log
+    monkeypatch.setattr(checkpoint, "_log", lambda path, length: FullAtClose(log(path, length)))
+    monkeypatch.setitem(failpoint._ARMED, "manifest", 1)
+    monkeypatch.setenv("GPU_PREP_FAILPOINT_SIGNAL", "ENOSPC")
+    data, _ = job
+    out = tmp_path / "out"
+    with pytest.raises(WriteError, match=rf"^{out / 'manifest.json'}: No space left on device; the run stopped, "
+                                         r".*--resume finishes the run"):
+        run(parse_config(CONFIG), [str(data)], out, Options(chunk_rows=50, checkpoint_seconds=0))
 
 
 def test_an_input_that_changes_while_read_fails_the_run(job: tuple[Path, Path], tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ class BinShard(RawShard):
             names = {k: raw_file_name(k, self.index, temporary=False) for k in self.tmp}
             for k in self.tmp:
                 finish_file(self.tmp[k], directory / names[k])
-                failpoint("shard_close")  # some of the shard's files renamed, the others not yet
+                failpoint("shard_close", directory / names[k])  # some of the shard's files renamed, the others not yet
             return {"files": names, "sha256": {k: d.hexdigest() for k, d in self.digests.items()}}
         layout = self._layout()
         names = {k: raw_file_name(k, self.index, temporary=False) for k in (*ARRAYS, "segment_offsets")}

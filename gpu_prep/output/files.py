@@ -189,7 +189,7 @@ def temporary_path(path: Path) -> Path:
 
 def write_atomic(path: Path, data: bytes) -> None:
     tmp = temporary_path(path)
-    with create(tmp) as handle, writing(tmp):
+    with writing(tmp), create(tmp) as handle:  # closing flushes: its error named too
         handle.write(data)
     finish_file(tmp, path)
 
@@ -200,7 +200,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 def copy_atomic(source: Path, path: Path) -> None:
     tmp = temporary_path(path)
-    with open(source, "rb") as src, create(tmp) as handle, writing(tmp):
+    with open(source, "rb") as src, writing(tmp), create(tmp) as handle:
         shutil.copyfileobj(src, handle)
     finish_file(tmp, path)
 

@@ -136,7 +136,7 @@ class RawShard:
 
     def append(self, ids: np.ndarray, loss_mask: np.ndarray, ends: np.ndarray, labels: np.ndarray | None = None) -> None:
         self._put("sequence", ids)
-        failpoint("shard_append")  # one array of the shard written, the others not yet
+        failpoint("shard_append", self.tmp["loss_mask"])  # one array of the shard written, the others not yet
         self._put("loss_mask", loss_mask)
         self._put("sample_offsets", ends)
         if labels is not None:
@@ -157,8 +157,9 @@ class RawShard:
         return self.storage.format == "bin" and self.storage.packing == "none"
 
     def _close_handles(self) -> None:
-        for handle in self.handles.values():
-            handle.close()
+        for key, handle in self.handles.items():
+            with writing(self.tmp[key]):  # what is still buffered is written now
+                handle.close()
 
     def _raw(self, key: str) -> np.ndarray:
         path, dtype = self.tmp[key], self.storage.dtype(key)
@@ -216,7 +217,7 @@ def build_files(directory: Path, names: dict[str, str], parts: Iterator[dict[str
         for key, handle in handles.items():
             with writing(tmps[key]):
                 handle.close()
-    failpoint("shard_close")  # the shard complete under temporary names
+    failpoint("shard_close", next(iter(tmps.values())))  # the shard complete under temporary names
     for key in names:
         finish_file(tmps[key], paths[key])
     return {"files": names, "sha256": {k: d.hexdigest() for k, d in digests.items()}}
@@ -250,7 +251,7 @@ class OneFileShard(RawShard):
         claim(temporary_path(path))
         with writing(temporary_path(path)):
             self._build(temporary_path(path), layout)
-        failpoint("shard_close")  # the file complete under its temporary name
+        failpoint("shard_close", path)  # the file complete under its temporary name
         finish_file(temporary_path(path), path)
         return {"files": {self.extension: name}, "sha256": {self.extension: sha256_file(path)},
                 **self._packing_record(layout)}

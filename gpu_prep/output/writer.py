@@ -167,7 +167,7 @@ class DomainWriter:
             **self.about,
             "shards": self.shards,
         }
-        failpoint("meta")
+        failpoint("meta", self.directory / "meta.json")
         write_json_atomic(self.directory / "meta.json", meta)
         return meta
 

@@ -170,7 +170,7 @@ class Accounting:
                 entry.update(row=row.decode("utf-8", errors="replace"), row_base64=base64.b64encode(row).decode())
             with writing(Path(self.rejects.name)):
                 self.rejects.write(orjson.dumps(entry, default=repr) + b"\n")
-            failpoint("rejects")
+            failpoint("rejects", self.rejects.name)
         examples = self.examples.setdefault(reason, [])
         if len(examples) < EXAMPLES_PER_REASON:
             examples.append({"file": self.files[file_index].path, "line": line, "detail": detail})

@@ -18,6 +18,7 @@ written since are removed, and a shard that was closed since is reopened from it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -160,7 +161,7 @@ class Checkpointer:
             self.log.flush()
         with writing(self.out_dir / NEAR_LOG):
             self.near_log.flush()
-        failpoint("checkpoint")
+        failpoint("checkpoint", self.out_dir / CHECKPOINT)
         write_json_atomic(self.out_dir / CHECKPOINT, {"identity": self.identity, "rows_done": self.rows_done,
                                                       "dedup_digests": self.digests,
                                                       "near_records": self.near_records, **state})
@@ -168,13 +169,16 @@ class Checkpointer:
         failpoint("checkpoint_written")
         self.last = time.monotonic()
 
-    def close(self) -> None:
-        self.log.close()
-        self.near_log.close()
+    def close(self, failed: bool = False) -> None:
+        """Close the logs. failed: the run stopped on an error, which is the one to tell; a full disk fails
+        the logs' last flush too, and what a log holds past the checkpoint is cut off by --resume anyway."""
+        for name, log in ((DEDUP_LOG, self.log), (NEAR_LOG, self.near_log)):
+            with contextlib.suppress(OSError) if failed else writing(self.out_dir / name):
+                log.close()
 
     def finish(self) -> None:
         """The run is complete (manifest written): the checkpoint and the dedup logs are no longer needed."""
-        self.close()
+        self.close(failed=True)  # what they still buffer is not needed either
         for name in (CHECKPOINT, DEDUP_LOG, NEAR_LOG):
             (self.out_dir / name).unlink(missing_ok=True)
 
