@@ -29,7 +29,7 @@ from gpu_prep.errors import ConfigError, Interrupted, WriteError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter import Deduplicator
 from gpu_prep.fuzzy import NearIndex
-from gpu_prep.output.files import journal, sha256_file, write_json_atomic
+from gpu_prep.output.files import journal, settle_journal, sha256_file, write_json_atomic
 from gpu_prep.output.shards import Storage
 from gpu_prep.output.writer import DatasetWriter
 from gpu_prep.pairs import PAIR_META
@@ -80,7 +80,9 @@ def run(config: PipelineConfig, inputs: list[str], out_dir: str | Path, options:
         run_ctx = _context(config, files, datasets, options, clock)
         prepare_output(out_dir, options.overwrite, options.resume)
         with journal(out_dir):
-            return _run(run_ctx, out_dir, options, clock, left_out)
+            manifest = _run(run_ctx, out_dir, options, clock, left_out)
+        settle_journal(out_dir)
+        return manifest
 
 
 def _context(config: PipelineConfig, files: list[InputFile], datasets: Any, options: Options,

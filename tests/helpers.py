@@ -92,11 +92,14 @@ def gpu_prep_cli(*args: Any, env: dict[str, str | None] | None = None, timeout: 
 
 
 def output_tree(root: Path, *run_keys: str) -> dict[str, bytes]:
-    """Every finished file of an output by its path, the manifest without the keys that say how the run
-    went (timings and run_keys, dotted for nested ones): what two runs of one config must agree on."""
+    """Every finished file of an output by its path (of a finished run, the journal of what it wrote too;
+    temporaries, and the journal of a run still going, are not finished), the manifest without the keys that
+    say how the run went (timings and run_keys, dotted for nested ones): what two runs of one config must
+    agree on."""
     files = {}
+    finished = (root / "manifest.json").exists()
     for path in sorted(root.rglob("*")):
-        if path.is_file() and not path.name.startswith("."):
+        if path.is_file() and (not path.name.startswith(".") or finished and path.name == ".gpu-prep-files"):
             data = path.read_bytes()
             if path.name == "manifest.json":
                 manifest = json.loads(data)

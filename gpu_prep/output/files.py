@@ -99,6 +99,20 @@ def journal(root: Path) -> Iterator[Journal]:
         current.close()
 
 
+def settle_journal(root: Path) -> None:
+    """After a finished run: the journal lists the files it left, sorted, so that it is, like every other
+    file of the run, a function of the inputs and config alone (not of the order chunks, checkpoints and
+    temporaries came in, which a resume, a chunk size or output.shuffle changes). The new list is written
+    beside the journal (listed in it first: a kill leaves nothing unknown) and renamed over it."""
+    tmp = root / temporary_name(JOURNAL)
+    with journal(root):
+        claim(tmp)
+    names = sorted(name for name in journal_names(root) if os.path.lexists(root / name) and name != tmp.name)
+    with writing(tmp), open(tmp, "w", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(name) + "\n" for name in names)
+    finish_file(tmp, root / JOURNAL)
+
+
 def claim(path: Path) -> None:
     """Record a path about to be created in the journal of the output directory holding it, if any."""
     for current in _ACTIVE:
