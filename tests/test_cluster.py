@@ -240,10 +240,46 @@ def test_stopped_on_one_side_resumed_on_the_other(tmp_path: Path, corpus: dict[s
     assert _tree(tmp_path / "out") == _tree(tmp_path / "want")
 
 
-@pytest.mark.parametrize("spec", ["local:0", "locale:2", "somewhere"])
+@pytest.mark.parametrize("spec", ["local:0", "locale:2", "somewhere", "tcp://127.0.0.1", "foo://host:8786"])
 def test_a_cluster_that_is_not_one_is_refused(tmp_path: Path, corpus: dict[str, Path], spec: str) -> None:
+    # An address of no known scheme, or without its port, is refused before the output is touched (it was
+    # distributed's ValueError, as a traceback, from inside the run).
     with pytest.raises(ConfigError, match="--cluster"):
         run(parse_config(BASE), [str(corpus["two"])], tmp_path / "out", Options(cluster=spec))
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("failure", ["worker dies", "scheduler fails", "no scheduler"])
+def test_a_cluster_that_does_not_start_stops_the_run_in_one_sentence(tmp_path: Path, corpus: dict[str, Path],
+                                                                      failure: str) -> None:
+    # A worker SIGKILLed as it starts (its preload kills it, and the nanny gives up on it) and a scheduler that
+    # raises as it starts were distributed's tracebacks (90 lines of "Nanny failed to start"); an address where
+    # no scheduler answers was reported as a write error. Like a cluster that loses its workers mid-run, each
+    # now stops the run resumably with one sentence that says why.
+    import dask
+
+    preload = tmp_path / "preload.py"
+    preload.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n" if failure == "worker dies"
+                       else "raise ImportError('no module named frobnicate')\n")
+    dask_settings = {"worker dies": {"distributed.worker.preload": [str(preload)]},
+                     "scheduler fails": {"distributed.scheduler.preload": [str(preload)]},
+                     "no scheduler": {"distributed.comm.timeouts.connect": "1s"}}[failure]
+    spec = "local:1"
+    if failure == "no scheduler":  # a port just freed: nothing listens there
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            spec = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+    config = parse_config(BASE)
+    with dask.config.set(dask_settings), pytest.raises(Interrupted) as stopped:
+        run(config, [str(corpus["two"])], tmp_path / "out", Options(cluster=spec))
+    message = str(stopped.value)
+    assert "\n" not in message and message.endswith("start the run again with --resume"), message
+    assert {"worker dies": "the local Dask cluster did not start", "scheduler fails": "frobnicate",
+            "no scheduler": f"no Dask scheduler answered at {spec}"}[failure] in message, message
+    if failure == "scheduler fails":  # what it says works (the same for all three): --resume starts the run over
+        assert run(config, [str(corpus["two"])], tmp_path / "out", Options(resume=True))["totals"]["rows_written"] > 0
 
 
 def test_a_lone_dataset_with_a_ratio_but_no_rows_is_refused_as_in_one_process(tmp_path: Path, scheduler: str) -> None:

@@ -42,6 +42,7 @@ def check_cluster(spec: str, device: str) -> bool:
         raise ConfigError(f"--cluster needs Dask: {DASK_EXTRA}") from None
     gpu = device != "cpu" and gpu_missing_reason() is None
     if "://" in spec:
+        _check_address(spec)
         return gpu
     _local_workers(spec)
     if device == "gpu" and not gpu:
@@ -64,6 +65,31 @@ def _local_workers(spec: str) -> int | None:
     return int(count) if count else None
 
 
+def _check_address(spec: str) -> None:
+    """Refuse an address of no scheme Dask knows, or without the port its scheme needs (found only once
+    connecting, inside the run)."""
+    from distributed.comm.addressing import parse_address
+    from distributed.comm.registry import get_backend
+
+    try:
+        scheme, location = parse_address(spec)
+        try:
+            get_backend(scheme).get_address_host_port(location)
+        except NotImplementedError:  # ucx, inproc: no host and port to check
+            pass
+    except ValueError as exc:
+        raise ConfigError(f"--cluster {spec!r} is not a scheduler's address ({exc}); give one such as "
+                          "tcp://host:8786") from None
+
+
+def _root_cause(exc: BaseException) -> str:
+    """What distributed says of a start that failed, at its root: "Nanny failed to start." wraps why, and a
+    timeout wraps an empty TimeoutError."""
+    while exc.__cause__ is not None and str(exc.__cause__).strip():
+        exc = exc.__cause__
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
 @contextmanager
 def connect(spec: str, gpu: bool, config: PipelineConfig) -> Iterator[Any]:
     """A Dask client: on a local cluster of N worker processes ("local:N"; with the GPU backend, dask-cuda
@@ -71,7 +97,12 @@ def connect(spec: str, gpu: bool, config: PipelineConfig) -> Iterator[Any]:
     from dask.distributed import Client, LocalCluster
 
     if "://" in spec:
-        with Client(spec) as client:
+        try:
+            client = Client(spec)
+        except Exception as exc:
+            raise Interrupted(f"no Dask scheduler answered at {spec} ({_root_cause(exc)}); start one there (dask "
+                              "scheduler) or fix --cluster, then start the run again with --resume") from None
+        with client:
             yield client
         return
     n = _local_workers(spec)
@@ -89,7 +120,12 @@ def connect(spec: str, gpu: bool, config: PipelineConfig) -> Iterator[Any]:
     # SIGINT ignored leaves it so, and so does asyncio): on Ctrl-C this process stops the run and shuts the
     # cluster down, printing the command that resumes it, instead of every worker printing its own traceback.
     with deaf_to_ctrl_c():
-        cluster = start()
+        try:
+            cluster = start()
+        except Exception as exc:  # its own traceback, 90 lines, would only repeat this
+            raise Interrupted(f"the local Dask cluster did not start ({_root_cause(exc)}); fix that (where a worker "
+                              "died as it started, memory is the usual cause: --cluster local:N starts fewer), "
+                              "then start the run again with --resume") from None
     with cluster, Client(cluster) as client:
         try:
             yield client
