@@ -7,6 +7,7 @@ from __future__ import annotations
 import codecs
 import io
 import itertools
+import re
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +21,8 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
     header being 1 (the line, unless a quoted cell spans lines or blank lines come between). A row with
     more or fewer cells than the header is a malformed_row drop showing its text, in its place (the parser
     skips it without saying where it lay, so a first such row has the file read once more to number them);
+    where a quoted cell joins lines into such a record, each line is a drop of its own: its quote may be a stray
+    one that took the records after it into its cell, and the rows read are to be the records the file holds.
     a header naming a column twice refuses the file. A quote that opens a cell and never closes would take
     the rest of the file into that cell: the parser is given one more record after the text (_END_RECORD,
     with one cell too many, so it comes back as the last skipped row) and, when that record does not come
@@ -49,11 +52,19 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
             bad.append(invalid)
         return "skip"
 
-    def malformed(number: int, invalid: Any) -> Row:
-        return number, None, (Drop.MALFORMED_ROW, f"{invalid.actual_columns} cells where the header has "
-                              f"{invalid.expected_columns}", invalid.text[:REJECT_TEXT]), 0  # in its batch's bytes
+    def malformed(number: int, invalid: Any) -> list[Row]:  # numbered from `number`; in its batch's bytes
+        cells = f"{invalid.actual_columns} cells where the header has {invalid.expected_columns}"
+        lines = [line for line in _LINE_END.split(invalid.text) if line]  # blank lines are no record
+        if len(lines) < 2:
+            return [(number, None, (Drop.MALFORMED_ROW, cells, invalid.text[:REJECT_TEXT]), 0)]
+        joined = (f"{cells}, in a record a quoted cell joins from {len(lines)} lines (a '\"' opened on one line "
+                  "and closed on another?)")
+        return [(number + k, None, (Drop.MALFORMED_ROW, f"{joined}: line {k + 1} of them; each is counted as a "
+                                    "dropped row", line[:REJECT_TEXT]), 0) for k, line in enumerate(lines)]
 
-    row, ragged = 1, None  # ragged: the numbers of the rows with too few or too many cells, once one is met
+    # row: the records read (the header being 1), as the csv module numbers them in `ragged` (the rows with
+    # too few or too many cells, once one is met); extra: how many more rows than records joined lines gave.
+    row, extra, ragged = 1, 0, None
     with open_bytes(path, compression, encoding) as handle:
         reader = pacsv.open_csv(_Then(handle, f"\n{end}\n".encode()), read_options=pacsv.ReadOptions(block_size=4 << 20),
                                 parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True,
@@ -74,9 +85,10 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
                 row += 1
                 while bad and ragged and ragged[0] == row:  # the skipped rows before this one, in their places
                     ragged.popleft()
-                    yield malformed(row, bad.popleft())
-                    row += 1
-                yield row, record, None, share + (first if k == 0 else 0)
+                    drops = malformed(row + extra, bad.popleft())
+                    yield from drops
+                    row, extra = row + 1, extra + len(drops) - 1
+                yield row + extra, record, None, share + (first if k == 0 else 0)
         if not ended:
             last = row + len(bad)
             raise InputError(f"{path}: the file ends inside a quoted cell: a '\"' opened in record {last} (the last, "
@@ -85,7 +97,9 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
                              "(close the quote, and write a '\"' inside a quoted cell as '\"\"')")
         for invalid in bad:
             row += 1
-            yield malformed(row, invalid)
+            drops = malformed(row + extra, invalid)
+            yield from drops
+            extra += len(drops) - 1
 
 
 def _blank(path: str, compression: str | None, encoding: str | None) -> bool:
@@ -99,6 +113,8 @@ def _blank(path: str, compression: str | None, encoding: str | None) -> bool:
             text = handle.read(HEAD_BYTES)
     return True
 
+
+_LINE_END = re.compile(r"\r\n|\r|\n")  # as the parser ends a line
 
 # The cells of the record csv_rows puts after a CSV's text: NUL bytes, so that no row of a text file is it.
 _END_CELL = "\x00gpu-prep: end of the text\x00"

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bz2
 import codecs
+import ftplib
 import gzip
 import io
 import json
@@ -104,6 +105,16 @@ def filesystem(url: str) -> tuple[Any, str]:
                           "(s3fs, gcsfs, huggingface_hub, aiohttp)") from None
 
 
+@contextmanager
+def _reaching(url: str) -> Iterator[None]:
+    """What fails while a URL's host is reached or its files listed (a host not found, a connection or a
+    login refused, a bucket not the user's) as a ConfigError naming the input: the error alone names none."""
+    try:
+        yield
+    except (OSError, ftplib.Error) as exc:
+        raise ConfigError(f"input {url!r}: cannot be reached ({exc})") from None
+
+
 READ_BUFFER = 1 << 20
 
 
@@ -154,8 +165,13 @@ def remote_files(pattern: str) -> tuple[list[str], list[str]]:
     folder (read.folder_files): none hidden or under a hidden folder (.ipynb_checkpoints), none of the
     metadata and cache-*.arrow files of a folder the datasets library wrote; and those left out, their
     names saying no format gpu-prep reads. A DatasetDict's folder is refused: its splits are not read
-    over a URL (give the split's folder)."""
-    fs, inner = filesystem(pattern)
+    over a URL (give the split's folder); a host that cannot be reached, naming the URL (_reaching)."""
+    with _reaching(pattern):  # some filesystems (FTP) connect as they are made
+        fs, inner = filesystem(pattern)
+        return _listed(pattern, fs, inner)
+
+
+def _listed(pattern: str, fs: Any, inner: str) -> tuple[list[str], list[str]]:
     if any(c in inner for c in "*?["):
         found = [p for p in fs.glob(inner) if not fs.isdir(p)]
         return sorted(fs.unstrip_protocol(p) for p in found), []
@@ -662,6 +678,7 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
     InputError stops the run naming the element: one that is not valid JSON (an error that more text could
     not mend: see _ends_early), one whose end is not within `cap` characters (so garbage cannot fill memory),
     a missing ',' or content after the closing ']'. A ',' before the ']' is refused as JSON readers refuse it.
+    An element nested too deep for the standard decoder has its end found by its brackets (_element_end).
     A file cut short keeps its whole elements; what follows the last one is one malformed_json row. Bytes
     that are not UTF-8 stop the file (never replaced: that would change the text silently) with a NotUtf8
     naming the element they are in, once the elements before them are read; a character cut by the file's
@@ -727,7 +744,7 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
                 return
             while True:  # the element's end; a block boundary may cut it (or a number) short
                 try:
-                    end: int | None = finder.raw_decode(buffer, pos)[1]
+                    end = _element_end(finder, buffer, pos)
                 except json.JSONDecodeError as exc:
                     if not _ends_early(exc, buffer):  # more text cannot mend it, and its end is unknown
                         raise _goes_on(path, f"array index {index} is not valid JSON ({exc.msg.removesuffix(' at')}, at character "
@@ -769,6 +786,37 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
             elif not buffer.startswith("]", pos):
                 raise _goes_on(path, f"not one JSON array: after array index {index - 1}, with no ',' between",
                                buffer[pos:pos + 40], "add the comma, or write JSON Lines")
+
+
+def _element_end(finder: json.JSONDecoder, text: str, pos: int) -> int | None:
+    """Where the JSON value at text[pos] ends; None where the text ends inside it. The decoder recurses into
+    arrays and objects, so one nested past Python's recursion limit (1000 levels) has its end found by its
+    brackets alone: the strict parser then reads it as the same line of JSON Lines (up to 1024 levels) or
+    drops it as malformed_json, and the elements after it are read."""
+    try:
+        return finder.raw_decode(text, pos)[1]
+    except RecursionError:
+        pass
+    opened: list[str] = []
+    for match in _NESTING.finditer(text, pos):
+        token = match.group()
+        if token == '"':  # a string the text ends inside
+            return None
+        if token in _CLOSES:
+            opened.append(token)
+        elif token in ("]", "}"):
+            opener = opened.pop()
+            if _CLOSES[opener] != token:
+                raise json.JSONDecodeError(f"a {token!r} closes a {opener!r}", text, match.start())
+            if not opened:
+                return match.end()
+        # else a whole string, passed over: brackets in it do not nest
+    return None
+
+
+# A whole JSON string, a bracket, or a '"' whose string the text ends inside (found by _element_end).
+_NESTING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}"]', re.DOTALL)
+_CLOSES = {"[": "]", "{": "}"}
 
 
 # What Python's json scanner has read when it stops at the end of its text: a string, a literal (its

@@ -3,7 +3,8 @@
 Rules under test:
 - a JSON array cut short keeps its whole elements; what follows them is one malformed_json row; an
   element whose end cannot be found (not valid JSON, or not ending within input.max_row_bytes) stops the
-  run naming its array index, as the elements after it could be neither read nor counted;
+  run naming its array index, as the elements after it could be neither read nor counted; one nested deeper
+  than Python's decoder recurses is found by its brackets, and read or dropped as its JSON Lines line is;
 - text is UTF-8, or UTF-16 / UTF-32 when a byte order mark says so (converted as it is read, so the
   shards are those of the same rows in UTF-8); a UTF-8 BOM is skipped;
 - a file whose first bytes are binary (a NUL byte) or not UTF-8 is refused before anything is written
@@ -181,6 +182,51 @@ def test_an_array_cut_inside_its_last_element_keeps_the_others(tmp_path: Path, c
     for block in (5, 1 << 20):
         rows = [(n, error and error[:2]) for n, _, error, _ in json_array_rows(str(path), None, _parse_line, block=block)]
         assert rows == [(1, None), (2, None), (3, ("malformed_json", "array index 2 is cut short: the file ends inside it"))]
+
+
+@pytest.mark.parametrize("deep", [
+    "[" * 100_000 + "]" * 100_000,
+    '{"a": ' * 100_000 + "1" + "}" * 100_000,
+    '{"text": "deep [ and } in a string", "x": ' + "[{}, " * 50_000 + "0" + "]" * 50_000 + "}",
+])
+def test_a_json_array_element_nested_past_the_parsers_depth_is_one_dropped_row(tmp_path: Path, fast_tokenizer: None,
+                                                                              deep: str) -> None:
+    """The standard decoder, which finds each element's end, recursed into it (a RecursionError naming no file);
+    the element is dropped as malformed_json, as the same line in JSON Lines is, and the rows after it are read."""
+    path = tmp_path / "deep.json"
+    path.write_text(f'[{{"text": "before"}}, {deep}, {{"text": "after"}}]')
+    rejects = tmp_path / "rejects.jsonl"
+    manifest = _run(tmp_path, path, rejects=rejects)
+    assert manifest["totals"]["rows_written"] == 2 and manifest["totals"]["rows_dropped"] == {"malformed_json": 1}
+    [entry] = [json.loads(line) for line in rejects.read_text().splitlines()]
+    assert (entry["line"], entry["reason"]) == (2, "malformed_json") and "depth limit" in entry["detail"]
+    from gpu_prep.check import check_sample  # validate reads it as run does
+
+    assert check_sample(parse_config(TEXT), [str(path)], 10).rows == 3
+    lines = tmp_path / "deep.jsonl"
+    lines.write_text(_jsonl([{"text": "before"}]) + deep + "\n" + _jsonl([{"text": "after"}]))
+    assert _run(tmp_path, lines, name="lines")["totals"]["rows_dropped"] == {"malformed_json": 1}
+
+
+def test_a_json_array_element_the_decoder_cannot_recurse_into_is_read_as_json_lines_reads_it(tmp_path: Path) -> None:
+    """Deeper than Python's recursion limit (1000) but within the strict parser's (1024): a row like any other."""
+    from gpu_prep.read import _parse_line
+    from gpu_prep.sources import json_array_rows
+
+    row = '{"text": "deep", "meta": ' + "[" * 1010 + "]" * 1010 + "}"
+    path = tmp_path / "deep.json"
+    path.write_text(f'[{row}, {{"text": "after"}}]')
+    for block in (7, 1 << 20):  # the element also cut by the read blocks
+        rows = [(n, record and record["text"], error) for n, record, error, _ in
+                json_array_rows(str(path), None, _parse_line, block=block)]
+        assert rows == [(1, "deep", None), (2, "after", None)]
+    path.write_text('[{"text": "one"}, ' + "[" * 2000 + "}" * 2000 + ', {"text": "two"}]')  # brackets that do not pair
+    with pytest.raises(InputError, match=r"deep\.json: array index 1 is not valid JSON \(a '}' closes a '\['.*"
+                                         r"rows after it would be lost"):
+        list(json_array_rows(str(path), None, _parse_line))
+    path.write_text('[{"text": "one"}, ' + "[" * 2000 + '"a string never closed')  # the file ends inside it
+    rows = [(n, error and error[:2]) for n, _, error, _ in json_array_rows(str(path), None, _parse_line, block=64)]
+    assert rows == [(1, None), (2, ("malformed_json", "array index 1 is cut short: the file ends inside it"))]
 
 
 def test_a_comma_before_a_json_arrays_closing_bracket_is_refused(tmp_path: Path, fast_tokenizer: None) -> None:

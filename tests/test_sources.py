@@ -445,6 +445,26 @@ def test_urls_are_read_through_fsspec_as_local_files_are(tmp_path: Path) -> None
         run(config, ["memory://bucket/nothing.jsonl"], tmp_path / "none")
 
 
+def test_a_url_that_cannot_be_reached_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # fsspec's FTP filesystem connects as it is made: the refused connection, or a host not found, was said
+    # as "[Errno 111] Connection refused" naming no input (a traceback under validate).
+    fsspec = pytest.importorskip("fsspec")
+    from gpu_prep.check import check_sample
+
+    config = parse_config(KINDS["text"][0])
+    for url in ("ftp://127.0.0.1:1/data.jsonl", "ftp://127.0.0.1:1/*.jsonl"):  # port 1: nothing listens
+        with pytest.raises(ConfigError, match=rf"^input '{url.replace('*', '[*]')}': cannot be reached \(.*refused"):
+            run(config, [url], tmp_path / "out")
+        with pytest.raises(ConfigError, match=rf"^input '{url.replace('*', '[*]')}': cannot be reached"):
+            check_sample(config, [url], 10)
+    # a filesystem made, then refusing the listing (an S3 bucket not the user's)
+    fsspec.filesystem("memory").pipe("/locked/data.jsonl", b'{"text": "a"}\n')
+    monkeypatch.setattr(type(fsspec.filesystem("memory")), "exists", lambda self, path: (_ for _ in ()).throw(
+        PermissionError("Access Denied")))
+    with pytest.raises(ConfigError, match=r"^input 'memory://locked/data\.jsonl': cannot be reached \(Access Denied\)"):
+        run(config, ["memory://locked/data.jsonl"], tmp_path / "out")
+
+
 def test_a_folder_by_url_is_read_by_the_rules_of_a_local_folder(tmp_path: Path) -> None:
     # A notebook's stale copy under .ipynb_checkpoints, the datasets library's metadata and cache-*.arrow
     # files, a file of no known format: over a URL as on disk, none is read (they were, without a word).
@@ -726,6 +746,26 @@ def test_a_ragged_csv_row_is_dropped_showing_its_text_and_a_doubled_header_refus
     doubled.write_text("prompt,prompt,response\na,b,c\n")
     with pytest.raises(ConfigError, match=r"doubled\.csv'?: its header names the column 'prompt' more than once"):
         run(config, [str(doubled)], tmp_path / "out2")
+
+
+@pytest.mark.parametrize("end", ["\n", "\r\n"])
+def test_a_malformed_csv_record_a_quote_joins_lines_into_is_a_dropped_row_a_line(tmp_path: Path, end: str) -> None:
+    # A stray '"' on line 3 closes on line 4: the parser reads the two as one record of one cell, which was
+    # one malformed_row: 5 rows read of a file of 6 records, the valid record on line 4 counted nowhere.
+    from gpu_prep.delimited import csv_rows
+
+    path = tmp_path / "stray.csv"
+    lines = ["text,id", "r1,1", '"r2 has a stray quote,2', 'r3,3"', "r4,4", "bad,row,extra", "r6,6"]
+    path.write_bytes(end.join(lines).encode() + end.encode())
+    got = [(n, record and record["text"], error) for n, record, error, _ in csv_rows(str(path), None, ",")]
+    joined = ("1 cells where the header has 2, in a record a quoted cell joins from 2 lines (a '\"' opened on one "
+              "line and closed on another?): line {} of them; each is counted as a dropped row")
+    assert got == [(2, "r1", None), (3, None, ("malformed_row", joined.format(1), '"r2 has a stray quote,2')),
+                   (4, None, ("malformed_row", joined.format(2), 'r3,3"')), (5, "r4", None),
+                   (6, None, ("malformed_row", "3 cells where the header has 2", "bad,row,extra")), (7, "r6", None)]
+    config = parse_config({"input": {"type": "text"}, "preprocessing": {"min_chars": 0, "max_drop_share": 1.0}})
+    totals = run(config, [str(path)], tmp_path / "out")["totals"]
+    assert totals["rows_read"] == len(lines) - 1 and totals["rows_dropped"] == {"malformed_row": 3}
 
 
 def test_malformed_csv_rows_keep_their_numbers_across_blocks_and_beside_long_cells(tmp_path: Path) -> None:
