@@ -2,10 +2,11 @@
 
 For every shard, in any storage format (read with the reader's load_shard): the files exist with their
 recorded sha256, sizes match dtypes and counts, sample offsets start at 0, never decrease and end at the
-token count, every loss_mask value is 0 or 1 and the mask is as long as the sequence, and no sample is
-empty; packed shards keep every sequence within seq_len and every sequence start on a sample boundary; a
-Megatron .idx has version 1, byte pointers that follow its lengths and document indices 0..S (the reader
-refuses it otherwise).
+token count, every loss_mask value is 0 or 1 and the mask is as long as the sequence, every token id is
+within the tokenizer's vocabulary (meta.json's vocab_size), and no sample is empty (the reader's own checks,
+from gpu_prep/output/dataset.py); packed shards keep every sequence within seq_len and every sequence start
+on a sample boundary; a Megatron .idx has version 1, byte pointers that follow its lengths and document
+indices 0..S (the reader refuses it otherwise). gpu_prep.open(out, verify=True) runs this first.
 For every domain and the whole run: the counts add up. The manifest itself: its checksum (over totals,
 config, domains and file list) holds, and every file it lists is there with its size.
 """
@@ -19,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from gpu_prep.output.checks import offsets_fault, shard_file, value_faults, vocab_size
 from gpu_prep.output.dataset import ShardArrays, load_shard
 from gpu_prep.output.files import manifest_edited, sha256_file
 
@@ -36,7 +38,14 @@ def _check_shard(directory: Path, shard: dict[str, Any], meta: dict[str, Any], w
         arrays = load_shard(directory, shard, meta)
     except (OSError, ValueError, KeyError, StopIteration, struct_error) as exc:
         return faults + [f"{where}: its files cannot be read as {meta['storage_format']} ({exc})"]
-    faults += _check_arrays(arrays.sequence, arrays.loss_mask, arrays.offsets, shard, where)
+    faults += _check_arrays(arrays, shard, where)
+    # The reader's own checks, in its words, naming each file: the offsets (it checks them as it reads a
+    # shard) and every value (it checks a sample's as it serves it; here, the whole shard's).
+    found = value_faults(arrays, vocab_size(meta))
+    fault = offsets_fault(np.asarray(arrays.offsets), shard["num_samples"], len(arrays.sequence))
+    if fault:
+        found["offsets"] = fault
+    faults += [f"{where}: {shard_file(directory, shard, meta, array)}: {fault}" for array, fault in found.items()]
     if "packing" in meta:
         faults += _check_packing(arrays, shard, meta["packing"], where)
     return faults
@@ -58,17 +67,12 @@ def _check_packing(arrays: ShardArrays, shard: dict[str, Any], packing: dict[str
     return faults
 
 
-def _check_arrays(ids: Any, loss_mask: Any, offsets: Any, shard: dict[str, Any], where: str) -> list[str]:
+def _check_arrays(arrays: ShardArrays, shard: dict[str, Any], where: str) -> list[str]:
     faults = []
-    loss_mask = np.asarray(loss_mask)  # read once (an h5 dataset reads from its file on every access)
+    ids = arrays.sequence
+    loss_mask = np.asarray(arrays.loss_mask)  # read once (an h5 dataset reads from its file on every access)
     if len(ids) != shard["num_tokens"] or len(loss_mask) != len(ids):
         faults.append(f"{where}: {len(ids)} tokens and {len(loss_mask)} mask values, meta says {shard['num_tokens']}")
-    if len(offsets) != shard["num_samples"] + 1 or offsets[0] != 0 or offsets[-1] != len(ids):
-        faults.append(f"{where}: sample offsets do not run from 0 to the token count over {shard['num_samples']} samples")
-    elif np.any(np.diff(offsets) <= 0):
-        faults.append(f"{where}: sample offsets are not strictly increasing (an empty or reversed sample)")
-    if len(loss_mask) and not np.isin(np.unique(loss_mask), (0, 1)).all():
-        faults.append(f"{where}: loss_mask holds values other than 0 and 1")
     trained = int(loss_mask.sum())
     if trained != shard["num_trained_tokens"]:
         faults.append(f"{where}: {trained} trained tokens, meta says {shard['num_trained_tokens']}")
