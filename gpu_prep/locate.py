@@ -11,6 +11,7 @@ row is dropped.
 
 from __future__ import annotations
 
+import bisect
 import os
 from typing import TYPE_CHECKING
 
@@ -108,15 +109,25 @@ def _place_tool_turns(real: str, conv: Conversation, template: ChatTemplate,
     # such turn's rendering showed it: a later turn after the same role is placed where that text, found
     # again, ends, without rendering its prefix (an agent's trajectory of n calls would cost n renders).
     glue: dict[str, str] = {}
+    # Where the placed regions end, by message, and the first start of those of each message on: a pass
+    # over the regions for each call turn would cost a trajectory of n calls n^2.
+    ends = {j: end for j, _, end in regions}
+    firsts = [len(real)] * (len(conv.messages) + 1)
+    for j, start, _ in regions:
+        firsts[j] = min(firsts[j], start)
+    for j in range(len(conv.messages) - 1, -1, -1):
+        firsts[j] = min(firsts[j], firsts[j + 1])
+    before = 0  # the furthest end of the regions of the messages before message i
     for i, message in enumerate(conv.messages):
+        before = max(before, ends.get(i - 1, 0))
         if i in located or not message.get("tool_calls") or message["role"] != "assistant":
             continue
-        before = max((end for j, _, end in placed if j < i), default=0)
-        after = min((start for j, start, _ in placed if j > i), default=len(real))
-        previous = conv.messages[i - 1]["role"] if any(j == i - 1 for j, _, _ in placed) else None
+        after = firsts[i + 1]
+        previous = conv.messages[i - 1]["role"] if i - 1 in ends else None
         known = glue.get(previous) if previous is not None else None
         if known and real.startswith(known, before) and before + len(known) <= after:
             placed.append((i, before + len(known), before + len(known)))
+            ends[i] = before + len(known)
             continue
         header = _render_with_prompt(template, conv.messages[:i], conv)
         if header is None or not real.startswith(header):
@@ -127,6 +138,7 @@ def _place_tool_turns(real: str, conv: Conversation, template: ChatTemplate,
             header = _render_with_prompt(template, kept, conv) if len(kept) < i else None
         if header is not None and real.startswith(header) and before <= len(header) <= after:
             placed.append((i, len(header), len(header)))
+            ends[i] = len(header)
             if previous is not None and len(header) > before:
                 glue[previous] = header[before:]
     return sorted(placed, key=lambda region: (region[1], region[0]))
@@ -255,7 +267,8 @@ def _place_empty(real: str, with_every: str, regions: list[tuple[int, int, int]]
             previous_end = located[index][1]
             continue
         at = previous_end + len(before)
-        following = next((s for s in starts if s >= previous_end), len(real))
+        k = bisect.bisect_left(starts, previous_end)  # (a pass over them each time: n^2 for n empty contents)
+        following = starts[k] if k < len(starts) else len(real)
         if not real.startswith(before, previous_end) or at > following:
             continue  # not where a content would be: left out, as the template wrote nothing for it
         placed.append((index, at, at))

@@ -23,7 +23,7 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 from collections.abc import Callable
-from itertools import pairwise
+from itertools import accumulate, pairwise
 from typing import TYPE_CHECKING, Any
 
 import jinja2
@@ -211,7 +211,9 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
     # tokens are trained: those of trained turns (turn), of every turn (all), of the last trained turn
     # (last), or none.
     policy = ctx.config.input.train_on_eos if ctx.config.input.train_end_of_turn else "none"
-    trained = [i for i, _, _ in regions if ctx.trains(labels[i])]
+    # Asked of every message: a set (a list would cost a row of n messages n^2), and the last in rendering order.
+    in_order = [i for i, _, _ in regions if ctx.trains(labels[i])]
+    trained, last_trained = set(in_order), (in_order[-1] if in_order else None)
     eot = ctx.eot_pattern()
     spans: list[Span] = []
     apart: list[Span] = []  # tool calls written apart from their turn's content (before it)
@@ -222,7 +224,7 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
             start = _reasoning_start(real, conv.messages[i], previous_end, start)
         previous_end = end
         found = eot.search(real, end, limit)
-        match = found if policy in ("turn", "all") or (policy == "last" and trained and i == trained[-1]) else None
+        match = found if policy in ("turn", "all") or (policy == "last" and i == last_trained) else None
         role = roles[i]  # the role a span's trained tokens are counted under
         # An assistant's output runs on to its end-of-turn token, trained or not: what the template writes
         # between them (tool calls; a space only with the token) is the turn's. Other roles' glue is markup
@@ -252,12 +254,19 @@ def _own_turn_ends(real: str, regions: list[tuple[int, int, int]], spans: list[S
     """The end-of-turn tokens of turns no message stands for (Qwen2.5's default system prompt, written where
     a conversation has none), trained under train_on_eos all, each counted under the role of the message
     before it (system, before the first)."""
-    covered = [(a, b) for a, b, _, _ in spans] + [(start, end) for _, start, end in regions]
+    # The ranges by start, with the furthest end reached so far: a token is covered where the ranges that
+    # start at or before it reach past it. Two searches per token, not a pass over every span and region,
+    # which would cost a row of n messages n^2. (Regions lie in rendering order.)
+    covered = sorted([(a, b) for a, b, _, _ in spans] + [(start, end) for _, start, end in regions])
+    starts, reach = [a for a, _ in covered], list(accumulate((b for _, b in covered), max))
+    region_starts = [start for _, start, _ in regions]
     own: list[Span] = []
     for found in eot.finditer(real):
-        if not any(a <= found.start() < b for a, b in covered):
-            before = [roles[i] for i, start, _ in regions if start <= found.start()]
-            own.append((found.start(), found.end(), True, before[-1] if before else "system"))
+        at = found.start()
+        k = bisect.bisect_right(starts, at)
+        if k == 0 or reach[k - 1] <= at:
+            before = bisect.bisect_right(region_starts, at)
+            own.append((at, found.end(), True, roles[regions[before - 1][0]] if before else "system"))
     return own
 
 
@@ -533,12 +542,17 @@ def affix_disagreement(shapes: list[Shape], ctx: RenderContext) -> str | None:
     for n, shape in enumerate(shapes[:AFFIX_CHECK_ROWS]):
         if isinstance(shape, Conversation) and ctx.affix.covers(shape.messages, shape.tools):
             try:
-                with row_limits(*ctx.limits):
+                with row_limits(*ctx.limits) as budget:
                     if ctx.affix.marks is None:
                         expected = ctx.template.render(shape.messages, shape.tools, shape.documents)
                     else:
                         expected = ctx.template.render_marked(shape.messages, shape.tools, shape.documents)
             except jinja2.exceptions.TemplateError as exc:
+                if budget.exceeded is not None:
+                    # Too long to check in Jinja's time (a row of 300,000 messages): no sign either way. Taken
+                    # for one, it would send every row of the run through Jinja, and this one to template_limit,
+                    # where a row after the checked ones renders the same without Jinja in a fraction of it.
+                    continue
                 return f"row {n}: Jinja refuses a conversation the affix path accepts ({exc})"
             if ctx.affix.rendered(shape.messages) != expected:
                 return f"row {n}: the affix rendering differs from Jinja's"
@@ -594,9 +608,71 @@ def _reasoning_not_shown(conv: Conversation, text: str) -> bool:
     return False
 
 
-def _not_shown(reasoning: str, text: str) -> bool:
-    """Whether the rendered text leaves out a (non-blank) reasoning: its first characters are not in it."""
-    return bool(reasoning.strip()) and reasoning.strip()[:32] not in text
+def _probe(reasoning: str) -> str:
+    """What stands for a reasoning in a rendering: its first characters (blank: nothing)."""
+    return reasoning.strip()[:32]
+
+
+def _not_shown(reasoning: str, text: str, held: set[str] | None = None) -> bool:
+    """Whether the rendered text leaves out a (non-blank) reasoning: its first characters are not in it.
+    held: the probes the text holds, as _held found them, where a row asks this of many reasonings."""
+    probe = _probe(reasoning)
+    return bool(probe) and probe not in (text if held is None else held)
+
+
+_HASH_BASE = 0x100000001B3  # odd, so invertible modulo 2**64, where numpy's uint64 arithmetic wraps
+_HASH_INVERSE = pow(_HASH_BASE, -1, 1 << 64)
+_FEW_PROBES = 16  # up to so many, each probe is searched for alone: a few passes over the text
+
+
+def _held(probes: set[str], text: str) -> set[str]:
+    """The non-empty probes the text holds (`probe in text`, each). A search per probe is a pass over the
+    text, so a row of n think blocks would cost n times its length: past a few probes, the text's windows
+    of each probe length are hashed instead, all at once (polynomial hashes from prefix sums, with numpy),
+    and a probe is held where the first window of its hash reads the same."""
+    probes = {p for p in probes if p}
+    if len(probes) <= _FEW_PROBES or not text:
+        return {p for p in probes if p in text}
+    weighted = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.uint64)
+    n = len(weighted)
+    powers = np.full(n, _HASH_BASE, dtype=np.uint64)
+    powers[0] = 1
+    weighted *= np.cumprod(powers, out=powers)  # character i times B**i
+    sums = np.zeros(n + 1, dtype=np.uint64)
+    np.cumsum(weighted, out=sums[1:])
+    inverses = np.full(n, _HASH_INVERSE, dtype=np.uint64)
+    inverses[0] = 1
+    np.cumprod(inverses, out=inverses)  # B**-i: the window at i, summed from sums, times this hashes as at 0
+    by_length: dict[int, list[str]] = {}
+    for probe in probes:
+        by_length.setdefault(len(probe), []).append(probe)
+    held: set[str] = set()
+    for k, group in by_length.items():
+        if k > n:
+            continue
+        hashes = (sums[k:] - sums[:-k]) * inverses[: n - k + 1]
+        by_hash: dict[int, list[str]] = {}
+        for probe in group:
+            by_hash.setdefault(_hash(probe), []).append(probe)
+        wanted = np.array(sorted(by_hash), dtype=np.uint64)
+        slots = np.minimum(np.searchsorted(wanted, hashes), len(wanted) - 1)
+        hits = np.flatnonzero(wanted[slots] == hashes)  # the windows whose hash is a probe's
+        found, first = np.unique(slots[hits], return_index=True)
+        for slot, at in zip(found.tolist(), hits[first].tolist()):
+            for probe in by_hash[int(wanted[slot])]:
+                # The first window of its hash is the probe, all but always; where it is not, a search says.
+                if text.startswith(probe, at) or probe in text:
+                    held.add(probe)
+    return held
+
+
+def _hash(probe: str) -> int:
+    """A probe's hash, as _held hashes the windows of a text."""
+    value, power = 0, 1
+    for char in probe:
+        value = (value + ord(char) * power) % (1 << 64)
+        power = power * _HASH_BASE % (1 << 64)
+    return value
 
 
 def _think_block_notes(conv: Conversation, text: str, ctx: RenderContext) -> tuple[str, ...]:
@@ -613,8 +689,10 @@ def _think_block_notes(conv: Conversation, text: str, ctx: RenderContext) -> tup
     untouched = inp.think_mode == "drop" or inp.think_max_tokens is not None
     by_roles = not (ctx.generation and ctx.template_for(conv).marked) and not ctx.config.input.think_loss
     labels = _labels(conv, ctx) if blocks and by_roles else []  # training flags and train_last_turn_only count
+    thoughts = {i: _split_think(conv.messages[i]["content"])[0] for i in blocks}
+    held = _held({_probe(thought) for thought in thoughts.values()}, text)
     for i in blocks:
-        if _not_shown(_split_think(conv.messages[i]["content"])[0], text):
+        if _not_shown(thoughts[i], text, held):
             notes.append("think_blocks_not_rendered")
             continue
         notes.extend(["think_blocks_untouched"] * untouched)  # written, as those options would not have it
@@ -686,9 +764,11 @@ def _prompt_left_out(messages: list[dict], prompt: str) -> tuple[str, ...]:
     human unmapped, say) whose text the template wrote nothing of: neither the start of it nor that start
     written as a JSON string (Llama 3.1 writes its ipython role's content with tojson) is in the prompt. (A
     template role's content a template transforms, a <think> block Qwen3 strips, is no sign of a mapping.)"""
-    return tuple(m["role"] for m in messages if m["role"] not in TEMPLATE_ROLES and isinstance(m.get("content"), str)
-                 and _not_shown(m["content"], prompt)
-                 and _not_shown(json.dumps(m["content"], ensure_ascii=False)[1:-1], prompt))
+    unknown = [(m["role"], m["content"], json.dumps(m["content"], ensure_ascii=False)[1:-1]) for m in messages
+               if m["role"] not in TEMPLATE_ROLES and isinstance(m.get("content"), str)]
+    held = _held({_probe(text) for _, *texts in unknown for text in texts}, prompt)
+    return tuple(role for role, content, quoted in unknown
+                 if _not_shown(content, prompt, held) and _not_shown(quoted, prompt, held))
 
 
 def _completions_written(pair: Pair | Unpaired, wholes: list[str], start: int, ctx: RenderContext) -> None:

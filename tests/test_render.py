@@ -3,6 +3,10 @@ is trained; text pieces keep their labels; pre-tokenized ids are checked against
 
 from __future__ import annotations
 
+import gc
+import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -63,6 +67,16 @@ def test_the_jinja_free_rendering_agrees_with_jinja(qwen: Any) -> None:
     assert affix_disagreement([Conversation(CHAT), Conversation(CHAT[1:3])], ctx) is None
 
 
+def test_a_row_past_jinjas_limits_is_no_sign_against_the_jinja_free_rendering(qwen: Any) -> None:
+    # Too long for Jinja within the limits (a row of 300,000 messages, here 3,000 characters over a cap of
+    # 1,000): checking it says nothing, where taking it for a disagreement sent every row of the run through
+    # Jinja, and that one to template_limit.
+    ctx = _ctx(qwen, mask={"assistant": "train"}, input={"template_max_chars": 1000})
+    long = _long_chat(100, _chat)
+    assert affix_disagreement([long, Conversation(CHAT)], ctx) is None
+    assert len(render_row(long, ctx).spans) == 50  # rendered without Jinja, as a row after the checked ones is
+
+
 def test_contents_are_located_out_of_order_but_not_when_written_twice() -> None:
     from gpu_prep.chat_template import ChatTemplate
     from gpu_prep.locate import locate_contents
@@ -79,3 +93,101 @@ def test_contents_are_located_out_of_order_but_not_when_written_twice() -> None:
     twice = ChatTemplate("{% for m in messages %}{{ m.content }}{{ m.content }}{% endfor %}", {})
     with pytest.raises(RowError, match="more than once"):
         locate_contents(twice.render(conv.messages), conv, twice)
+
+
+def _long_chat(n: int, message: Callable[[int], dict]) -> Conversation:
+    return Conversation([message(i) for i in range(n)])
+
+
+def _chat(i: int, content: str = "hi") -> dict:
+    return {"role": ("user", "assistant")[i % 2], "content": content}
+
+
+def _trajectory(i: int) -> dict:
+    """An agent's: a user turn, a call (no content beside it), the tool's answer, a reply; over and over."""
+    if i % 4 == 1:
+        return {"role": "assistant", "content": "",
+                "tool_calls": [{"type": "function", "function": {"name": f"f{i}", "arguments": {"x": i}}}]}
+    return {"role": ("user", "", "tool", "assistant")[i % 4], "content": "ok"}
+
+
+def _calls(render: Callable[[], Any]) -> int:
+    """Python and C function calls one render makes: a step repeated per message over a growing prefix
+    (rendering each prefix, a helper per earlier message, a generator over every region) makes n messages
+    cost n^2 of them."""
+    count = 0
+
+    def tally(frame: Any, event: str, arg: Any) -> None:
+        nonlocal count
+        count += event in ("call", "c_call")
+
+    sys.setprofile(tally)
+    try:
+        render()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def _cpu(render: Callable[[], Any]) -> float:
+    """CPU seconds of one render, the collector held off (its passes over a growing heap are not the render's)."""
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.process_time()
+        render()
+        return time.process_time() - start
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("options, message", [
+    ({}, _chat),  # the Jinja-free path
+    ({}, lambda i: _chat(i, "" if i == 1 else "hi")),  # an empty content: through Jinja, contents located
+    ({"input": {"train_on_eos": "all"}}, _chat),
+    ({"input": {"mask_scope": "turn"}}, _chat),
+    ({}, lambda i: _chat(i, f"<think>step {i}</think>ok" if i % 2 else "hi")),  # notes per think block
+    ({"chat_template": "llama3.1"}, _trajectory),  # calls written alone: placed without a content
+], ids=["affix", "jinja", "eos-all", "turn-scope", "think-blocks", "llama3.1-calls"])
+def test_a_long_conversation_renders_in_time_linear_in_its_messages(qwen: Any, options: dict, message: Any) -> None:
+    # One row of 100,000 messages took two minutes: every message searched a list of the trained ones, the
+    # whole rendering, or every region placed. Four times the messages must cost about four times the calls
+    # (counted: exact) and the time (a quadratic step costs ~11 times as much at these sizes); the time is the
+    # best of a few tries, against a bound far from both, so a busy machine does not fail it.
+    rows = {"template_time_limit": 60, **options.get("input", {})}  # Jinja's renders are timed here, not limited
+    ctx = _ctx(qwen, **{**options, "mask": {"assistant": "train"}, "input": rows})
+    assert render_row(_long_chat(4, message), ctx).spans  # it renders, and trains something
+    calls = [_calls(lambda: render_row(_long_chat(n, message), ctx)) for n in (250, 1000)]
+    assert calls[1] < 4.5 * calls[0]
+    small, large = _long_chat(2000, message), _long_chat(8000, message)
+    base = min(_cpu(lambda: render_row(small, ctx)) for _ in range(3))
+    assert any(_cpu(lambda: render_row(large, ctx)) < 7 * base for _ in range(3))
+
+
+def test_empty_contents_are_placed_with_a_search_per_content_not_a_pass() -> None:
+    from gpu_prep.affix import SENTINEL
+    from gpu_prep.locate import _place_empty
+
+    class Start(int):  # a content's start that counts the comparisons made with it
+        compared = 0
+
+        def __lt__(self, other: Any) -> bool:
+            Start.compared += 1
+            return int(self) < other
+
+        def __ge__(self, other: Any) -> bool:
+            Start.compared += 1
+            return int(self) >= other
+
+    def comparisons(n: int) -> int:
+        # Every other content empty, and the template writes an empty one without its usual header.
+        skeleton = "".join(f"<h>{SENTINEL.format(i)}</h>" for i in range(n))
+        real = "".join("<h>x</h>" if i % 2 == 0 else "<h></h>" for i in range(n))
+        located = [(i, Start(8 * (i // 2) + 7 * (i // 2) + 3), 8 * (i // 2) + 7 * (i // 2) + 4) for i in range(0, n, 2)]
+        Start.compared = 0
+        placed = _place_empty(real, skeleton, located)
+        assert [(i, a, b) for i, a, b in placed][:2] == [(0, 3, 4), (1, 11, 11)] and len(placed) == n
+        return Start.compared
+
+    # n log n: about 5 times the comparisons for 4 times the contents (a pass per content: 16 times).
+    assert comparisons(800) < 7 * comparisons(200)
