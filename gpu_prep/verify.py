@@ -4,7 +4,7 @@ For every shard, in any storage format (read with the reader's load_shard): the 
 recorded sha256, sizes match dtypes and counts, sample offsets start at 0, never decrease and end at the
 token count, every loss_mask value is 0 or 1 and the mask is as long as the sequence, every token id is
 within the tokenizer's vocabulary (meta.json's vocab_size), and no sample is empty (the reader's own checks,
-from gpu_prep/output/dataset.py); packed shards keep every sequence within seq_len and every sequence start
+from gpu_prep/output/load.py); packed shards keep every sequence within seq_len and every sequence start
 on a sample boundary; a Megatron .idx has version 1, byte pointers that follow its lengths and document
 indices 0..S (the reader refuses it otherwise). gpu_prep.open(out, verify=True) runs this first.
 For every domain and the whole run: the counts add up. The manifest itself: its checksum (over totals,
@@ -20,8 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu_prep.output.checks import offsets_fault, shard_file, value_faults, vocab_size
-from gpu_prep.output.dataset import ShardArrays, load_shard
+from gpu_prep.output.load import ShardArrays, load_shard, offsets_fault, shard_file, value_faults, vocab_size
 from gpu_prep.output.files import manifest_edited, sha256_file
 
 

@@ -18,128 +18,25 @@ What is served is what the run wrote, checked where it costs no more than what i
 - every sample served has its ids checked against the tokenizer's vocabulary and its mask against 0 and 1
   (a max over each, of what the caller reads anyway). Doing that for every value at open would read every
   byte of the output, like the checksums: open(out, verify=True) does both by running `gpu-prep verify`
-  (gpu_prep/verify.py, which shares these checks) before anything is served.
+  (gpu_prep/verify.py; both use the checks in output/load.py) before anything is served.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from gpu_prep.pairs import prompt_end
-from gpu_prep.ragged import offsets_from_lengths, reorder
 
-from gpu_prep.output.checks import (ids_fault, mask_fault, offsets_fault, raw_arrays, shard_file,
-                                     vocab_size)
+from gpu_prep.output.load import (ShardArrays, ids_fault, load_shard, mask_fault, offsets_fault, raw_arrays,
+                                   sample_labels, shard_file, vocab_size)
 from gpu_prep.output.files import manifest_edited
 
 TOTALS = ("num_samples", "num_tokens", "num_trained_tokens")
-
-
-def _memmap(path: Path, dtype: np.dtype) -> np.ndarray:
-    """A raw array file, memory-mapped (numpy says so when its size is not a whole number of values)."""
-    return np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
-
-
-@dataclass
-class ShardArrays:
-    sequence: Any  # token ids (a memmap, an h5py dataset or an array)
-    loss_mask: Any  # 1 = the token counts in the loss
-    offsets: np.ndarray  # sequence i is tokens [offsets[i], offsets[i + 1])
-    segments: np.ndarray | None  # packed: every sample's boundaries inside the sequences; None: unpacked
-
-
-def _parquet(path: Path) -> ShardArrays:
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(path, memory_map=True)
-    if "chosen_ids" in table.column_names or "chosen_input_ids" in table.column_names or "label" in table.column_names:
-        return _pair_parquet(table)
-    parts: dict[str, list[np.ndarray]] = {}
-    lengths = []
-    for name in table.column_names:  # chunk by chunk: a whole column may pass int32 list offsets
-        for chunk in table.column(name).chunks:
-            parts.setdefault(name, []).append(chunk.flatten().to_numpy())
-            if name == "input_ids":
-                lengths.append(chunk.value_lengths().to_numpy())
-    values = {k: np.concatenate(v) if v else np.zeros(0, np.int64) for k, v in parts.items()}
-    ids, labels = values["input_ids"], values["labels"]
-    offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths) if lengths else [], dtype=np.int64)])
-    segments = None
-    if "position_ids" in values:
-        segments = np.concatenate([np.flatnonzero(values["position_ids"] == 0), [len(ids)]]).astype(np.int64)
-    return ShardArrays(ids, (labels != -100).astype(np.uint8), offsets, segments)
-
-
-def _pair_parquet(table: Any) -> ShardArrays:
-    """Preference rows (a row each, TRL's columns) as the samples they are, without a Python object per
-    token: prompt + chosen and prompt + rejected (dpo), the whole sequences (reward), prompt + completion
-    (kto); the loss mask 0 on each sample's first prompt_length tokens."""
-    names = table.column_names
-    prompt_length = table.column("prompt_length").to_numpy().astype(np.int64)
-    columns = [table.column(n).combine_chunks() for n in names if n.endswith("ids")]
-    rows = len(prompt_length)
-    # Every column's lists as rows of one ragged array: column c's row p is row c * rows + p.
-    values = np.concatenate([np.asarray(c.flatten()) for c in columns]) if columns else np.zeros(0, np.int64)
-    lengths = np.concatenate([np.asarray(c.value_lengths()) for c in columns]).astype(np.int64)
-    p = np.arange(rows)
-    if len(columns) == 3:  # dpo: sample 2p is prompt p then chosen p, sample 2p + 1 prompt p then rejected p
-        parts = np.stack([p, rows + p, p, 2 * rows + p], axis=1).reshape(-1)
-        per_sample = 2
-    elif "label" in names:  # kto: prompt p then completion p
-        parts, per_sample = np.stack([p, rows + p], axis=1).reshape(-1), 2
-    else:  # reward: the whole sequences, chosen p then rejected p
-        parts, per_sample = np.stack([p, rows + p], axis=1).reshape(-1), 1
-    gather, part_offsets = reorder(np, offsets_from_lengths(np, lengths), parts)
-    offsets = part_offsets[::per_sample].astype(np.int64)
-    sample_lengths = np.diff(offsets)
-    position = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], sample_lengths)
-    pair_of_sample = np.arange(len(sample_lengths)) // (len(sample_lengths) // rows if rows else 1)
-    loss_mask = (position >= np.repeat(prompt_length[pair_of_sample], sample_lengths)).astype(np.uint8)
-    return ShardArrays(values[gather].astype(np.int64), loss_mask, offsets, None)
-
-
-def _sample_labels(directory: Path, record: dict[str, Any], meta: dict[str, Any]) -> np.ndarray:
-    """A shard's sample labels (input.type kto): bin's sample_labels file, or parquet's label column."""
-    if meta["storage_format"] == "parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(directory / record["files"]["parquet"], columns=["label"]).column("label").to_numpy(
-            zero_copy_only=False)
-    return np.fromfile(directory / record["files"]["sample_labels"], np.int8)
-
-
-def load_shard(directory: Path, record: dict[str, Any], meta: dict[str, Any]) -> ShardArrays:
-    """One shard's arrays, as its domain's meta.json describes them. Raises OSError, ValueError or KeyError
-    on files that are not what they claim to be."""
-    files, fmt = record["files"], meta["storage_format"]
-    if fmt == "bin":
-        segments = files.get("segment_offsets")
-        own = {k: record.get(k, meta[k])["dtype"] for k in ("sequence", "loss_mask")}  # the shard's entry, where it has one
-        return ShardArrays(_memmap(directory / files["sequence"], np.dtype(own["sequence"]).newbyteorder("<")),
-                           _memmap(directory / files["loss_mask"], np.dtype(own["loss_mask"]).newbyteorder("<")),
-                           np.array(_memmap(directory / files["sample_offsets"], np.dtype("<i8"))),
-                           None if segments is None else np.array(_memmap(directory / segments, np.dtype("<i8"))))
-    if fmt == "megatron":
-        from gpu_prep.output.megatron import read_megatron_index
-
-        token_dtype, offsets = read_megatron_index(directory / files["idx"])
-        return ShardArrays(_memmap(directory / files["bin"], token_dtype),
-                           _memmap(directory / files["loss_mask"], np.dtype("u1")), offsets, None)
-    if fmt == "h5":
-        import h5py
-
-        handle = h5py.File(directory / files["h5"], "r")
-        segments = handle["segment_offsets"][:] if "segment_offsets" in handle else None
-        return ShardArrays(handle["sequence"], handle["loss_mask"], handle["sample_offsets"][:], segments)
-    if fmt == "parquet":
-        return _parquet(directory / files["parquet"])
-    raise ValueError(f"storage_format {fmt!r} is not one gpu-prep writes")
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -317,7 +214,7 @@ class Domain:
         if "unpaired" not in self.meta.get("preference", {}):
             raise ValueError(f"{self.directory}: not unpaired preference rows (input.type kto)")
         for k, record in enumerate(self.meta["shards"]):
-            labels = _sample_labels(self.directory, record, self.meta)
+            labels = sample_labels(self.directory, record, self.meta)
             for i in range(record["num_samples"]):
                 ids, mask = self[int(self._starts[k]) + i]
                 n = prompt_end(mask)
