@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
+from annotated_types import Ge, Gt, Le, Lt
 from pydantic import (
     AfterValidator,
     AliasChoices,
@@ -23,11 +24,14 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    Tag,
     ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
 
 from gpu_prep.errors import ConfigError
 from gpu_prep import qlora_keys
@@ -37,25 +41,77 @@ Action = Literal["mask", "train"]
 
 
 E_NOTATION = re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$")  # 5e-1, 1.5E3
+# Every integer setting is at most a 64-bit one, whatever bounds of its own it has: counts, lengths and
+# sizes are computed in numpy's int64 (and Python's index-sized ints), so a larger one would pass here
+# and end the run in an OverflowError far from the config.
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+# Token lengths are stored as int32 (Megatron's index, Parquet's seq_lengths) and cuDF's string positions
+# are 32-bit.
+INT32_MAX = (1 << 31) - 1
+
+
+def _number_kinds(field: FieldInfo) -> tuple[set[type], list[Any]]:
+    """The number types a field takes (int, float), through `| None` and Annotated[...], and the bounds
+    (annotated_types' Ge, Gt, Le, Lt) put on them."""
+    kinds, bounds = set(), list(field.metadata)
+    for kind in typing.get_args(field.annotation) or (field.annotation,):
+        if typing.get_origin(kind) is Annotated:
+            kind, *extra = typing.get_args(kind)
+            bounds += [b for e in extra for b in (e.metadata if isinstance(e, FieldInfo) else [e])]
+        if kind in (int, float):
+            kinds.add(kind)
+    return kinds, [b for b in bounds if isinstance(b, (Ge, Gt, Le, Lt))]
+
+
+def _int_range(bounds: list[Any]) -> tuple[int, int]:
+    """The least and greatest integer the bounds allow, within int64."""
+    low = max([INT64_MIN] + [b.ge for b in bounds if isinstance(b, Ge)] + [b.gt + 1 for b in bounds if isinstance(b, Gt)])
+    high = min([INT64_MAX] + [b.le for b in bounds if isinstance(b, Le)] + [b.lt - 1 for b in bounds if isinstance(b, Lt)])
+    return low, high
+
+
+def _allowed(field: FieldInfo) -> str | None:
+    """The values a number field allows, in words (None: not a number field)."""
+    kinds, bounds = _number_kinds(field)
+    if kinds == {int}:
+        return "integers from {} to {}".format(*_int_range(bounds))
+    if not kinds:
+        return None
+    ends = {type(b): getattr(b, type(b).__name__.lower()) for b in bounds}  # Ge(ge=0) -> {Ge: 0}
+    ends = {kind: str(int(end)) if end == int(end) else str(end) for kind, end in ends.items()}
+    if ends.keys() == {Ge, Le}:
+        return f"finite numbers from {ends[Ge]} to {ends[Le]}"
+    words = {Ge: "at least", Gt: "above", Le: "at most", Lt: "below"}
+    return ("finite numbers " + " and ".join(f"{words[kind]} {end}" for kind, end in ends.items())).rstrip()
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    # No inf or nan in a float setting: no limit, size or share is infinite (null says "none" where
+    # a setting has no limit), and nan compares false with any bound.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
     def _whole_number(cls, value: Any, info: ValidationInfo) -> Any:
         """For a number field, what its author wrote as a number: 5e-1 or 1e3 in YAML (PyYAML reads them as
         strings, YAML 1.2 as numbers), and for an int field a float that is a whole number (1e8, 2048.0).
-        Strictly typed, the field would refuse either."""
+        Strictly typed, the field would refuse either. An integer is then held to the field's bounds within
+        int64 (INT64_MAX), the field's own or not."""
         if info.field_name is None:
             return value
-        annotation = cls.model_fields[info.field_name].annotation
-        kinds = typing.get_args(annotation) or (annotation,)
-        if isinstance(value, str) and (int in kinds or float in kinds) and E_NOTATION.match(value):
+        kinds, bounds = _number_kinds(cls.model_fields[info.field_name])
+        if isinstance(value, str) and kinds and E_NOTATION.match(value):
             value = float(value)
-        if isinstance(value, float) and value.is_integer() and int in kinds and float not in kinds:
-            return int(value)
+        if isinstance(value, float) and value.is_integer() and kinds == {int}:
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool) and int in kinds:
+            low, high = _int_range(bounds)
+            if value < low:
+                raise PydanticCustomError("greater_than_equal", "Input should be greater than or equal to {ge}",
+                                          {"ge": low})
+            if value > high:
+                raise PydanticCustomError("less_than_equal", "Input should be less than or equal to {le}",
+                                          {"le": high})
         return value
 
 
@@ -206,8 +262,9 @@ class InputConfig(_Frozen):
     # An alpaca row's earlier turns, [[question, answer], ...] (LLaMA-Factory's history column); null: none.
     field_history: str | None = "history"
     # gpu-prep's own: a JSON Lines row longer than this many bytes is dropped (too_large) without being
-    # parsed, and never held in memory whole.
-    max_row_bytes: int = Field(64 << 20, ge=2)
+    # parsed, and never held in memory whole. At most 1 TiB: a row under the cap is parsed in memory, so a
+    # larger cap is no cap.
+    max_row_bytes: int = Field(64 << 20, ge=2, le=1 << 40)
     # gpu-prep's own: the limits a chat template is held to on each row (a template is code every row runs):
     # the seconds it may spend rendering the row (all its renders of the row together), and the characters
     # its output, and any one value it builds, may have (null: twice preprocessing.max_chars, and at least
@@ -293,7 +350,7 @@ class FuzzyDedupConfig(_Frozen):
     """gpu-prep's own: near-duplicate removal by MinHash + LSH over word n-grams (gpu_prep/fuzzy.py)."""
 
     threshold: float = Field(0.8, gt=0.0, lt=1.0)  # the Jaccard similarity the bands are tuned to
-    ngram: int = Field(5, ge=1)  # words per shingle
+    ngram: int = Field(5, ge=1, le=1024)  # words per shingle (each shingle is hashed word by word)
     num_perm: int = Field(128, ge=2, le=1024)  # MinHash permutations
     bands: int | None = Field(None, ge=1)  # LSH bands of num_perm // bands rows; null: chosen for threshold
     seed: int = Field(42, ge=0)
@@ -306,7 +363,9 @@ class FuzzyDedupConfig(_Frozen):
 
 
 class PreprocessingConfig(_Frozen):
-    max_seq_len: int = Field(2048, ge=1)
+    # At most INT32_MAX: sequence lengths are stored as int32, and the offsets of a chunk's tokens (int64)
+    # are computed with max_seq_len added to them.
+    max_seq_len: int = Field(2048, ge=1, le=INT32_MAX)
     # gpu-prep's own: a run that drops more than this share of the rows it read ends with exit code 3 (its
     # output is written all the same), as does one that writes no rows, or a dataset of a mix that writes none.
     max_drop_share: float = Field(0.5, ge=0.0, le=1.0)
@@ -325,10 +384,12 @@ class PreprocessingConfig(_Frozen):
     max_chars: int = Field(2_000_000, ge=1)
     deduplicate: bool = True
     # gpu-prep's own: how many of a row's first characters dedup hashes (the seed's 200); null: the whole text.
-    dedup_prefix_chars: int | None = Field(200, ge=1)
+    # At most INT32_MAX: the GPU backend slices the texts in cuDF, whose positions are 32-bit.
+    dedup_prefix_chars: int | None = Field(200, ge=1, le=INT32_MAX)
     # gpu-prep's own: the memory the dedup seen-set may hold (16 bytes a row kept); past it, its digests go
     # to sorted files in the output directory, memory-mapped, and are removed when the run ends. null: no cap.
-    dedup_memory_mb: float | None = Field(1024, gt=0)
+    # At most 1 PiB (a larger budget is no cap; its bytes are counted as an int).
+    dedup_memory_mb: float | None = Field(1024, gt=0, le=1 << 30)
     # gpu-prep's own: drop rows that share a MinHash band with a row written earlier (near_duplicate);
     # {} or true takes the defaults, null or false (the default) turns it off. Its band keys take
     # dedup_memory_mb too.
@@ -437,7 +498,8 @@ class GpuConfig(_Frozen):
     """gpu-prep's own: device memory for the GPU backend (ignored on the CPU)."""
 
     # An RMM pool of this many bytes (or a size such as "8GiB"); null keeps RMM's default allocator.
-    rmm_pool_size: int | str | None = None
+    # (Tag: its errors name the int choice "int", as they do unconstrained.)
+    rmm_pool_size: Annotated[int, Field(ge=0), Tag("int")] | str | None = None
     # Let cuDF spill device memory to host when the device is full.
     spill: bool = False
     # How JSON Lines are parsed on the GPU backend: "cudf", byte ranges with cudf.read_json for text,
@@ -497,7 +559,7 @@ class DatasetConfig(_Frozen):
 class DataprocessorConfig(_Frozen):
     type: Literal["default"] = "default"
     sampling_stopping_strategy: Literal["all_exhausted", "first_exhausted"] = "all_exhausted"
-    seed: int = 42
+    seed: int = Field(42, ge=0)  # numpy's random generators take no negative seed
 
     @model_validator(mode="before")
     @classmethod
@@ -789,6 +851,20 @@ def _known_keys(loc: tuple) -> list[str]:
     return list(getattr(model, "model_fields", {}))
 
 
+def _field_at(loc: tuple) -> FieldInfo | None:
+    """The field loc names (through lists and optional sections); None where it names none."""
+    model: Any = PipelineConfig
+    field = None
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return None
+        model = _section(field.annotation)
+    return field
+
+
 def _section(annotation: Any) -> Any:
     """The model a field holds, through list[...] and ... | None."""
     import typing
@@ -823,7 +899,9 @@ def _describe(error: dict[str, Any]) -> str:
         return f"{path}: {value!r} is not allowed; allowed: {ctx.get('expected')}"
     if kind == "value_error":
         return f"{path}: {ctx.get('error', error['msg'])}"
-    return f"{path}: {value!r} is invalid: {error['msg']}"
+    field = _field_at(error["loc"])
+    allowed = _allowed(field) if field is not None else None
+    return f"{path}: {value!r} is invalid: {error['msg']}" + (f"; allowed: {allowed}" if allowed else "")
 
 
 def parse_config(data: Any, source: str = "<config>") -> PipelineConfig:

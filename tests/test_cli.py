@@ -52,7 +52,19 @@ BAD_CONFIGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "storage_format": ("c.json", '{"output": {"storage_format": "csv"}}',
                        ("output.storage_format", "'csv'", "'bin'", "'h5'")),
     "max_seq_len": ("c.json", '{"preprocessing": {"max_seq_len": 0}}',
-                    ("preprocessing.max_seq_len", "greater than or equal to 1")),
+                    ("preprocessing.max_seq_len", "greater than or equal to 1",
+                     "allowed: integers from 1 to 2147483647")),
+    # Past int64, these used to pass the schema and end the run in an OverflowError (numpy, readline).
+    "max_seq_len_past_int64": ("c.json", '{"preprocessing": {"max_seq_len": 9223372036854775808}}',
+                               ("preprocessing.max_seq_len: 9223372036854775808 is invalid",
+                                "allowed: integers from 1 to 2147483647")),
+    "max_seq_len_e30": ("c.yaml", "preprocessing:\n  max_seq_len: 1e30\n",
+                        ("preprocessing.max_seq_len: '1e30' is invalid", "allowed: integers from 1 to 2147483647")),
+    "max_row_bytes_e20": ("c.json", '{"input": {"max_row_bytes": 1e20}}',
+                          ("input.max_row_bytes: 1e+20 is invalid", "allowed: integers from 2 to 1099511627776")),
+    "dedup_memory_mb_inf": ("c.json", '{"preprocessing": {"dedup_memory_mb": 1e400}}',
+                            ("preprocessing.dedup_memory_mb: inf is invalid", "finite number",
+                             "allowed: finite numbers above 0")),
     "mask_value": ("c.yaml", "mask:\n  assistant: maybe\n", ("mask.assistant", "'maybe'", "'mask'", "'train'")),
     "yaml_syntax": ("c.yaml", "input:\n  type: [chat\n", ("not valid YAML", "line")),
     "json_syntax": ("c.json", '{"input": ', ("not valid JSON",)),
@@ -78,6 +90,109 @@ def test_run_rejects_a_bad_config_before_writing(tmp_path: Path, name: str) -> N
     path, fragments = _config_file(tmp_path, name)
     out = tmp_path / "out"
     _assert_clear_error(_invoke("run", REPO / "examples" / "chat.jsonl", "-c", path, "-o", out), *fragments)
+    assert not out.exists()
+
+
+def _number_settings(kind: type) -> list[str]:
+    """The key path of every setting of the config that takes a number of this kind (int, float), through
+    its sections (fuzzy_dedup included), found from the models: a setting added later is covered too."""
+    import typing
+
+    from gpu_prep.config import PipelineConfig, _section
+
+    found, todo = [], [("", PipelineConfig)]
+    while todo:
+        prefix, model = todo.pop()
+        for name, field in model.model_fields.items():
+            inner = _section(field.annotation)
+            listed = any(typing.get_origin(a) is list for a in (field.annotation, *typing.get_args(field.annotation)))
+            if hasattr(inner, "model_fields") and not listed:  # datasets' own sampling: test_datasets
+                todo.append((f"{prefix}{name}.", inner))
+            args = [typing.get_args(a)[0] if typing.get_origin(a) is typing.Annotated else a
+                    for a in typing.get_args(field.annotation) or (field.annotation,)]
+            if kind in args:
+                found.append(prefix + name)
+    return sorted(found)
+
+
+def _nested(path: str, value: Any) -> dict[str, Any]:
+    *sections, key = path.split(".")
+    data: dict[str, Any] = {key: value}
+    for section in reversed(sections):
+        data = {section: data}
+    return data
+
+
+@pytest.mark.parametrize("value", [2 ** 63, -2 ** 63 - 1, 1e30, 10 ** 400])
+def test_every_integer_setting_refuses_a_value_past_int64_naming_it_and_its_range(value: Any) -> None:
+    # Such a value used to pass the schema and stop the run later in an OverflowError (numpy's int64,
+    # readline's index-sized int); every integer setting, not only those seen to overflow.
+    from gpu_prep.config import parse_config
+    from gpu_prep.errors import ConfigError
+
+    paths = _number_settings(int)
+    assert {"preprocessing.max_seq_len", "input.max_row_bytes", "output.split_seed", "dataprocessor.seed",
+            "preprocessing.fuzzy_dedup.ngram", "gpu.rmm_pool_size"} <= set(paths), paths
+    for path in paths:
+        with pytest.raises(ConfigError) as caught:
+            parse_config(_nested(path, value))
+        message = str(caught.value)
+        said = rf"{re.escape(path)}: .* is invalid: .*; allowed: integers from -?[0-9]+ to [0-9]+$"
+        assert re.search(said, message), message
+        low, high = map(int, re.findall(r"from (-?[0-9]+) to ([0-9]+)$", message)[0])
+        assert -2 ** 63 <= low <= high < 2 ** 63, message
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_every_float_setting_refuses_inf_and_nan(value: float) -> None:
+    # dedup_memory_mb: 1e400 (inf) used to pass and end the run in an OverflowError (int(inf)).
+    from gpu_prep.config import parse_config
+    from gpu_prep.errors import ConfigError
+
+    paths = _number_settings(float)
+    assert {"preprocessing.dedup_memory_mb", "input.template_time_limit", "preprocessing.max_drop_share"} <= set(paths)
+    for path in paths:
+        with pytest.raises(ConfigError, match=rf"{re.escape(path)}: .* is invalid: Input should be a finite number; "
+                                              "allowed: finite numbers"):
+            parse_config(_nested(path, value))
+    with pytest.raises(ConfigError, match=rf"output.splits.train: {value!r} is invalid: Input should be a finite"):
+        parse_config({"output": {"splits": {"train": value}}})
+
+
+def test_number_settings_have_bounds_where_larger_values_cannot_work() -> None:
+    from gpu_prep.config import parse_config
+    from gpu_prep.errors import ConfigError
+
+    limits = {"preprocessing.max_seq_len": (1 << 31) - 1, "preprocessing.dedup_prefix_chars": (1 << 31) - 1,
+              "input.max_row_bytes": 1 << 40, "preprocessing.fuzzy_dedup.ngram": 1024}
+    for path, top in limits.items():
+        parse_config(_nested(path, top))  # the bound itself is allowed
+        with pytest.raises(ConfigError, match=rf"{re.escape(path)}: {top + 1} is invalid: Input should be less than or "
+                                              rf"equal to {top}; allowed: integers from [0-9]+ to {top}$"):
+            parse_config(_nested(path, top + 1))
+    # numpy's generators take no negative seed (the mix's draws used to end in a ValueError); a pool is a size
+    for path, value in [("dataprocessor.seed", -1), ("gpu.rmm_pool_size", -1)]:
+        with pytest.raises(ConfigError, match=rf"{re.escape(path)}: -1 is invalid: Input should be greater than or "
+                                              "equal to 0; allowed: integers from 0 to 9223372036854775807$"):
+            parse_config(_nested(path, value))
+    assert parse_config({"gpu": {"rmm_pool_size": "8GiB"}}).gpu.rmm_pool_size == "8GiB"  # a size still
+    assert parse_config({"gpu": {"rmm_pool_size": 1e9}}).gpu.rmm_pool_size == 1_000_000_000
+    assert parse_config({"output": {"split_seed": -5}}).output.split_seed == -5  # seeds that hash signed stay so
+    # Finite but past any memory: its bytes, int(dedup_memory_mb * 2**20), used to overflow as a float.
+    with pytest.raises(ConfigError, match=r"preprocessing.dedup_memory_mb: 1e\+303 is invalid: .*; allowed: finite "
+                                          r"numbers above 0 and at most 1073741824$"):
+        parse_config({"preprocessing": {"dedup_memory_mb": 1e303}})
+
+
+@pytest.mark.parametrize("override", ["preprocessing.max_seq_len=1e30", "input.max_row_bytes=99999999999999999999",
+                                      "preprocessing.dedup_memory_mb=.inf", "preprocessing.max_drop_share=.nan"])
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_an_out_of_range_number_given_with_set_is_a_config_error(tmp_path: Path, override: str, command: str) -> None:
+    key = override.partition("=")[0]
+    args = ["-c", REPO / "configs" / "sft.json", REPO / "examples" / "chat.jsonl", "--set", override]
+    out = tmp_path / "out"
+    result = _invoke(command, *args, *(["-o", out] if command == "run" else []))
+    _assert_clear_error(result, "sft.json: invalid config", f"{key}:", "is invalid", "allowed:")
     assert not out.exists()
 
 
