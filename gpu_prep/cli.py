@@ -274,7 +274,7 @@ def validate(
     """Check a config: its schema, and with data (or datasets) a sample run against it: mask roles the data
     never has, roles no rule names, rows the input type cannot read, the tokenizer and template; one
     rendered sample with its trained text marked, and the drop reasons the sample gets."""
-    from gpu_prep.check import check_sample, remove_sample, run_sample
+    from gpu_prep.commands.validate import check_sample, remove_sample, run_sample
     from gpu_prep.run.context import DEFAULT_TOKENIZER
 
     try:
@@ -332,7 +332,7 @@ def init(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the config here (default: print it).")] = None,
 ) -> None:
     """Write a starter config for DATA: the input type its first rows' keys say, and what that type trains."""
-    from gpu_prep.check import starter_config
+    from gpu_prep.commands.init import starter_config
 
     try:
         text = starter_config(data, tokenizer)
@@ -353,7 +353,7 @@ def init(
 @app.command()
 def verify(output: Annotated[Path, typer.Argument(help="A run's output directory.")]) -> None:
     """Re-read a run's shards and check sizes, dtypes, sample offsets, checksums, masks and counts."""
-    from gpu_prep.verify import verify as verify_output
+    from gpu_prep.output.verify import verify as verify_output
 
     faults = verify_output(output)
     for fault in faults:
@@ -369,7 +369,7 @@ def stats(
     html_file: Annotated[Optional[Path], typer.Option("--html", help="Also write the table and a length histogram to this HTML file.")] = None,
 ) -> None:
     """Sample lengths (percentiles), trained-token share and truncation, per domain; trained tokens by role."""
-    from gpu_prep.stats import cell, role_line, summarize, write_html
+    from gpu_prep.commands.stats import cell, role_line, summarize, write_html
 
     try:
         summary = summarize(output)
@@ -434,7 +434,7 @@ def _show_samples(output: Path, domain: str | None, samples: int, start: int, id
 
 
 def _print_samples(chosen: Any, name: str, tok: Any, indices: range, ids: bool, plain: bool) -> None:
-    from gpu_prep.show import marked_text, runs
+    from gpu_prep.commands.inspect import marked_text, runs
 
     for k in indices:
         sample_ids, mask = chosen[k]

@@ -445,7 +445,7 @@ def test_several_mistakes_in_a_datasets_settings_are_a_line_each(data: Path) -> 
 
 def test_validate_samples_a_mix_in_the_order_the_run_takes_it(data: Path) -> None:
     # Its role counts describe the mixed sample the run would read, not the first file's first rows.
-    from gpu_prep.check import check_sample
+    from gpu_prep.commands.validate import check_sample
 
     ratios = (0.5, 0.3, 0.2)
     report = check_sample(parse_config(_config(data, ratios)), [], 10)

@@ -13,7 +13,7 @@ import pytest
 import gpu_prep
 from gpu_prep.config import parse_config
 from gpu_prep.errors import ConfigError
-from gpu_prep.verify import verify
+from gpu_prep.output.verify import verify
 from helpers import run_rows, samples
 
 DOCS = [{"text": f"Document {i} says something about topic {i % 3}."} for i in range(12)]

@@ -24,8 +24,8 @@ from gpu_prep.config import load_config, parse_config
 from gpu_prep.errors import ConfigError
 from gpu_prep.output.pack import best_fit_decreasing
 from gpu_prep.pipeline import Options, run
-from gpu_prep.stats import summarize
-from gpu_prep.verify import verify
+from gpu_prep.commands.stats import summarize
+from gpu_prep.output.verify import verify
 from helpers import REPO, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")

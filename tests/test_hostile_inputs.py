@@ -200,7 +200,7 @@ def test_a_json_array_element_nested_past_the_parsers_depth_is_one_dropped_row(t
     assert manifest["totals"]["rows_written"] == 2 and manifest["totals"]["rows_dropped"] == {"malformed_json": 1}
     [entry] = [json.loads(line) for line in rejects.read_text().splitlines()]
     assert (entry["line"], entry["reason"]) == (2, "malformed_json") and "depth limit" in entry["detail"]
-    from gpu_prep.check import check_sample  # validate reads it as run does
+    from gpu_prep.commands.validate import check_sample  # validate reads it as run does
 
     assert check_sample(parse_config(TEXT), [str(path)], 10).rows == 3
     lines = tmp_path / "deep.jsonl"
@@ -617,7 +617,7 @@ def test_a_json_array_saved_as_json_lines_is_named_for_what_it_is(tmp_path: Path
     [example] = manifest["dropped_examples"]["not_an_object"]
     assert "the line is a JSON array of 5 rows" in example["detail"] and "named .json" in example["detail"]
     # validate reads the line as run does (it took the rows for messages, and named a missing role)
-    from gpu_prep.check import check_sample
+    from gpu_prep.commands.validate import check_sample
 
     report = check_sample(parse_config({**TEXT, "input": {"type": "chat"}}), [str(one_line)], 10)
     assert report.failed["not_an_object"] == 1 and "the line is a JSON array of 5 rows" in report.first_failure["not_an_object"]

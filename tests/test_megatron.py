@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import gpu_prep
-from gpu_prep.verify import verify
+from gpu_prep.output.verify import verify
 from gpu_prep.config import OutputConfig
 from gpu_prep.output.megatron import megatron_index
 from helpers import run_rows, samples

@@ -433,7 +433,7 @@ def test_init_and_mask_for_pairs_say_what_is_trained(tmp_path: Path, pairs: list
     import yaml
     from helpers import write_jsonl
 
-    from gpu_prep.check import starter_config
+    from gpu_prep.commands.init import starter_config
 
     data = write_jsonl(tmp_path / "rows.jsonl", (pairs if kind == "preference" else unpaired)[:10])
     text = starter_config([str(data)], None)

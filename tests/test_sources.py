@@ -449,7 +449,7 @@ def test_a_url_that_cannot_be_reached_is_named(tmp_path: Path, monkeypatch: pyte
     # fsspec's FTP filesystem connects as it is made: the refused connection, or a host not found, was said
     # as "[Errno 111] Connection refused" naming no input (a traceback under validate).
     fsspec = pytest.importorskip("fsspec")
-    from gpu_prep.check import check_sample
+    from gpu_prep.commands.validate import check_sample
 
     config = parse_config(KINDS["text"][0])
     for url in ("ftp://127.0.0.1:1/data.jsonl", "ftp://127.0.0.1:1/*.jsonl"):  # port 1: nothing listens

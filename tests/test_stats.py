@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpu_prep.cli import app
-from gpu_prep.stats import summarize
+from gpu_prep.commands.stats import summarize
 from helpers import run_rows, samples
 
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")
@@ -58,7 +58,7 @@ def test_stats_show_which_roles_the_trained_tokens_come_from(tmp_path: Path) -> 
 
 
 def test_percentiles_are_exact_and_the_histogram_has_axes(tmp_path: Path) -> None:
-    from gpu_prep.stats import write_html
+    from gpu_prep.commands.stats import write_html
 
     rows = [{"text": "word " * n} for n in (1, 3, 9, 27, 81)]
     out = run_rows(tmp_path, {"input": {"type": "text"}, "preprocessing": {"min_chars": 1}}, rows)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpu_prep.verify import verify
+from gpu_prep.output.verify import verify
 from helpers import load_json, run_rows
 
 ROWS = [{"messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]}

@@ -18,7 +18,7 @@ What is served is what the run wrote, checked where it costs no more than what i
 - every sample served has its ids checked against the tokenizer's vocabulary and its mask against 0 and 1
   (a max over each, of what the caller reads anyway). Doing that for every value at open would read every
   byte of the output, like the checksums: open(out, verify=True) does both by running `gpu-prep verify`
-  (gpu_prep/verify.py; both use the checks in output/load.py) before anything is served.
+  (gpu_prep/output/verify.py; both use the checks in output/load.py) before anything is served.
 """
 
 from __future__ import annotations
@@ -257,7 +257,7 @@ class Dataset:
             raise FileNotFoundError(f"{path}: missing, so {self.out_dir} is not a finished run (one that was stopped "
                                     "is finished by running it again with --resume)")
         if verify:
-            from gpu_prep.verify import verify as verify_output  # verify reads shards through this module
+            from gpu_prep.output.verify import verify as verify_output  # verify reads shards through this module
 
             faults = verify_output(self.out_dir)
             if faults:
