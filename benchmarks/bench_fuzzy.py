@@ -9,7 +9,7 @@ The corpus: ShareGPT answers of 20 words or more, with a planted near-copy (abou
 Jaccard about 0.9 over 5-word shingles) after every tenth. Every route shingles words 5 at a time with 128
 permutations and threshold 0.8 (9 bands of 13 rows in both), keeps the first row of a group and drops the
 rows that collide with a kept one:
-  gpu-prep, fuzzy module   gpu_prep.fuzzy on the CPU backend: band keys a batch at a time, then the index
+  gpu-prep, fuzzy module   gpu_prep.filter.fuzzy on the CPU backend: band keys a batch at a time, then the index
   gpu-prep run, +fuzzy     `gpu-prep run` of the documents (tokenized and written) with fuzzy_dedup, beside
   gpu-prep run             the same run without it: the difference is what fuzzy_dedup adds to a run
   datasketch               MinHash.update_batch per document and MinHashLSH query-then-insert, one process
@@ -43,7 +43,7 @@ GPU_PREP_SCRIPT = textwrap.dedent('''
     import numpy as np
     import orjson
     from gpu_prep.backend import CPU
-    from gpu_prep.fuzzy import NO_ROW, MinHasher, NearIndex, lsh_bands, text_band_keys
+    from gpu_prep.filter.fuzzy import NO_ROW, MinHasher, NearIndex, lsh_bands, text_band_keys
     corpus, out = sys.argv[1:3]
     with open(corpus, "rb") as handle:
         texts = [orjson.loads(line)["text"] for line in handle]

@@ -10,7 +10,7 @@
 #    code on CuPy equal to numpy: it needs CuPy alone, so it runs where cuDF is missing too);
 # 3. the backend benchmark: bench_pipeline.py, the CPU and the GPU backend stage by stage on its corpora;
 #    bench_mask_stage.py, the mask stage inside a run and alone on each; fuzzy_dedup's band keys
-#    (MinHash + LSH, gpu_prep/fuzzy.py) and the JSON byte scan cuDF's reader waits on (gpu_prep/jsonscan.py)
+#    (MinHash + LSH, gpu_prep/filter/fuzzy.py) and the JSON byte scan cuDF's reader waits on (gpu_prep/jsonscan.py)
 #    on numpy and on CuPy.
 #
 # The report goes to the terminal and, where CuPy sees a GPU, is appended to benchmarks/RESULTS.md under a
@@ -79,7 +79,7 @@ sys.path.insert(0, "tests")
 import numpy as np
 from test_gpu_xp import _texts
 from gpu_prep.backend import CPU, GpuBackend
-from gpu_prep.fuzzy import MinHasher, text_band_keys
+from gpu_prep.filter.fuzzy import MinHasher, text_band_keys
 texts = _texts(20000, seed=7)
 megabytes = sum(len(t.encode()) for t in texts) / 1e6
 hasher = MinHasher(5, 128, 9, 13, 42)

@@ -347,7 +347,7 @@ class InputConfig(_Frozen):
 
 
 class FuzzyDedupConfig(_Frozen):
-    """gpu-prep's own: near-duplicate removal by MinHash + LSH over word n-grams (gpu_prep/fuzzy.py)."""
+    """gpu-prep's own: near-duplicate removal by MinHash + LSH over word n-grams (gpu_prep/filter/fuzzy.py)."""
 
     threshold: float = Field(0.8, gt=0.0, lt=1.0)  # the Jaccard similarity the bands are tuned to
     ngram: int = Field(5, ge=1, le=1024)  # words per shingle (each shingle is hashed word by word)

@@ -30,8 +30,6 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    from gpu_prep.errors import Drop, InputError
-
     if _blank(path, compression, encoding):  # no header, so no rows: as a header-only file, not a damaged one
         return
     header = csv_header(path, compression, delimiter, encoding)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from gpu_prep.errors import Drop
-from gpu_prep.mask import Masked
+from gpu_prep.mask.project import Masked
 from gpu_prep.ragged import offsets_from_lengths, row_of, segment_mins
 
 # What meta.json says of a domain of pairs (its pair index is the samples' order).

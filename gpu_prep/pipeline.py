@@ -27,8 +27,8 @@ from gpu_prep.backend import CPU, select_backend
 from gpu_prep.config import PipelineConfig, output_sha256
 from gpu_prep.errors import ConfigError, Interrupted, WriteError
 from gpu_prep.failpoint import failpoint
-from gpu_prep.filter import Deduplicator
-from gpu_prep.fuzzy import NearIndex
+from gpu_prep.filter.dedup import Deduplicator
+from gpu_prep.filter.fuzzy import NearIndex
 from gpu_prep.output.files import journal, settle_journal, sha256_file, write_json_atomic
 from gpu_prep.output.shards import Storage
 from gpu_prep.output.writer import DatasetWriter
@@ -47,7 +47,7 @@ from gpu_prep.run.outdir import (MANIFEST, check_output, check_paths, check_reje
 from gpu_prep.run.overlap import Stopwatch, deaf_to_ctrl_c, in_background
 from gpu_prep.run.stages import first_rows_formatted
 from gpu_prep.sources import local_path
-from gpu_prep.tokenizer import load_tokenizer
+from gpu_prep.tokenize.tokenizer import load_tokenizer
 
 __all__ = ["MANIFEST", "Options", "run"]
 

@@ -243,7 +243,7 @@ def test_a_chunk_of_empty_texts_is_counted_not_crashed(tmp_path: Path) -> None:
 
 
 def test_the_dedup_seen_set_spills_past_its_budget_and_decides_the_same(tmp_path: Path) -> None:
-    from gpu_prep.filter import DIGEST, DigestSet
+    from gpu_prep.filter.dedup import DIGEST, DigestSet
 
     rng = np.random.default_rng(3)
     pool = rng.integers(0, 256, size=(3000, 16), dtype=np.uint8).view(DIGEST).reshape(-1)

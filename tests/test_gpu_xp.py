@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from gpu_prep.fuzzy import MinHasher, encode_texts, shingle_hashes
+from gpu_prep.filter.fuzzy import MinHasher, encode_texts, shingle_hashes
 from gpu_prep.ragged import segment_mins
 
 pytestmark = pytest.mark.gpu
@@ -81,7 +81,7 @@ def test_the_length_rules_drop_the_same_rows_on_cupy() -> None:
     import cupy
 
     from gpu_prep.backend import CPU, GpuBackend
-    from gpu_prep.filter import length_drops
+    from gpu_prep.filter.dedup import length_drops
 
     rng = np.random.default_rng(3)
     chars, pretraining = rng.integers(0, 400, size=20_000), rng.random(20_000) < 0.5

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_prep.mask import (mask_from_ranges, offset_places, offsets_from_lengths, project, row_of, segment_sums,
+from gpu_prep.mask.project import (mask_from_ranges, offset_places, offsets_from_lengths, project, row_of, segment_sums,
                            span_tokens, truncate_and_filter)
 from gpu_prep.output.shards import shard_cuts
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gpu_prep.backend import CPU
 from gpu_prep.config import parse_config
 from gpu_prep.errors import Drop
-from gpu_prep.filter import Deduplicator, filter_rows
+from gpu_prep.filter.dedup import Deduplicator, filter_rows
 from gpu_prep.ragged import offsets_from_lengths, row_of, segment_sums
 
 
@@ -64,7 +64,7 @@ def test_a_failpoint_kills_the_process_the_nth_time_only() -> None:
 def test_the_dedup_set_keeps_first_occurrences_in_16_bytes_a_digest() -> None:
     import hashlib
 
-    from gpu_prep.filter import Deduplicator, DigestSet
+    from gpu_prep.filter.dedup import Deduplicator, DigestSet
 
     digests = [hashlib.md5(str(i % 700).encode()).digest() for i in range(3000)]  # repeats across batches
     dedup, reference = Deduplicator(), set()

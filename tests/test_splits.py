@@ -19,7 +19,7 @@ import gpu_prep
 from corpora import sharegpt_chats
 from gpu_prep.config import parse_config
 from gpu_prep.errors import ConfigError
-from gpu_prep.splits import split_codes
+from gpu_prep.filter.splits import split_codes
 
 BASE = {"tokenizer": "qwen2.5", "input": {"type": "chat"}, "mask": {"assistant": "train"},
         "preprocessing": {"deduplicate": False}, "output": {"domain_key": "source"}}

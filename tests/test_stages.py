@@ -12,7 +12,7 @@ import pytest
 from gpu_prep.backend import CPU
 from gpu_prep.config import parse_config
 from gpu_prep.errors import Drop
-from gpu_prep.filter import Deduplicator
+from gpu_prep.filter.dedup import Deduplicator
 from gpu_prep.format import Conversation
 from gpu_prep.read import RawChunk, read_chunks
 from gpu_prep.run.context import Decisions, Options, build_context

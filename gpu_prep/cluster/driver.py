@@ -21,7 +21,7 @@ from gpu_prep.cluster.shuffle import bucket_of, first_occurrences, scan, scan_co
 from gpu_prep.cluster.worker import process_range, range_rows
 from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError, Interrupted
-from gpu_prep.filter import Deduplicator
+from gpu_prep.filter.dedup import Deduplicator
 from gpu_prep.mix import set_passes
 from gpu_prep.read import read_chunks
 from gpu_prep.run.context import Decisions, Options, RunContext

@@ -13,14 +13,14 @@ import numpy as np
 
 from gpu_prep.backend import Backend, select_backend
 from gpu_prep.cluster.plan import Job, Plan, Range
-from gpu_prep.filter import Deduplicator
-from gpu_prep.mask import Masked
+from gpu_prep.filter.dedup import Deduplicator
+from gpu_prep.mask.project import Masked
 from gpu_prep.plugins import load_plugins
 from gpu_prep.read import FileRow, part_rows, read_chunks
 from gpu_prep.run.context import Decisions, RunContext, build_context, datasets_of
 from gpu_prep.run.overlap import Stopwatch
 from gpu_prep.run.stages import Done, Rows, mask_chunk, prepare_and_tokenize
-from gpu_prep.tokenizer import load_tokenizer
+from gpu_prep.tokenize.tokenizer import load_tokenizer
 
 _CONTEXTS: dict[str, RunContext] = {}
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from gpu_prep.failpoint import failpoint
-from gpu_prep.mask import split_offsets
+from gpu_prep.mask.project import split_offsets
 from gpu_prep.output import pack
 from gpu_prep.output.bin import BinShard
 from gpu_prep.output.files import write_json_atomic

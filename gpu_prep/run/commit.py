@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from gpu_prep.engines import add_checks
+from gpu_prep.tokenize.engines import add_checks
 from gpu_prep.errors import Drop, InputError
-from gpu_prep.fuzzy import NO_ROW, NearIndex
+from gpu_prep.filter.fuzzy import NO_ROW, NearIndex
 from gpu_prep.output.writer import DatasetWriter
 from gpu_prep.ragged import offsets_from_lengths, reorder, row_of
 from gpu_prep.run.accounting import PIECES, Accounting

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from gpu_prep.filter import Deduplicator
+from gpu_prep.filter.dedup import Deduplicator
 from gpu_prep.mix import config_rows
 from gpu_prep.read import CHUNK_BYTES, RawChunk, first_rows, read_chunks
 from gpu_prep.run.context import Decisions, RunContext

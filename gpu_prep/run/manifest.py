@@ -17,7 +17,7 @@ from gpu_prep.output.files import manifest_checksum, sha256_file, written_files
 from gpu_prep.run.accounting import Accounting
 from gpu_prep.read import LeftOut
 from gpu_prep.run.context import RunContext
-from gpu_prep.tokenizer import COPY_DIR
+from gpu_prep.tokenize.tokenizer import COPY_DIR
 
 
 LEFT_OUT_LISTED = 100  # an input folder's unread files the manifest names (it counts them all)
@@ -97,7 +97,7 @@ def left_out_summary(left_out: LeftOut) -> dict[str, Any]:
 def _lsh(config: PipelineConfig) -> dict[str, Any]:
     """The LSH banding near-duplicate removal used (bands of rows, chosen for the threshold or given), and
     the similarity at which two rows share a band with probability one half."""
-    from gpu_prep.fuzzy import MinHasher
+    from gpu_prep.filter.fuzzy import MinHasher
 
     hasher = MinHasher.from_config(config.preprocessing.fuzzy_dedup)
     return {"bands": hasher.bands, "rows_per_band": hasher.rows, "permutations_used": hasher.bands * hasher.rows,

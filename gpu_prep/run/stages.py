@@ -23,14 +23,14 @@ import numpy as np
 
 from gpu_prep.builders import BuilderTokenizer, build_row
 from gpu_prep.config import PAIR_TYPES, TEMPLATE_ROLES, PipelineConfig
-from gpu_prep.engines import HfEngine
+from gpu_prep.tokenize.engines import HfEngine
 from gpu_prep.errors import Drop, EngineMismatch
 from gpu_prep.failpoint import failpoint
-from gpu_prep.filter import Deduplicator, filter_rows
+from gpu_prep.filter.dedup import Deduplicator, filter_rows
 from gpu_prep.format import (Conversation, Pair, RowError, Segments, Tokens, Unpaired, auto_schema, dedup_text,
                              domain_of, fuzzy_text, hashed_whole, messages_row, source_chars, split_text)
-from gpu_prep.fuzzy import MinHasher, text_band_keys
-from gpu_prep.mask import (Masked, contiguous_places, kept_span_tokens, mask_from_ranges, offset_places, row_of,
+from gpu_prep.filter.fuzzy import MinHasher, text_band_keys
+from gpu_prep.mask.project import (Masked, contiguous_places, kept_span_tokens, mask_from_ranges, offset_places, row_of,
                            span_tokens, truncate_and_filter)
 from gpu_prep.pairs import cut_pairs, sequence_tokens
 from gpu_prep.ragged import offsets_from_lengths
@@ -38,7 +38,7 @@ from gpu_prep.read import RawChunk, first_rows, read_chunks
 from gpu_prep.render import RenderContext, RenderedRow, affix_disagreement, no_template, render_row
 from gpu_prep.run.context import Decisions, RunContext, Sources
 from gpu_prep.run.overlap import Stopwatch, overlapped
-from gpu_prep.splits import split_codes
+from gpu_prep.filter.splits import split_codes
 
 OFFSETS_CHOICE = ("hf: chat masks from the character offsets HF tokenizers reports (a {model} tokenizer, "
                   "not byte-level BPE)")

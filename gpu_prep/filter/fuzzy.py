@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu_prep.filter import DigestSet
+from gpu_prep.filter.dedup import DigestSet
 from gpu_prep.mixing import splitmix64
 from gpu_prep.ragged import offsets_from_lengths, row_of, segment_mins
 

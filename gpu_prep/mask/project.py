@@ -1,4 +1,4 @@
-"""mask: token places + trained spans -> loss_mask; truncation; rows left with nothing to train.
+"""mask/project: token places + trained spans -> loss_mask; truncation; rows left with nothing to train.
 
 Written once against the array module `xp` (numpy or cupy). Ragged data is flat values + int64 offsets.
 loss_mask: 1 = the token counts in the loss, 0 = it does not. A token is trained when any of its bytes lies
