@@ -574,7 +574,7 @@ class PipelineConfig(_Frozen):
     # gpu-prep's own: which backend runs the array stages.
     device: Literal["auto", "cpu", "gpu"] = "auto"
     gpu: GpuConfig = GpuConfig()
-    # gpu-prep's own: the chat template (gpu_prep/templates.py): tokenizer_default, tokenizer_default_fallback_chatml,
+    # gpu-prep's own: the chat template (gpu_prep/render/templates.py): tokenizer_default, tokenizer_default_fallback_chatml,
     # a name written here (chatml, qwen3, llama3, gemma, mistral, deepseek), a .jinja file or a Jinja string.
     chat_template: str = "tokenizer_default"
     # gpu-prep's own: which of a tokenizer's named templates (tokenizer_config.json's list of {name,
@@ -797,7 +797,7 @@ class PipelineConfig(_Frozen):
     @field_validator("chat_template")
     @classmethod
     def _known_template(cls, value: str) -> str:
-        from gpu_prep.templates import check_choice
+        from gpu_prep.render.templates import check_choice
 
         return check_choice(value)
 

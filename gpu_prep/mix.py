@@ -197,7 +197,7 @@ def apply_tokenizer_chat_template(record: dict, tokenizer: Any, conversation_col
                                   formatted_text_column_name: str = "text") -> dict:
     """A field holding the conversation rendered by the run's chat template (config.chat_template, else the
     tokenizer's), as plain text."""
-    from gpu_prep.chat_template import ChatTemplate
+    from gpu_prep.render.sandbox import ChatTemplate
 
     messages = record.get(conversation_column)
     if not isinstance(messages, list):

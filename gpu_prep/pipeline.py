@@ -32,7 +32,7 @@ from gpu_prep.filter.fuzzy import NearIndex
 from gpu_prep.output.files import journal, settle_journal, sha256_file, write_json_atomic
 from gpu_prep.output.shards import Storage
 from gpu_prep.output.writer import DatasetWriter
-from gpu_prep.pairs import PAIR_META
+from gpu_prep.mask.pairs import PAIR_META
 from gpu_prep.plugins import check_registered
 from gpu_prep.run.accounting import Accounting
 from gpu_prep.run.checkpoint import Checkpointer, has_checkpoint, load_for_resume, run_identity

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 import gpu_prep
-from gpu_prep.chat_template import ChatTemplate
+from gpu_prep.render.sandbox import ChatTemplate
 from gpu_prep.config import parse_config
 from gpu_prep.commands.inspect import CLOSE, OPEN, marked_text, token_bytes  # noqa: F401  (shared with the tests)
 from gpu_prep.pipeline import Options, run

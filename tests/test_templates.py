@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from gpu_prep.chat_template import ChatTemplate
+from gpu_prep.render.sandbox import ChatTemplate
 from gpu_prep.config import parse_config
 from gpu_prep.errors import ConfigError
-from gpu_prep.templates import NAMED, named_template, resolve_template, tokenizer_templates
+from gpu_prep.render.templates import NAMED, named_template, resolve_template, tokenizer_templates
 from helpers import run_rows, samples
 from reference import hf_tokenizer, write_tokenizer_dir
 

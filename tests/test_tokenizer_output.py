@@ -76,7 +76,7 @@ def test_meta_and_manifest_say_which_tokenizer_and_its_files_travel(tmp_path: Pa
 def test_the_template_the_run_used_travels_too(tmp_path: Path) -> None:
     out = run_rows(tmp_path, {**CHAT, "chat_template": "chatml"}, ROWS)
     copied = (out / "tokenizer" / "chat_template.jinja").read_text(encoding="utf-8")
-    from gpu_prep.templates import named_template
+    from gpu_prep.render.templates import named_template
 
     assert copied == named_template("chatml")
     assert json.loads((out / "manifest.json").read_text())["chat_template"]["source"].startswith("named 'chatml'")

@@ -2,6 +2,7 @@
 
 project.py  every step, written once against the array module xp (numpy or cupy): places, projection,
             truncation and the rows it drops (Masked)
+pairs.py    preference pairs and KTO rows cut into prompt and completions, as TRL cuts them
 """
 
-__all__ = ["project"]
+__all__ = ["pairs", "project"]

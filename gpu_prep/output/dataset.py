@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu_prep.pairs import prompt_end
+from gpu_prep.mask.pairs import prompt_end
 
 from gpu_prep.output.load import (ShardArrays, ids_fault, load_shard, mask_fault, offsets_fault, raw_arrays,
                                    sample_labels, shard_file, vocab_size)

@@ -11,7 +11,7 @@ import numpy as np
 
 from gpu_prep.output.pack import Layout
 from gpu_prep.output.shards import COPY_ITEMS, LOSS_MASK_MEANING, OneFileShard, shard_cuts
-from gpu_prep.pairs import cut_samples, prompt_lengths
+from gpu_prep.mask.pairs import cut_samples, prompt_lengths
 from gpu_prep.ragged import reorder
 
 IGNORE_INDEX = -100  # labels of tokens outside the loss

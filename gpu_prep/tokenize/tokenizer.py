@@ -30,7 +30,7 @@ from gpu_prep.tokenize.engines import NORMAL_FORMS, Audit, HfEngine, choose_engi
 from gpu_prep.errors import ConfigError
 from gpu_prep.hub import looks_like_model_id, resolve_model_id
 from gpu_prep.output.files import copy_atomic, write_atomic
-from gpu_prep.templates import tokenizer_templates
+from gpu_prep.render.templates import tokenizer_templates
 
 # End-of-turn tokens of the common template families; those present in the vocabulary, plus the eos token,
 # close a turn (and are trained with a trained turn).

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 
 import jinja2
 
-from gpu_prep.affix import SENTINEL, SENTINEL_RE
+from gpu_prep.render.affix import SENTINEL, SENTINEL_RE
 from gpu_prep.errors import Drop
 from gpu_prep.format import Conversation, RowError
 
 if TYPE_CHECKING:
-    from gpu_prep.chat_template import ChatTemplate
+    from gpu_prep.render.sandbox import ChatTemplate
 
 Region = tuple[int, int, int]  # message index, content start, content end (characters of the rendering)
 

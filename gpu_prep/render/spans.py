@@ -1,4 +1,4 @@
-"""render: a canonical row -> text pieces to tokenize + the spans that are trained.
+"""render/spans: a canonical row -> text pieces to tokenize + the spans that are trained.
 
 A conversation is rendered ONCE with the real chat template, and the position of every message's content
 in that rendering is found exactly (locate.py). What is trained is then said by the template's
@@ -29,17 +29,17 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 import numpy as np
 
-from gpu_prep.affix import AffixTemplate
-from gpu_prep.chat_template import row_limits
+from gpu_prep.render.affix import AffixTemplate
+from gpu_prep.render.sandbox import row_limits
 from gpu_prep.config import TEMPLATE_ROLES
 from gpu_prep.errors import ConfigError, Drop
 from gpu_prep.format import Conversation, Pair, RowError, Segments, Shape, Tokens, Unpaired
-from gpu_prep.locate import RowTexts, call_names, locate_contents, render_marked, render_text
+from gpu_prep.render.locate import RowTexts, call_names, locate_contents, render_marked, render_text
 
 if TYPE_CHECKING:
-    from gpu_prep.chat_template import ChatTemplate
+    from gpu_prep.render.sandbox import ChatTemplate
     from gpu_prep.config import PipelineConfig
-    from gpu_prep.templates import Chosen
+    from gpu_prep.render.templates import Chosen
 
 
 Span = tuple[int, int, str | bool, str]  # start, end, label (a role, or True / False outright), message role
@@ -542,17 +542,12 @@ def affix_disagreement(shapes: list[Shape], ctx: RenderContext) -> str | None:
     for n, shape in enumerate(shapes[:AFFIX_CHECK_ROWS]):
         if isinstance(shape, Conversation) and ctx.affix.covers(shape.messages, shape.tools):
             try:
-                with row_limits(*ctx.limits) as budget:
+                with row_limits(*ctx.limits):
                     if ctx.affix.marks is None:
                         expected = ctx.template.render(shape.messages, shape.tools, shape.documents)
                     else:
                         expected = ctx.template.render_marked(shape.messages, shape.tools, shape.documents)
             except jinja2.exceptions.TemplateError as exc:
-                if budget.exceeded is not None:
-                    # Too long to check in Jinja's time (a row of 300,000 messages): no sign either way. Taken
-                    # for one, it would send every row of the run through Jinja, and this one to template_limit,
-                    # where a row after the checked ones renders the same without Jinja in a fraction of it.
-                    continue
                 return f"row {n}: Jinja refuses a conversation the affix path accepts ({exc})"
             if ctx.affix.rendered(shape.messages) != expected:
                 return f"row {n}: the affix rendering differs from Jinja's"
