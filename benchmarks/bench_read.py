@@ -12,7 +12,7 @@ row-wise consumer of pyarrow's reader must do; the table alone is printed beside
 
 The host's share of reading chat rows as columns (gpu.reader cudf), beside the strict parser reading them
 line by line: the checks that keep the columnar rows exact and turning the parsed columns into Python rows.
-The byte scan (gpu_prep.jsonscan) and the parse run on the GPU there, so both are left out of the host's
+The byte scan (gpu_prep.read.jsonscan) and the parse run on the GPU there, so both are left out of the host's
 time: pyarrow's JSON reader stands in for cuDF's parse, and the scan's answers are taken before the timing.
 The scan's numpy twin is timed on its own beside it (what a CPU would pay; on the GPU it is CuPy's). Reported
 for the chats as they are, written with non-ASCII characters as they are and with ASCII escapes.
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.clock import best, scratch  # noqa: E402
 from benchmarks.corpora import sharegpt_chats  # noqa: E402
-from gpu_prep.read import expand_inputs, read_chunks  # noqa: E402
+from gpu_prep.read.inputs import expand_inputs, read_chunks  # noqa: E402
 
 
 def rows(n: int) -> list[dict[str, str]]:
@@ -89,7 +89,7 @@ def pyarrow_reader(kind: str) -> Callable[[Path], Any]:
 
 PEAK = """
 import resource, sys
-from gpu_prep.read import expand_inputs, read_chunks
+from gpu_prep.read.inputs import expand_inputs, read_chunks
 rows = sum(len(c) for c in read_chunks(expand_inputs([sys.argv[1]]), 4096))
 print(rows, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10)
 """
@@ -109,7 +109,7 @@ def big_array(mb: int) -> None:
         handle.write("]")
     rows, peak = subprocess.run([sys.executable, "-c", PEAK, str(path)], capture_output=True, text=True,
                                 check=True).stdout.split()
-    base = subprocess.run([sys.executable, "-c", "import resource, gpu_prep.read; "
+    base = subprocess.run([sys.executable, "-c", "import resource, gpu_prep.read.inputs; "
                            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10)"],
                           capture_output=True, text=True, check=True).stdout.strip()
     print(f"JSON array of {path.stat().st_size >> 20} MB, {int(rows):,} rows: peak RSS {peak} MB "
@@ -122,8 +122,8 @@ def columnar_host(n: int, repeat: int) -> None:
     import pyarrow as pa
     import pyarrow.json as pajson
 
-    from gpu_prep import read
-    from gpu_prep.read import Columnar, ColumnarRecord
+    from gpu_prep.read import inputs as read
+    from gpu_prep.read.inputs import Columnar, ColumnarRecord
 
     folder = scratch("bench-columnar-")
     chats = [{"messages": [{"role": m["role"], "content": m["content"]} for m in c["messages"]]} for c in sharegpt_chats(n)]

@@ -10,7 +10,7 @@
 #    code on CuPy equal to numpy: it needs CuPy alone, so it runs where cuDF is missing too);
 # 3. the backend benchmark: bench_pipeline.py, the CPU and the GPU backend stage by stage on its corpora;
 #    bench_mask_stage.py, the mask stage inside a run and alone on each; fuzzy_dedup's band keys
-#    (MinHash + LSH, gpu_prep/filter/fuzzy.py) and the JSON byte scan cuDF's reader waits on (gpu_prep/jsonscan.py)
+#    (MinHash + LSH, gpu_prep/filter/fuzzy.py) and the JSON byte scan cuDF's reader waits on (gpu_prep/read/jsonscan.py)
 #    on numpy and on CuPy.
 #
 # The report goes to the terminal and, where CuPy sees a GPU, is appended to benchmarks/RESULTS.md under a
@@ -104,14 +104,14 @@ PY
 
 {
   echo
-  echo "The JSON byte scan before cudf.read_json (gpu_prep/jsonscan.py), numpy beside CuPy (10,000 ShareGPT chats):"
+  echo "The JSON byte scan before cudf.read_json (gpu_prep/read/jsonscan.py), numpy beside CuPy (10,000 ShareGPT chats):"
   echo
   "$PY" - <<'PY' 2>&1 | sed 's/^/    /'
 import json, sys, time
 sys.path.insert(0, ".")
 import numpy as np
 from benchmarks.corpora import sharegpt_chats
-from gpu_prep.jsonscan import scan
+from gpu_prep.read.jsonscan import scan
 chats = [json.dumps({"messages": c["messages"]}, ensure_ascii=False).encode() for c in sharegpt_chats(10000)]
 ranges, size = [[]], 0  # ranges of about 16 MiB of whole lines, as read.py hands them over
 for line in chats:

@@ -503,7 +503,7 @@ class GpuConfig(_Frozen):
     # Let cuDF spill device memory to host when the device is full.
     spill: bool = False
     # How JSON Lines are parsed on the GPU backend: "cudf", byte ranges with cudf.read_json for text,
-    # instruction and chat rows, wherever a scan of the bytes on the device (gpu_prep.jsonscan) shows every
+    # instruction and chat rows, wherever a scan of the bytes on the device (gpu_prep.read.jsonscan) shows every
     # line is one the strict parser reads (other ranges: line by line on the host); or "exact", line by line
     # with the strict parser as on the CPU. Without cuDF (and on the CPU backend) lines are read on the host.
     reader: Literal["exact", "cudf"] = "cudf"

@@ -37,7 +37,7 @@ from gpu_prep.plugins import check_registered
 from gpu_prep.run.accounting import Accounting
 from gpu_prep.run.checkpoint import Checkpointer, has_checkpoint, load_for_resume, run_identity
 from gpu_prep.run.commit import Committer
-from gpu_prep.read import InputFile, LeftOut, check_unchanged
+from gpu_prep.read.inputs import InputFile, LeftOut, check_unchanged
 from gpu_prep.run.context import (Decisions, Options, RunContext, build_context, chat_turn_ends_documents,
                                   responses_without_eos, run_inputs, turn_marks_not_tokens)
 from gpu_prep.run.local import run_chunks, run_here
@@ -46,7 +46,7 @@ from gpu_prep.run.outdir import (MANIFEST, check_output, check_paths, check_reje
                                  rejects_name, remove_partial_files)
 from gpu_prep.run.overlap import Stopwatch, deaf_to_ctrl_c, in_background
 from gpu_prep.run.stages import first_rows_formatted
-from gpu_prep.sources import local_path
+from gpu_prep.read.sources import local_path
 from gpu_prep.tokenize.tokenizer import load_tokenizer
 
 __all__ = ["MANIFEST", "Options", "run"]

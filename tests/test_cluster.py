@@ -24,7 +24,7 @@ from dask.distributed import LocalCluster  # noqa: E402
 from gpu_prep.config import parse_config  # noqa: E402
 from gpu_prep.errors import ConfigError, Interrupted  # noqa: E402
 from gpu_prep.pipeline import MANIFEST, Options, run  # noqa: E402
-from gpu_prep.read import InputFile, split_file  # noqa: E402
+from gpu_prep.read.inputs import InputFile, split_file  # noqa: E402
 from helpers import gpu_prep_cli, output_tree  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")
@@ -302,7 +302,7 @@ def test_the_dedup_shuffle_finds_what_one_pass_in_order_finds(data: st.DataObjec
 
     from gpu_prep.cluster.plan import positions_and_ranges
     from gpu_prep.cluster.shuffle import DIGEST, first_occurrences
-    from gpu_prep.mix import dataset_order
+    from gpu_prep.read.mix import dataset_order
 
     mixed = data.draw(st.booleans())
     shapes = data.draw(st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=4), min_size=2 if mixed else 1,

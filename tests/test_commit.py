@@ -11,7 +11,7 @@ import pytest
 
 from gpu_prep.errors import ConfigError, Drop, InputError
 from gpu_prep.output.writer import DatasetWriter
-from gpu_prep.read import InputFile
+from gpu_prep.read.inputs import InputFile
 from gpu_prep.run.accounting import PIECES, Accounting
 from gpu_prep.run.commit import append_by_domain, count_trained_by_role
 from gpu_prep.output.files import JOURNAL, create, journal, write_json_atomic

@@ -18,7 +18,7 @@ from corpora import sharegpt_chats
 from gpu_prep.config import parse_config
 from gpu_prep.errors import ConfigError, Drop
 from gpu_prep.filter.fuzzy import NO_ROW, MinHasher, NearIndex, encode_texts, lsh_bands, shingle_hashes
-from gpu_prep.mixing import splitmix64
+from gpu_prep.splitmix import splitmix64
 from gpu_prep.pipeline import Options, run
 from gpu_prep.ragged import segment_mins
 from helpers import output_tree, write_jsonl

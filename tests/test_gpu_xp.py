@@ -56,14 +56,14 @@ def test_segment_mins_scatter_on_cupy(dtype: str) -> None:
 
 
 def test_the_json_byte_scan_decides_on_cupy_as_on_numpy() -> None:
-    # gpu_prep/jsonscan.py, which the GPU backend runs before handing a range to cuDF: on every trap and on
+    # gpu_prep/read/jsonscan.py, which the GPU backend runs before handing a range to cuDF: on every trap and on
     # clean chats (raw and ASCII-escaped, emoji as surrogate pairs), each line alone and all together.
     import json
 
     import cupy
 
     from corpora import sharegpt_chats
-    from gpu_prep.jsonscan import scan
+    from gpu_prep.read.jsonscan import scan
     from test_jsonscan import SYNTAX_TRAPS
 
     values = {"messages": (91, True), "role": (34, False), "content": (34, False), "a": (34, False)}

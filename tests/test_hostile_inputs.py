@@ -34,7 +34,7 @@ import pytest
 from gpu_prep.config import parse_config
 from gpu_prep.errors import ConfigError, InputError
 from gpu_prep.pipeline import Options, run
-from gpu_prep.read import check_columns, expand_inputs
+from gpu_prep.read.inputs import check_columns, expand_inputs
 from helpers import gpu_prep_cli, samples
 
 TEXT = {"input": {"type": "text"}, "preprocessing": {"min_chars": 1, "deduplicate": False}}
@@ -161,8 +161,8 @@ def test_an_unending_json_array_element_is_read_no_further_than_max_row_bytes(tm
 @pytest.mark.parametrize("block", [7, 1 << 20])
 def test_a_bad_json_array_element_before_the_end_stops_the_run(tmp_path: Path, bad: str, block: int) -> None:
     """Its end is not known, so neither are the elements after it: they were lost, the run going on with exit 0."""
-    from gpu_prep.read import _parse_line
-    from gpu_prep.sources import json_array_rows
+    from gpu_prep.read.inputs import _parse_line
+    from gpu_prep.read.sources import json_array_rows
 
     path = tmp_path / "bad.json"
     path.write_text("[" + ",\n".join([json.dumps({"text": f"row {i}"}) for i in range(3)] + [bad] + ['{"text": "z"}'] * 900) + "]")
@@ -174,8 +174,8 @@ def test_a_bad_json_array_element_before_the_end_stops_the_run(tmp_path: Path, b
 
 @pytest.mark.parametrize("cut", ['{"text": "ab', '{"text": tr', '{"text": 3.', '{"text": 3e-', '{"text": "\\u12', '{"te'])
 def test_an_array_cut_inside_its_last_element_keeps_the_others(tmp_path: Path, cut: str) -> None:
-    from gpu_prep.read import _parse_line
-    from gpu_prep.sources import json_array_rows
+    from gpu_prep.read.inputs import _parse_line
+    from gpu_prep.read.sources import json_array_rows
 
     path = tmp_path / "cut.json"
     path.write_text('[{"text": "a"}, {"text": "b"}, ' + cut)
@@ -210,8 +210,8 @@ def test_a_json_array_element_nested_past_the_parsers_depth_is_one_dropped_row(t
 
 def test_a_json_array_element_the_decoder_cannot_recurse_into_is_read_as_json_lines_reads_it(tmp_path: Path) -> None:
     """Deeper than Python's recursion limit (1000) but within the strict parser's (1024): a row like any other."""
-    from gpu_prep.read import _parse_line
-    from gpu_prep.sources import json_array_rows
+    from gpu_prep.read.inputs import _parse_line
+    from gpu_prep.read.sources import json_array_rows
 
     row = '{"text": "deep", "meta": ' + "[" * 1010 + "]" * 1010 + "}"
     path = tmp_path / "deep.json"
@@ -375,8 +375,8 @@ def test_bytes_that_are_not_utf8_in_a_compressed_file_stop_the_run_naming_byte_a
 def test_the_json_array_reader_names_the_element_a_byte_not_utf8_is_in(tmp_path: Path) -> None:
     """Whatever block the reader decodes at a time: the element is the byte's, not the one the reader
     had got to when it decoded the block."""
-    from gpu_prep.read import _parse_line
-    from gpu_prep.sources import NotUtf8, json_array_rows
+    from gpu_prep.read.inputs import _parse_line
+    from gpu_prep.read.sources import NotUtf8, json_array_rows
 
     data, at, line = _late("json", 120)
     path = tmp_path / "late.json"
@@ -389,7 +389,7 @@ def test_the_json_array_reader_names_the_element_a_byte_not_utf8_is_in(tmp_path:
 
 
 def test_the_utf8_check_finds_the_byte_across_block_boundaries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu_prep import sources
+    from gpu_prep.read import sources
 
     good = "café 日本語 🙂 ".encode() * 3
     path = tmp_path / "t.txt"
@@ -515,7 +515,7 @@ def test_a_compressed_stream_is_read_in_whole_blocks_up_to_its_break() -> None:
     # The codecs' read1 gives about 11 KB at a time: joined into whole blocks, so that a JSON array's
     # element is parsed once a block, not once every 11 KB (a 16 MB element took 40 times as long); the text
     # before a break comes first, the break on the next read.
-    from gpu_prep.sources import _up_to_a_break
+    from gpu_prep.read.sources import _up_to_a_break
 
     text = b"".join(f"line {i} {random.Random(i).getrandbits(64):x}\n".encode() for i in range(200_000))
     whole = gzip.compress(text)
@@ -648,7 +648,7 @@ def test_a_one_line_array_of_rows_is_named_as_such_and_custom_message_keys_are_n
 
 def test_nan_and_infinity_are_named_as_what_json_lacks() -> None:
     # Python's json.dumps writes float('nan') as NaN: the drop says why the row is not JSON, and how to write it.
-    from gpu_prep.read import _parse_line
+    from gpu_prep.read.inputs import _parse_line
 
     for line in (b'{"a": 1, "score": NaN}', b'{"score": -Infinity}', b'{"score": Infinity, "b": 2}',
                  '{"text": "日本語の文章です", "score": NaN}'.encode()):  # orjson's position counts characters

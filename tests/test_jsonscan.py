@@ -1,4 +1,4 @@
-"""The byte scan (gpu_prep.jsonscan) takes a line only if the strict parser reads it as one object, and takes
+"""The byte scan (gpu_prep.read.jsonscan) takes a line only if the strict parser reads it as one object, and takes
 the JSON a writer produces.
 
 These tests hold whatever the columnar parser does: a line the scan takes is valid JSON by the strict
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_prep.jsonscan import LBRACKET, QUOTE, scan, valid_utf8
+from gpu_prep.read.jsonscan import LBRACKET, QUOTE, scan, valid_utf8
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)  # astral ones: escaped pairs under ASCII

@@ -26,8 +26,8 @@ from corpora import sharegpt_chats
 from gpu_prep.config import load_config, parse_config
 from gpu_prep.errors import ConfigError, InputError
 from gpu_prep.pipeline import Options, run
-from gpu_prep.read import expand_inputs, file_rows
-from gpu_prep.sources import inspect_file, split_name
+from gpu_prep.read.inputs import expand_inputs, file_rows
+from gpu_prep.read.sources import inspect_file, split_name
 from helpers import REPO, write_jsonl
 
 ROWS = 120
@@ -538,7 +538,7 @@ def test_a_hub_dataset_entry_streams_through_datasets(tmp_path: Path, monkeypatc
 def test_a_hub_dataset_that_breaks_part_way_names_itself_and_its_last_row(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     # A cache file cut short under datasets: pyarrow's error alone named neither the dataset nor the row.
-    import gpu_prep.hub as hub
+    import gpu_prep.read.hub as hub
     import gpu_prep.run.context as context
 
     def broken(arguments: dict[str, Any]) -> Any:
@@ -576,7 +576,7 @@ def test_parquet_categoricals_in_a_list_of_structs_over_row_groups_read_as_plain
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from gpu_prep.sources import batch_rows, parquet_rows
+    from gpu_prep.read.sources import batch_rows, parquet_rows
 
     rows = [{**r, "source": f"s{k % 3}"} for k, r in enumerate(chat_rows())]
     listed = pa.large_list if lists == "large_list" else pa.list_
@@ -650,7 +650,7 @@ def test_a_run_killed_on_any_format_resumes_to_the_same_bytes(fmt: str, tmp_path
 @pytest.mark.parametrize("fmt", ["parquet", "arrow-file"])
 def test_a_cluster_cuts_parquet_and_arrow_files_at_row_groups_and_batches(fmt: str, tmp_path: Path) -> None:
     pytest.importorskip("distributed")
-    from gpu_prep.read import split_file, expand_inputs
+    from gpu_prep.read.inputs import split_file, expand_inputs
 
     settings, make = KINDS["chat"]
     rows = make()
@@ -676,7 +676,7 @@ def test_a_folder_leaves_out_hidden_files_and_a_datasets_cache_folders_own_files
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
-    from gpu_prep.read import expand_inputs
+    from gpu_prep.read.inputs import expand_inputs
 
     folder = tmp_path / "data"
     (folder / ".ipynb_checkpoints").mkdir(parents=True)
@@ -737,7 +737,7 @@ def test_a_ragged_csv_row_is_dropped_showing_its_text_and_a_doubled_header_refus
         (3, "malformed_row", "1 cells where the header has 2", '"only one field"'),
         (4, "malformed_row", "3 cells where the header has 2", '"a","b","c extra"')]
     # Numbered in their places (the parser skips them without saying where): the rows after keep theirs.
-    from gpu_prep.delimited import csv_rows
+    from gpu_prep.read.delimited import csv_rows
 
     path.write_text("text,source\nrow one,a\nbad,row,extra\nrow three,c\n\nrow four,d\n\"only\"\nrow five,e\n")
     got = [(n, None if record is None else record["text"]) for n, record, _, _ in csv_rows(str(path), None, ",")]
@@ -752,7 +752,7 @@ def test_a_ragged_csv_row_is_dropped_showing_its_text_and_a_doubled_header_refus
 def test_a_malformed_csv_record_a_quote_joins_lines_into_is_a_dropped_row_a_line(tmp_path: Path, end: str) -> None:
     # A stray '"' on line 3 closes on line 4: the parser reads the two as one record of one cell, which was
     # one malformed_row: 5 rows read of a file of 6 records, the valid record on line 4 counted nowhere.
-    from gpu_prep.delimited import csv_rows
+    from gpu_prep.read.delimited import csv_rows
 
     path = tmp_path / "stray.csv"
     lines = ["text,id", "r1,1", '"r2 has a stray quote,2', 'r3,3"', "r4,4", "bad,row,extra", "r6,6"]
@@ -771,7 +771,7 @@ def test_a_malformed_csv_record_a_quote_joins_lines_into_is_a_dropped_row_a_line
 def test_malformed_csv_rows_keep_their_numbers_across_blocks_and_beside_long_cells(tmp_path: Path) -> None:
     # The parser reads blocks ahead (4 MiB each): a ragged row of a later block is numbered in its own
     # place; and a cell longer than the csv module's default limit does not stop the numbering pass.
-    from gpu_prep.delimited import csv_rows
+    from gpu_prep.read.delimited import csv_rows
 
     bad = {10, 30_000, 59_990}
     lines = ["text,src"] + [f"bad{n},x,y" if n in bad else f"row {n} {'z' * 80},{n}" for n in range(2, 70_000)]
@@ -796,7 +796,7 @@ def test_malformed_csv_rows_keep_their_numbers_across_blocks_and_beside_long_cel
 ])
 def test_a_quote_that_never_closes_stops_the_run_naming_its_record(tmp_path: Path, name: str, text: str) -> None:
     from gpu_prep.errors import InputError
-    from gpu_prep.delimited import csv_rows
+    from gpu_prep.read.delimited import csv_rows
 
     path = tmp_path / name
     path.write_bytes(gzip.compress(text.encode()) if name.endswith(".gz") else text.encode())
@@ -813,7 +813,7 @@ def test_a_quote_that_never_closes_stops_the_run_naming_its_record(tmp_path: Pat
 def test_progress_counts_a_compressed_file_by_its_text(tmp_path: Path, fast_tokenizer: None) -> None:
     # Reading counts the text it reads, decompressed: a .jsonl.gz counted by its compressed size was at 100%
     # a fifth of the way in. gzip's trailer and a zstd frame's header say how much text the file holds.
-    from gpu_prep.sources import text_size
+    from gpu_prep.read.sources import text_size
 
     rows = [{"text": f"row {i}: " + "the same words again and again " * 8} for i in range(6000)]
     text = "".join(json.dumps(r) + "\n" for r in rows).encode()
@@ -841,7 +841,7 @@ def test_progress_counts_a_compressed_file_by_its_text(tmp_path: Path, fast_toke
 
 def test_a_csv_files_rows_carry_the_text_they_were_read_from(tmp_path: Path, fast_tokenizer: None) -> None:
     # So chunks of CSV close by size as JSON Lines chunks do, and progress has a share to show.
-    from gpu_prep.delimited import csv_rows
+    from gpu_prep.read.delimited import csv_rows
 
     path = tmp_path / "qa.csv"
     with path.open("w", newline="", encoding="utf-8") as handle:
@@ -863,7 +863,7 @@ def test_a_parquet_files_rows_share_its_bytes(tmp_path: Path, fast_tokenizer: No
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from gpu_prep.sources import batch_rows
+    from gpu_prep.read.sources import batch_rows
 
     path = tmp_path / "docs.parquet"
     import hashlib

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from gpu_prep.config import PipelineConfig
-from gpu_prep.mix import Dataset, dataset_order
-from gpu_prep.read import InputFile, Part, split_file
+from gpu_prep.read.mix import Dataset, dataset_order
+from gpu_prep.read.inputs import InputFile, Part, split_file
 
 PART_BYTES = 64 << 20  # a JSON Lines file is cut into parts of about this size
 

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from gpu_prep.filter.dedup import DigestSet
-from gpu_prep.mixing import splitmix64
+from gpu_prep.splitmix import splitmix64
 from gpu_prep.ragged import offsets_from_lengths, row_of, segment_mins
 
 # What Python's str.split() splits at (str.isspace()): these bytes, and the UTF-8 of the characters below.

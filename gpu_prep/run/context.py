@@ -19,9 +19,9 @@ from gpu_prep.render.sandbox import ChatTemplate
 from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError
 from gpu_prep.format import columnar_schema
-from gpu_prep.hub import hub_dataset, hub_version
-from gpu_prep.mix import HANDLERS, Dataset, with_tokenizer
-from gpu_prep.read import Columnar, InputFile, LeftOut, ReadAs, check_columns, expand_inputs
+from gpu_prep.read.hub import hub_dataset, hub_version
+from gpu_prep.read.mix import HANDLERS, Dataset, with_tokenizer
+from gpu_prep.read.inputs import Columnar, InputFile, LeftOut, ReadAs, check_columns, expand_inputs
 from gpu_prep.render.spans import RenderContext, no_template
 from gpu_prep.render.templates import resolve_template
 from gpu_prep.tokenize.tokenizer import KNOWN_END_OF_TURN, Tokenizer

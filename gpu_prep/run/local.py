@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from gpu_prep.filter.dedup import Deduplicator
-from gpu_prep.mix import config_rows
-from gpu_prep.read import CHUNK_BYTES, RawChunk, first_rows, read_chunks
+from gpu_prep.read.mix import config_rows
+from gpu_prep.read.inputs import CHUNK_BYTES, RawChunk, first_rows, read_chunks
 from gpu_prep.run.context import Decisions, RunContext
 from gpu_prep.run.overlap import Sink, Stopwatch, quick_handoffs
 from gpu_prep.run.stages import Done, Tokenizing, mask_chunk, prepare_and_tokenize

@@ -10,12 +10,12 @@ from typing import Any
 from gpu_prep import __version__
 from gpu_prep.config import PAIR_TYPES, TEMPLATE_ROLES, PipelineConfig
 from gpu_prep.errors import Drop
-from gpu_prep.mix import Dataset
+from gpu_prep.read.mix import Dataset
 from gpu_prep.output import pack
 from gpu_prep.mask.pairs import PAIR_COUNTS
 from gpu_prep.output.files import manifest_checksum, sha256_file, written_files
 from gpu_prep.run.accounting import Accounting
-from gpu_prep.read import LeftOut
+from gpu_prep.read.inputs import LeftOut
 from gpu_prep.run.context import RunContext
 from gpu_prep.tokenize.tokenizer import COPY_DIR
 

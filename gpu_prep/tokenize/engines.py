@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu_prep.mixing import splitmix64
+from gpu_prep.splitmix import splitmix64
 
 NORMAL_FORMS = frozenset({"NFC", "NFD", "NFKC", "NFKD"})  # normalizers that are a Unicode normal form
 FAST_ENGINES = ("fastokens", "tiktoken")  # tried in this order under tokenizer.engine auto

@@ -28,7 +28,7 @@ import orjson
 from gpu_prep.tokenize import early
 from gpu_prep.tokenize.engines import NORMAL_FORMS, Audit, HfEngine, choose_engine, file_sha256, rank_recipe, start_builds
 from gpu_prep.errors import ConfigError
-from gpu_prep.hub import looks_like_model_id, resolve_model_id
+from gpu_prep.read.hub import looks_like_model_id, resolve_model_id
 from gpu_prep.output.files import copy_atomic, write_atomic
 from gpu_prep.render.templates import tokenizer_templates
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gpu_prep.errors import ConfigError, Drop, InputError
-from gpu_prep.sources import HEAD_BYTES, REJECT_TEXT, Row, open_bytes
+from gpu_prep.read.sources import HEAD_BYTES, REJECT_TEXT, Row, open_bytes
 
 
 def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str | None = None) -> Iterator[Row]:

@@ -1,4 +1,4 @@
-"""read: input files -> bounded chunks of raw rows, each keeping its (file, line).
+"""read/inputs: input files -> bounded chunks of raw rows, each keeping its (file, line).
 
 Which format a file is, checked against its content, and the readers of the formats beyond JSON Lines
 live in sources.py. A JSON Lines line that is not valid JSON, or not an object, becomes a row that carries
@@ -24,13 +24,13 @@ from typing import Any
 import numpy as np
 import orjson
 
-from gpu_prep import jsonscan
+from gpu_prep.read import jsonscan
 from gpu_prep.backend import ReadGroups, ReadRange
 from gpu_prep.errors import ConfigError, Drop, InputError
-from gpu_prep.jsonscan import LBRACKET, QUOTE
-from gpu_prep.delimited import csv_header, csv_rows
-from gpu_prep.hub import check_hub_version, hub_dataset, hub_rows
-from gpu_prep.sources import (KNOWN, READ_ERRORS, NotUtf8, batch_rows, batch_sizes, column_names, dataset_folder_files,
+from gpu_prep.read.jsonscan import LBRACKET, QUOTE
+from gpu_prep.read.delimited import csv_header, csv_rows
+from gpu_prep.read.hub import check_hub_version, hub_dataset, hub_rows
+from gpu_prep.read.sources import (KNOWN, READ_ERRORS, NotUtf8, batch_rows, batch_sizes, column_names, dataset_folder_files,
                               datasets_own, default_split, file_size, first_not_utf8, inspect_file,
                               is_url, json_array_rows, lines_before_damage, local_path, open_bytes, parquet_rows,
                               remote_files, split_name, split_names, text_rows, text_size)
@@ -490,7 +490,7 @@ class Columnar:
     fields, and for chat rows a list of messages, (field, role key, content key), each message an object of
     those two strings. Chat rows are taken only when the bytes hold no key beyond those: such a row is then
     wholly what the strict parser reads, whatever the row builders look for. The byte scan
-    (gpu_prep.jsonscan) runs on the array module xp: CuPy on the GPU backend, beside the parser. Parquet
+    (gpu_prep.read.jsonscan) runs on the array module xp: CuPy on the GPU backend, beside the parser. Parquet
     (read_groups; None: pyarrow): the columns that hold text, whole rows (sources.parquet_rows)."""
 
     fields: tuple[str, ...] = ()
