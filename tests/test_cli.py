@@ -98,7 +98,8 @@ def _number_settings(kind: type) -> list[str]:
     its sections (fuzzy_dedup included), found from the models: a setting added later is covered too."""
     import typing
 
-    from gpu_prep.config import PipelineConfig, _section
+    from gpu_prep.config import PipelineConfig
+    from gpu_prep.config.pipeline import _section
 
     found, todo = [], [("", PipelineConfig)]
     while todo:

@@ -485,8 +485,8 @@ def test_init_maps_roles_the_default_mapping_does_not_know(tmp_path: Path) -> No
 
 def test_every_key_other_tools_are_pointed_to_exists() -> None:
     from gpu_prep.config import DatasetConfig, PipelineConfig
-    from gpu_prep.config import _section
-    from gpu_prep.foreign import FOREIGN_KEYS
+    from gpu_prep.config.pipeline import _section
+    from gpu_prep.config.foreign import FOREIGN_KEYS
 
     for theirs, ours in FOREIGN_KEYS.items():
         path = ours.split()[0]

@@ -1,6 +1,6 @@
 """The QLoRA seed's config, written as its docs write it, runs unchanged: configs/qlora_seed.yaml holds the
 seed's flat keys (dataset_schema, messages_field, assistant_roles, truncate_side, extract_think_tags,
-max_length, reasoning_keys), read as other names of gpu-prep's keys (gpu_prep/qlora_keys.py).
+max_length, reasoning_keys), read as other names of gpu-prep's keys (gpu_prep/config/qlora_keys.py).
 
 The reference is transformers: each row's conversation (prompt_response rows as a user turn and an
 assistant turn, inline <think> and reasoning keys moved to reasoning_content, as the seed's
@@ -222,7 +222,7 @@ def test_prompt_response_rows_are_checked_like_instruction_rows() -> None:
 
 
 def test_resolve_moves_the_seed_keys_and_leaves_a_config_without_them_alone() -> None:
-    from gpu_prep.qlora_keys import resolve
+    from gpu_prep.config.qlora_keys import resolve
 
     roles = ("system", "user", "assistant", "tool")
     plain = {"input": {"type": "chat"}}

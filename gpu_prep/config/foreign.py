@@ -31,7 +31,7 @@ FOREIGN_KEYS = {
     "neat_packing": "preprocessing.packing (bfd: packed rows record where each sample starts, so samples stay apart)",
     "tokenized_path": "the output folder (gpu-prep run -o OUT)",
     "dataset_dir": "data_paths (each dataset's files, folders or globs; no dataset_info.json is read)",
-    # The QLoRA seed's keys, read at the top level of a config (gpu_prep/qlora_keys.py), found in a section.
+    # The QLoRA seed's keys, read at the top level of a config (gpu_prep/config/qlora_keys.py), found in a section.
     "dataset_schema": "input.type (the QLoRA seed's dataset_schema is read at the top level)",
     "messages_field": "input.messages_key (the QLoRA seed's messages_field is read at the top level)",
     "assistant_roles": "input.roles_to_train (the QLoRA seed's assistant_roles is read at the top level)",
