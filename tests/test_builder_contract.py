@@ -1,4 +1,4 @@
-"""The builder contract plugins register under (gpu_prep/builders.py), as the seed spec's Extension asks:
+"""The builder contract plugins register under (gpu_prep/format/contract.py), as the seed spec's Extension asks:
 
     @register("my_format")
     class MyFormatBuilder:
@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from gpu_prep import register
-from gpu_prep.builders import BuilderTokenizer, build_row, tokens_from_dict
+from gpu_prep.format.contract import BuilderTokenizer, build_row, tokens_from_dict
 from gpu_prep.cli import app
 from gpu_prep.config import parse_config
 from gpu_prep.errors import Drop
@@ -35,7 +35,7 @@ def _own_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """The types these tests register are gone after each (other tests list the known types)."""
     import gpu_prep.format
 
-    monkeypatch.setattr(gpu_prep.format, "_BUILDERS", dict(gpu_prep.format._BUILDERS))
+    monkeypatch.setattr(gpu_prep.format.registry, "_BUILDERS", dict(gpu_prep.format.registry._BUILDERS))
 
 SEED_PLUGIN = '''
 from gpu_prep import register

@@ -461,7 +461,7 @@ def test_a_plugin_builder_for_a_built_in_type_gets_rows_whole(monkeypatch: Any) 
     monkeypatch.setattr(Backend, "json_range_reader", lambda self: lenient_read_range)
     config = parse_config({"input": {"type": "text"}})
     assert columnar_reader(config, Backend("cpu", np)) is not None
-    monkeypatch.setattr(gpu_prep.format, "_BUILDERS", dict(gpu_prep.format._BUILDERS))
+    monkeypatch.setattr(gpu_prep.format.registry, "_BUILDERS", dict(gpu_prep.format.registry._BUILDERS))
     gpu_prep.format.register("text")(lambda record, config: gpu_prep.format.get_builder("instruction")(record, config))
     assert columnar_reader(config, Backend("cpu", np)) is None
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_prep.builders import BuilderTokenizer
+from gpu_prep.format.contract import BuilderTokenizer
 from gpu_prep.config import TEMPLATE_ROLES, PipelineConfig
 from gpu_prep.errors import Drop
 from gpu_prep.format import Conversation, detect_schema, registered

@@ -14,7 +14,7 @@ import orjson
 
 from gpu_prep.render.affix import detect_affix
 from gpu_prep.backend import Backend
-from gpu_prep.builders import BuilderTokenizer
+from gpu_prep.format.contract import BuilderTokenizer
 from gpu_prep.render.sandbox import ChatTemplate
 from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError

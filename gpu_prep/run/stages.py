@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu_prep.builders import BuilderTokenizer, build_row
+from gpu_prep.format.contract import BuilderTokenizer, build_row
 from gpu_prep.config import PAIR_TYPES, TEMPLATE_ROLES, PipelineConfig
 from gpu_prep.tokenize.engines import HfEngine
 from gpu_prep.errors import Drop, EngineMismatch

@@ -1,6 +1,6 @@
 """The builder contract: how every row is built by the builder its input.type names (format.register).
 
-gpu-prep's own builders (format.py) take (record, config), return a Conversation, Segments or Tokens and
+gpu-prep's own builders (the format/ modules) take (record, config), return a Conversation, Segments or Tokens and
 raise RowError to drop a row; build_row calls them as they are. A plugin's builder may be a function or a
 class (one instance, its build method called), take the run's tokenizer as a third argument (a
 BuilderTokenizer), and return:

@@ -1,0 +1,127 @@
+"""The canonical shapes every row is built into (Conversation, Segments, Tokens, Pair, Unpaired), and
+RowError, which drops a row with a reason and a detail."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Union
+
+from gpu_prep.errors import Drop
+
+DEFAULT_DOMAIN = "__default__"
+
+
+class RowError(Exception):
+    """One row breaks a rule: reason is a Drop code, detail names the field and the rule."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def missing(record: dict[str, Any], key: str, where: str = "") -> RowError:
+    """missing_field for `key` (in the row, or in its part `where`, e.g. "messages[2]."), naming the keys
+    there, so that a key set to the wrong name shows which it should be (the first few, each cut short)."""
+    keys = [repr(str(k)[:40]) for k in list(record)[:MISSING_KEYS_SHOWN + 1]]
+    more = ", ..." if len(keys) > MISSING_KEYS_SHOWN else ""
+    there = where.rstrip(".") or "the row"
+    has = f"the keys of {there} are {', '.join(keys[:MISSING_KEYS_SHOWN])}{more}" if keys else f"{there} has no keys"
+    return RowError(Drop.MISSING_FIELD, f"field {where}{key!r} is missing; {has}")
+
+
+MISSING_KEYS_SHOWN = 8
+
+
+@dataclass(frozen=True)
+class Conversation:
+    messages: list[dict[str, Any]]
+    tools: list[Any] | None = None
+    documents: list[Any] | None = None  # the row's "documents" (retrieved passages), for templates that read them
+    # What building it did, for the parse report: "moved_reasoning_keys", "extracted_think_from_content",
+    # "tools_parsed_from_string", "tool_calls_parsed", "tool_schemas_wrapped" (once per occurrence).
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Segments:
+    """Pieces tokenized independently and concatenated. A label of None is never trained.
+
+    train_all: every token is trained whatever the mask rules say (pretraining text).
+    add_eos: the tokenizer's eos token closes the last piece (and is trained with it).
+    add_eod: the end-of-document token (input.eod_token, else eos) closes it, as add_eos does.
+    """
+
+    pieces: list[tuple[str, str | bool | None]]  # label: a mask rule's name, or True / False (None) outright
+    train_all: bool = False
+    add_eos: bool = False
+    add_eod: bool = False
+    source: str | None = None  # the row's own text, when the pieces add text of a format to it
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """A pre-tokenized row: its token ids, and which of them are trained."""
+
+    ids: list[int]
+    trained: list[bool]
+    domain: str | None = None  # the domain a plugin's builder named for the row (None: output.domain_key's)
+
+
+class _Preference:
+    """What preference rows share: a prompt and completions, each a list of messages (conversational) or a
+    string (standard)."""
+
+    prompt: list[dict[str, Any]] | str
+    completions: list[list[dict[str, Any]] | str]
+
+    @property
+    def conversational(self) -> bool:
+        return isinstance(self.completions[0], list)
+
+    def texts(self) -> list[str]:
+        """The prompt's own text, then each completion's."""
+        return [_part_text(self.prompt), *map(_part_text, self.completions)]
+
+
+@dataclass(frozen=True)
+class Pair(_Preference):
+    """A preference row (input.type preference, TRL's formats): a prompt and a chosen and a rejected
+    completion."""
+
+    prompt: list[dict[str, Any]] | str
+    chosen: list[dict[str, Any]] | str
+    rejected: list[dict[str, Any]] | str
+    tools: list[Any] | None = None
+    notes: tuple[str, ...] = ()  # what building the row did, for the parse report (as Conversation.notes)
+
+    @property
+    def completions(self) -> list[list[dict[str, Any]] | str]:
+        return [self.chosen, self.rejected]
+
+
+@dataclass(frozen=True)
+class Unpaired(_Preference):
+    """An unpaired preference row (input.type kto, TRL's format): a prompt, one completion and its label."""
+
+    prompt: list[dict[str, Any]] | str
+    completion: list[dict[str, Any]] | str
+    label: bool
+    tools: list[Any] | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def completions(self) -> list[list[dict[str, Any]] | str]:
+        return [self.completion]
+
+
+def _part_text(part: list[dict[str, Any]] | str) -> str:
+    return part if isinstance(part, str) else "\n".join(m["content"] for m in part)
+
+
+Shape = Union[Conversation, Segments, Tokens, Pair, Unpaired]
+
+
+def type_name(value: Any) -> str:
+    """A value's JSON-ish type name, as details name what a field holds."""
+    return "null" if value is None else type(value).__name__
