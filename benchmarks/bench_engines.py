@@ -51,15 +51,15 @@ def build(name: str, directory: Path) -> Any:
     if name == "hf":
         from tokenizers import Tokenizer
 
-        from gpu_prep.tokenize.engines import HfEngine
+        from gpu_prep.tokenization.engines import HfEngine
 
         return HfEngine(Tokenizer.from_file(str(directory / "tokenizer.json"))).encode
     if name == "tiktoken":
-        from gpu_prep.tokenize.engines import TiktokenEngine
+        from gpu_prep.tokenization.engines import TiktokenEngine
 
         return TiktokenEngine.from_spec(spec).with_threads(int(os.environ.get("BENCH_THREADS", "0")) or None).encode
     if name == "fastokens":
-        from gpu_prep.tokenize.engines import FastokensEngine
+        from gpu_prep.tokenization.engines import FastokensEngine
 
         return FastokensEngine.build(spec, directory / "tokenizer.json").encode
     import gigatoken
@@ -112,7 +112,7 @@ def main() -> None:
         name, directory, texts_file, out = args.child
         child(name, Path(directory), Path(texts_file), Path(out))
         return
-    from gpu_prep.tokenize.bundled import bundled_names, bundled_tokenizer_dir
+    from gpu_prep.tokenization.bundled import bundled_names, bundled_tokenizer_dir
 
     directory = bundled_tokenizer_dir(args.tokenizer) if args.tokenizer in bundled_names() else Path(args.tokenizer)
     work = Path(os.environ.get("TMPDIR", "/tmp")) / "gpu-prep-bench-engines"

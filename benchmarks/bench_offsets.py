@@ -35,7 +35,7 @@ from gpu_prep.run.context import Decisions, build_context  # noqa: E402
 from gpu_prep.run.stages import Tokenizing, mask_rows  # noqa: E402
 from gpu_prep.backend import CPU  # noqa: E402
 from gpu_prep.run.overlap import Stopwatch  # noqa: E402
-from gpu_prep.tokenize.tokenizer import load_tokenizer  # noqa: E402
+from gpu_prep.tokenization.tokenizer import load_tokenizer  # noqa: E402
 from reference import convert_sentencepiece  # noqa: E402  (tests/, on the path through benchmarks.corpora)
 
 

@@ -174,7 +174,7 @@ def setup_gpu_prep(ws: Workspace) -> Job:
     import gpu_prep
     import gpu_prep.pipeline
     from gpu_prep.config import parse_config
-    from gpu_prep.tokenize.tokenizer import load_tokenizer
+    from gpu_prep.tokenization.tokenizer import load_tokenizer
 
     tok = load_tokenizer(str(ws.tokenizer))
     tok.prepare_engines("auto")  # building the engines is loading, as for the raw-engine routes
@@ -308,7 +308,7 @@ def setup_tiktoken(ws: Workspace) -> Job:
     import tiktoken
     from tiktoken.load import load_tiktoken_bpe
 
-    from gpu_prep.tokenize.bundled import (
+    from gpu_prep.tokenization.bundled import (
         _QWEN25_ADDED,
         QWEN_FIRST_ADDED_ID,
         QWEN_PATTERN,

@@ -29,7 +29,7 @@ from gpu_prep.format import get_builder  # noqa: E402
 from gpu_prep.pipeline import Options, run  # noqa: E402
 from gpu_prep.run.context import render_context  # noqa: E402
 from gpu_prep.render.spans import render_row  # noqa: E402
-from gpu_prep.tokenize.tokenizer import load_tokenizer  # noqa: E402
+from gpu_prep.tokenization.tokenizer import load_tokenizer  # noqa: E402
 
 
 def cases(rows: int) -> list[tuple[str, dict, list[dict]]]:

@@ -23,7 +23,7 @@ import numpy as np
 from gpu_prep.errors import ConfigError
 from gpu_prep.ragged import offsets_from_lengths, row_of
 
-# What encoder() is handed: a loaded tokenizer (gpu_prep.tokenize.tokenizer.Tokenizer; not imported here, so that the
+# What encoder() is handed: a loaded tokenizer (gpu_prep.tokenization.tokenizer.Tokenizer; not imported here, so that the
 # seam depends on nothing above it): .encode, .model, .engine, .lowercases().
 Tokenizer = Any
 # A reader of JSON Lines byte ranges: (path, offset, size, columns) -> an Arrow table of those columns, a row

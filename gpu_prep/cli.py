@@ -405,7 +405,7 @@ def inspect(
 
 def _show_samples(output: Path, domain: str | None, samples: int, start: int, ids: bool, plain: bool) -> None:
     import gpu_prep
-    from gpu_prep.tokenize.tokenizer import load_tokenizer
+    from gpu_prep.tokenization.tokenizer import load_tokenizer
 
     try:
         dataset = gpu_prep.open_dataset(output)

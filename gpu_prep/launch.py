@@ -1,4 +1,4 @@
-"""The console script: the fast engine's head start (gpu_prep/tokenize/early.py) first, then the CLI, whose imports
+"""The console script: the fast engine's head start (gpu_prep/tokenization/early.py) first, then the CLI, whose imports
 take the first 0.2 s of a run."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from gpu_prep.tokenize import early
+from gpu_prep.tokenization import early
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ def _cache_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 @pytest.fixture(scope="session")
 def qwen():
-    from gpu_prep.tokenize.tokenizer import load_tokenizer
+    from gpu_prep.tokenization.tokenizer import load_tokenizer
 
     return load_tokenizer("qwen2.5")
 
@@ -56,7 +56,7 @@ def fast_tokenizer(qwen, monkeypatch: pytest.MonkeyPatch):
     tokenizer errors are still the pipeline's own.
     """
     import gpu_prep.pipeline
-    from gpu_prep.tokenize.tokenizer import load_tokenizer
+    from gpu_prep.tokenization.tokenizer import load_tokenizer
 
     def load(spec: str, revision: str | None = None):
         return qwen if spec == "qwen2.5" else load_tokenizer(spec, revision)

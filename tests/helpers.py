@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import unicodedata
@@ -80,6 +81,13 @@ def render_chat(tok: Any, messages: list[dict[str, Any]]) -> str:
     return unicodedata.normalize(tok.normalization, text) if tok.normalization else text
 
 
+def as_from_a_terminal() -> None:
+    """A child's Ctrl-C as a terminal gives it: a suite started with SIGINT ignored (nohup, a background job
+    of a script) passes SIG_IGN on to its children, and Python then never raises KeyboardInterrupt in them,
+    so the tests that press Ctrl-C would test nothing. For subprocess's preexec_fn."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def gpu_prep_cli(*args: Any, env: dict[str, str | None] | None = None, timeout: int = 300
                  ) -> subprocess.CompletedProcess[str]:
     """The installed `gpu-prep` console script in a subprocess (GPU_PREP_CACHE is inherited from conftest);
@@ -88,7 +96,7 @@ def gpu_prep_cli(*args: Any, env: dict[str, str | None] | None = None, timeout: 
     assert script.exists(), f"the gpu-prep console script is not installed next to {sys.executable}"
     merged = {**os.environ, "COLUMNS": "200", **(env or {})}
     return subprocess.run([str(script), *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env={k: v for k, v in merged.items() if v is not None})
+                          env={k: v for k, v in merged.items() if v is not None}, preexec_fn=as_from_a_terminal)
 
 
 def output_tree(root: Path, *run_keys: str) -> dict[str, bytes]:

@@ -30,7 +30,7 @@ CHATML_WITH_GENERATION = (
 def write_tokenizer_dir(target: Path, chat_template: str = CHATML_WITH_GENERATION, source: Path | None = None) -> Path:
     """A tokenizer directory: source's tokenizer.json (the bundled Qwen2.5 one by default) and its
     tokenizer_config.json with another chat template."""
-    from gpu_prep.tokenize.bundled import bundled_tokenizer_dir
+    from gpu_prep.tokenization.bundled import bundled_tokenizer_dir
 
     source = source or bundled_tokenizer_dir("qwen2.5")
     target.mkdir(parents=True, exist_ok=True)

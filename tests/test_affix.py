@@ -69,7 +69,7 @@ def test_a_content_dependent_template_is_caught_on_the_first_chunk(tmp_path) -> 
 
     from helpers import run_rows, samples
 
-    from gpu_prep.tokenize.bundled import bundled_tokenizer_dir
+    from gpu_prep.tokenization.bundled import bundled_tokenizer_dir
 
     source = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
               "{% if 'secret' in m.content %} [redacted]{% endif %}<|im_end|>\n{% endfor %}")
@@ -82,7 +82,7 @@ def test_a_content_dependent_template_is_caught_on_the_first_chunk(tmp_path) -> 
     rows = [{"messages": [{"role": "user", "content": "tell me the secret"}, {"role": "assistant", "content": "no"}]}]
     out = run_rows(tmp_path, {"tokenizer": str(directory), "mask": {"assistant": "train"}}, rows)
     ((ids, _),) = samples(out)
-    from gpu_prep.tokenize.tokenizer import load_tokenizer
+    from gpu_prep.tokenization.tokenizer import load_tokenizer
 
     assert "[redacted]" in load_tokenizer(str(directory)).decode(ids)
 
@@ -130,7 +130,7 @@ def test_a_run_with_a_marked_template_writes_what_jinja_would(tmp_path, monkeypa
     from helpers import run_rows
 
     from corpora import sharegpt_chats
-    from gpu_prep.tokenize.bundled import bundled_tokenizer_dir
+    from gpu_prep.tokenization.bundled import bundled_tokenizer_dir
     from gpu_prep.run import context
 
     directory = tmp_path / "tok"

@@ -7,7 +7,7 @@ import unicodedata
 import pytest
 
 from corpora import sharegpt_chats
-from gpu_prep.tokenize.bundled import QWEN_FIRST_ADDED_ID, QWEN_PATTERN, _QWEN25_ADDED, _ranks_file
+from gpu_prep.tokenization.bundled import QWEN_FIRST_ADDED_ID, QWEN_PATTERN, _QWEN25_ADDED, _ranks_file
 
 tiktoken = pytest.importorskip("tiktoken")
 
@@ -55,7 +55,7 @@ def test_our_ranks_conversion_is_transformers_tiktoken_converter_exactly() -> No
     import json
 
     converter = pytest.importorskip("transformers.convert_slow_tokenizer")
-    from gpu_prep.tokenize.bundled import ranks_to_bpe, read_ranks
+    from gpu_prep.tokenization.bundled import ranks_to_bpe, read_ranks
 
     vocab, merges = ranks_to_bpe(read_ranks(_ranks_file()))
     model = json.loads(converter.TikTokenConverter(vocab_file=str(_ranks_file()), pattern=QWEN_PATTERN).converted().to_str())["model"]
@@ -65,7 +65,7 @@ def test_our_ranks_conversion_is_transformers_tiktoken_converter_exactly() -> No
 
 
 def test_byte_alphabet_is_a_bijection_onto_printable_characters() -> None:
-    from gpu_prep.tokenize.bundled import byte_alphabet
+    from gpu_prep.tokenization.bundled import byte_alphabet
 
     alphabet = byte_alphabet()
     assert sorted(alphabet) == list(range(256)) and len(set(alphabet.values())) == 256

@@ -131,7 +131,7 @@ def test_reasoning_keys_and_think_tags_become_reasoning_content() -> None:
 
 
 def test_qwen3_renders_reasoning_and_does_not_train_it(tmp_path: Path) -> None:
-    from gpu_prep.tokenize.tokenizer import load_tokenizer
+    from gpu_prep.tokenization.tokenizer import load_tokenizer
 
     qwen3 = load_tokenizer("qwen3")
     rows = [{"messages": [{"role": "user", "content": "2+2?"},
@@ -162,7 +162,7 @@ def test_the_parse_report_counts_reasoning_moves_and_extractions(tmp_path: Path)
 
 
 def _qwen3_run(tmp_path: Path, rows: list[dict], **options: Any) -> tuple[Any, list, dict]:
-    from gpu_prep.tokenize.tokenizer import load_tokenizer
+    from gpu_prep.tokenization.tokenizer import load_tokenizer
 
     qwen3 = load_tokenizer("qwen3")
     config = {"tokenizer": "qwen3", "input": {"type": "chat", **options}, "mask": {"assistant": "train"}}
@@ -334,7 +334,7 @@ def test_a_think_block_the_template_strips_from_an_earlier_turn_is_counted(tmp_p
     # Qwen3's template strips the reasoning of turns before the last user turn, an inline <think> block
     # included: the ids follow the template (transformers' rendering), and the parse report counts the block.
     # Qwen2.5's template writes the block as text: nothing is counted; nor is Qwen3's last turn's block.
-    from gpu_prep.tokenize.bundled import bundled_tokenizer_dir
+    from gpu_prep.tokenization.bundled import bundled_tokenizer_dir
     from reference import hf_tokenizer
 
     qwen3, [(ids, mask)], manifest = _qwen3_run(tmp_path, EARLIER_THINK)
@@ -398,7 +398,7 @@ def test_qwen3_takes_a_think_block_after_other_text_as_its_template_writes_it(tm
     qwen3, [(ids, mask)], manifest = _qwen3_run(tmp_path, MID_THINK, extract_think_tags=extract)
     assert manifest["totals"]["rows_written"] == 1
     assert qwen3.decode(ids[mask == 1]) == "<think>\nSimple addition.\n</think>\n\n4<|im_end|>"
-    from gpu_prep.tokenize.bundled import bundled_tokenizer_dir
+    from gpu_prep.tokenization.bundled import bundled_tokenizer_dir
     from reference import hf_tokenizer
 
     reference = hf_tokenizer(bundled_tokenizer_dir("qwen3")).apply_chat_template(

@@ -256,8 +256,8 @@ def test_a_tokenizer_file_is_refused_saying_which_folder_to_give_or_how_to_make_
 
 def test_a_tokenizer_folder_without_tokenizer_config_json_loads_as_hf_loads_it(tmp_path: Path) -> None:
     # No special tokens and no chat template then: a run that needs the eos token says which key gives it.
-    from gpu_prep.tokenize.bundled import bundled_tokenizer_dir
-    from gpu_prep.tokenize.tokenizer import load_tokenizer
+    from gpu_prep.tokenization.bundled import bundled_tokenizer_dir
+    from gpu_prep.tokenization.tokenizer import load_tokenizer
 
     folder = tmp_path / "only-json"
     folder.mkdir()
@@ -379,7 +379,7 @@ def test_many_rows_dropped_by_a_shared_opening_warn_naming_dedup_prefix_chars(tm
 
 def _without_template(folder: Path) -> Path:
     """The bundled Qwen2.5 tokenizer in a folder whose tokenizer_config.json has no chat template."""
-    from gpu_prep.tokenize.bundled import bundled_tokenizer_dir
+    from gpu_prep.tokenization.bundled import bundled_tokenizer_dir
 
     source = bundled_tokenizer_dir("qwen2.5")
     folder.mkdir()
@@ -476,7 +476,7 @@ def test_globs_and_folders_expand_in_sorted_order(tmp_path: Path) -> None:
 
 
 def test_tokenizer_option_overrides_the_config(tmp_path: Path) -> None:
-    from gpu_prep.tokenize.bundled import bundled_tokenizer_dir
+    from gpu_prep.tokenization.bundled import bundled_tokenizer_dir
 
     directory = bundled_tokenizer_dir("qwen3")  # another real template: no default system prompt injected
     out = tmp_path / "out"

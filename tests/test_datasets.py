@@ -91,7 +91,7 @@ def reference_order(lengths: list[int], ratios: list[float], seed: int, strategy
 def _order(out: Path) -> list[tuple[int, int]]:
     """(dataset, row) of each written sample, in the order the run wrote them (domains interleave, so
     each sample's place is read from the manifest's per-domain files in input order)."""
-    tok = gpu_prep.tokenize.tokenizer.load_tokenizer("qwen2.5")
+    tok = gpu_prep.tokenization.tokenizer.load_tokenizer("qwen2.5")
     names = list(SIZES)
     found = []
     dataset = gpu_prep.open_dataset(out)
@@ -219,7 +219,7 @@ def test_a_plugin_registers_its_own_handler(tmp_path: Path, data: Path) -> None:
     config = _config(data, None)
     config["datasets"][2]["data_handlers"] = [{"name": "shout", "arguments": {"fn_kwargs": {"column": "text"}}}]
     _run(data, config, tmp_path / "out")
-    tok = gpu_prep.tokenize.tokenizer.load_tokenizer("qwen2.5")
+    tok = gpu_prep.tokenization.tokenizer.load_tokenizer("qwen2.5")
     texts = [tok.decode(ids) for ids, _ in gpu_prep.open_dataset(tmp_path / "out")["mixed"]]
     assert "A PAGE CALLED WEB-0.<|im_end|>" in texts  # and the end-of-document token
 
@@ -232,7 +232,7 @@ def test_each_dataset_takes_its_own_input_and_mask_settings(tmp_path: Path, data
     config["datasets"][2]["input"] = {"type": "text"}
     config["input"] = {"type": "chat"}  # what a dataset without its own setting would use
     _run(data, config, tmp_path / "out")
-    tok = gpu_prep.tokenize.tokenizer.load_tokenizer("qwen2.5")
+    tok = gpu_prep.tokenization.tokenizer.load_tokenizer("qwen2.5")
     out = gpu_prep.open_dataset(tmp_path / "out")
     trained = [tok.decode(ids[mask == 1]) for ids, mask in out["mixed"]]
     assert trained[0].startswith("Name qa-0.") and "qa-0" in trained[0]  # prompt and response
@@ -261,7 +261,7 @@ def test_a_sharegpt_dataset_in_a_mix_reads_its_rows_as_the_top_level_sharegpt_ty
 
 
 def test_handlers_that_use_the_tokenizer(tmp_path: Path, data: Path) -> None:
-    tok = gpu_prep.tokenize.tokenizer.load_tokenizer("qwen2.5")
+    tok = gpu_prep.tokenization.tokenizer.load_tokenizer("qwen2.5")
     config = _config(data, None)
     config["datasets"][0]["input"] = {"type": "text"}
     config["datasets"][0]["data_handlers"] = [
@@ -285,7 +285,7 @@ def test_tokenize_and_apply_input_masking_gives_the_seeds_ids_and_labels(tmp_pat
     # The seed's handler: input and output joined (a space where neither has one at the join, the eos after),
     # tokenized as one text, the labels -100 over the input's own token count. Its dataset reads the rows as
     # pre-tokenized; the reference here is transformers' tokenizer over the same tokenizer.json.
-    from gpu_prep.tokenize.bundled import bundled_tokenizer_dir
+    from gpu_prep.tokenization.bundled import bundled_tokenizer_dir
     from reference import hf_tokenizer
 
     rows = [{"q": "Question: is water wet? Answer:", "a": "Yes"}, {"q": "Say hi.\n", "a": "Hi there"},

@@ -1,4 +1,4 @@
-"""The console script's head start (gpu_prep/tokenize/early.py): the engine the last run of a command used is built
+"""The console script's head start (gpu_prep/tokenization/early.py): the engine the last run of a command used is built
 while the CLI imports, and a run takes it only where it is that engine of that very tokenizer file."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from gpu_prep.tokenize import early
+from gpu_prep.tokenization import early
 
-from gpu_prep.tokenize import engines
-from gpu_prep.tokenize.bundled import bundled_tokenizer_dir
-from gpu_prep.tokenize.tokenizer import load_tokenizer
+from gpu_prep.tokenization import engines
+from gpu_prep.tokenization.bundled import bundled_tokenizer_dir
+from gpu_prep.tokenization.tokenizer import load_tokenizer
 from helpers import REPO, gpu_prep_cli, output_tree
 
 

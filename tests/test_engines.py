@@ -12,10 +12,10 @@ import pytest
 from helpers import run_rows
 
 from corpora import adversarial_texts, sharegpt_chats
-from gpu_prep.tokenize.bundled import bundled_tokenizer_dir
-from gpu_prep.tokenize.engines import tiktoken_problem
+from gpu_prep.tokenization.bundled import bundled_tokenizer_dir
+from gpu_prep.tokenization.engines import tiktoken_problem
 from gpu_prep.errors import ConfigError
-from gpu_prep.tokenize.tokenizer import load_tokenizer
+from gpu_prep.tokenization.tokenizer import load_tokenizer
 
 
 def _shard_hashes(manifest_dir: Path) -> dict:
@@ -129,7 +129,7 @@ def _late_marker_rows() -> list[dict]:
 @pytest.mark.parametrize("engine", ["fastokens", "tiktoken"])
 def test_a_difference_after_the_first_sample_is_caught_and_re_encoded_by_hf(tmp_path: Path, engine: str,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu_prep.tokenize import engines
+    from gpu_prep.tokenization import engines
 
     monkeypatch.setattr(engines, "AUDIT_RATE", 1.0)  # every piece checked, so the one bad piece is seen
     engine_class = {"fastokens": engines.FastokensEngine, "tiktoken": engines.TiktokenEngine}[engine]
@@ -148,7 +148,7 @@ def test_a_difference_after_the_first_sample_is_caught_and_re_encoded_by_hf(tmp_
 
 
 def test_under_strict_a_difference_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu_prep.tokenize import engines
+    from gpu_prep.tokenization import engines
     from gpu_prep.errors import EngineMismatch
 
     monkeypatch.setattr(engines, "AUDIT_RATE", 1.0)
@@ -160,7 +160,7 @@ def test_under_strict_a_difference_stops_the_run(tmp_path: Path, monkeypatch: py
 
 
 def test_the_audit_checks_a_seeded_share_picked_by_each_piece_s_place(qwen) -> None:
-    from gpu_prep.tokenize.engines import Audit, HfEngine
+    from gpu_prep.tokenization.engines import Audit, HfEngine
 
     audit = Audit(HfEngine(qwen.engine), "fastokens", rate=0.01, seed=7)
     keys = np.arange(300_000, dtype=np.uint64)
@@ -183,7 +183,7 @@ def test_fastokens_built_from_the_cached_ranks_file_equals_hf(tmp_path: Path, mo
                                                               qwen) -> None:
     # The first build reads tokenizer.json and leaves a ranks file in the cache dir; the next builds from it
     # (NFC applied by gpu-prep, as the tokenizer's normalizer asks) and must still equal HF, on NFD text too.
-    from gpu_prep.tokenize.engines import FastokensEngine, HfEngine, first_difference, ranks_cache_path
+    from gpu_prep.tokenization.engines import FastokensEngine, HfEngine, first_difference, ranks_cache_path
 
     monkeypatch.setenv("GPU_PREP_CACHE", str(tmp_path / "cache"))
     path = qwen.directory / "tokenizer.json"
@@ -204,7 +204,7 @@ def _unreachable_token_tokenizer(folder: Path) -> Path:
     fastokens refuses a rank file of this vocabulary), beside one merge ("ab") and an added token."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    from gpu_prep.tokenize.bundled import byte_alphabet
+    from gpu_prep.tokenization.bundled import byte_alphabet
 
     vocab = {char: byte for byte, char in byte_alphabet().items()} | {"ab": 256, "xyz": 257}
     tokenizer = Tokenizer(models.BPE(vocab, [("a", "b")]))
@@ -224,7 +224,7 @@ def test_a_rank_file_fastokens_refuses_is_dropped_and_fastokens_built_from_the_f
     # Each use_engine stands for a run in a new process (no engine built yet). The first run writes the rank
     # file; fastokens refuses it on the second, which builds from tokenizer.json instead (and says why), and
     # no later run writes or reads a rank file for this tokenizer again.
-    from gpu_prep.tokenize import engines
+    from gpu_prep.tokenization import engines
 
     monkeypatch.setenv("GPU_PREP_CACHE", str(tmp_path / "cache"))
     folder = _unreachable_token_tokenizer(tmp_path / "tok")
@@ -249,7 +249,7 @@ def test_a_rank_file_fastokens_refuses_is_dropped_and_fastokens_built_from_the_f
 def test_a_rank_file_whose_engine_differs_from_hf_is_dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # fastokens builds from this rank file, but ranks by id where HF applies the merges in their own order:
     # the second run notices, drops the file and runs fastokens built from tokenizer.json, as the first did.
-    from gpu_prep.tokenize import engines
+    from gpu_prep.tokenization import engines
 
     monkeypatch.setenv("GPU_PREP_CACHE", str(tmp_path / "cache"))
     target = _reordered_qwen(tmp_path)
@@ -271,7 +271,7 @@ def test_a_rank_file_whose_engine_differs_from_hf_is_dropped(tmp_path: Path, mon
 def test_the_command_drops_a_rank_file_whose_engine_differs_from_hf_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # From the command line the second run's fastokens is the early build from the rank file (the hint the
     # first left): it used to carry no rank file's name, so the file stayed and the run fell back to HF.
-    from gpu_prep.tokenize import engines
+    from gpu_prep.tokenization import engines
     from helpers import gpu_prep_cli
 
     target = _reordered_qwen(tmp_path)
@@ -292,7 +292,7 @@ def test_the_command_drops_a_rank_file_whose_engine_differs_from_hf_too(tmp_path
 
 
 def test_the_engine_taken_says_why_the_one_tried_before_it_was_not(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu_prep.tokenize import engines
+    from gpu_prep.tokenization import engines
 
     def broken(spec: dict, path: Path) -> None:
         raise RuntimeError("no such part\nmore detail")
@@ -310,7 +310,7 @@ def test_a_warm_tokenizer_load_takes_its_outline_from_the_cache(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     # The second load reads the outline kept by the first and loads HF tokenizers in a thread: everything the
     # run reads of the tokenizer is the same either way.
-    from gpu_prep.tokenize.tokenizer import _Loading
+    from gpu_prep.tokenization.tokenizer import _Loading
 
     monkeypatch.setenv("GPU_PREP_CACHE", str(tmp_path / "cache"))
     cold, warm = load_tokenizer("qwen2.5"), load_tokenizer("qwen2.5")

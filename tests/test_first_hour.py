@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import gpu_prep
-from helpers import REPO, gpu_prep_cli, write_jsonl
+from helpers import REPO, as_from_a_terminal, gpu_prep_cli, write_jsonl
 
 CHATS = [{"messages": [{"role": "user", "content": f"Question {k}: how far is the moon?"},
                        {"role": "assistant", "content": f"Answer {k}: about 384,400 km on average."}]}
@@ -92,7 +92,7 @@ def test_ctrl_c_pressed_again_and_again_ends_quietly_and_resumes(tmp_path: Path)
     args = [str(script), "run", "-c", str(config), str(data), "-o", str(tmp_path / "out"), "--chunk-rows", "50",
             "--checkpoint-every", "0", "--progress-interval", "0.1"]
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                               env={**os.environ, "COLUMNS": "200"})
+                               env={**os.environ, "COLUMNS": "200"}, preexec_fn=as_from_a_terminal)
     assert process.stderr is not None
     while "progress:" not in process.stderr.readline():  # rows are being written
         assert process.poll() is None, process.stderr.read()
@@ -145,7 +145,7 @@ def test_version_set_and_the_cache_folder(tmp_path: Path) -> None:
     assert typo.returncode == 2 and "max_seq_length" in typo.stderr
     env = {k: v for k, v in os.environ.items() if k != "GPU_PREP_CACHE"}
     env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
-    code = "from gpu_prep.tokenize.bundled import cache_root; print(cache_root())"
+    code = "from gpu_prep.tokenization.bundled import cache_root; print(cache_root())"
     where = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert where.stdout.strip() == str(tmp_path / "xdg" / "gpu-prep")
 
@@ -631,7 +631,7 @@ def test_a_key_given_twice_in_a_config_is_refused(tmp_path: Path) -> None:
 def test_a_config_tokenizer_path_is_the_configs_folders_not_the_current_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A tokenizer folder missing beside the config but found from the current folder used to be taken from
     # there: the same config then picked another tokenizer depending on where the command ran.
-    from gpu_prep.tokenize.bundled import bundled_tokenizer_dir
+    from gpu_prep.tokenization.bundled import bundled_tokenizer_dir
     from gpu_prep.config import load_config
     from gpu_prep.errors import ConfigError
     import shutil

@@ -16,9 +16,9 @@ import pyarrow as pa
 import pytest
 
 from gpu_prep.backend import GpuWordPiece
-from gpu_prep.tokenize.bundled import bundled_tokenizer_dir
+from gpu_prep.tokenization.bundled import bundled_tokenizer_dir
 from gpu_prep.errors import ConfigError
-from gpu_prep.tokenize.tokenizer import load_tokenizer
+from gpu_prep.tokenization.tokenizer import load_tokenizer
 
 
 class _Column(list):

@@ -158,7 +158,7 @@ def test_example_configs_run(tmp_path: Path, config: str, data: str, rows: int) 
 
 def test_the_reasoning_example_uses_what_its_config_turns_on(tmp_path: Path) -> None:
     from gpu_prep.pipeline import run
-    from gpu_prep.tokenize.tokenizer import load_tokenizer
+    from gpu_prep.tokenization.tokenizer import load_tokenizer
 
     config = parse_config(yaml.safe_load((REPO / "configs" / "reasoning_tools.yaml").read_text()))
     manifest = run(config, [str(REPO / "examples" / "reasoning_tools.jsonl")], tmp_path / "out")

@@ -21,7 +21,7 @@ from reference import CHATML_WITH_GENERATION, hf_tokenizer, write_tokenizer_dir
 
 import gpu_prep
 from corpora import sharegpt_chats
-from gpu_prep.tokenize.bundled import bundled_tokenizer_dir
+from gpu_prep.tokenization.bundled import bundled_tokenizer_dir
 from gpu_prep.config import parse_config
 from gpu_prep.errors import ConfigError
 

@@ -19,7 +19,7 @@ import pytest
 from helpers import REPO, gpu_prep_cli, load_json, samples, write_jsonl
 from reference import hf_tokenizer
 
-from gpu_prep.tokenize.bundled import bundled_tokenizer_dir
+from gpu_prep.tokenization.bundled import bundled_tokenizer_dir
 from gpu_prep.config import load_config, parse_config
 from gpu_prep.errors import ConfigError
 from gpu_prep.format import Conversation, detect_schema, get_builder

@@ -24,7 +24,7 @@ import pytest
 from tokenizers import AddedToken, Tokenizer
 
 import gpu_prep
-from gpu_prep.tokenize.bundled import bundled_tokenizer_dir
+from gpu_prep.tokenization.bundled import bundled_tokenizer_dir
 from gpu_prep.config import parse_config
 from gpu_prep.pipeline import Options, run
 from test_reference_masks import first_difference, handwritten_conversations, sharegpt_conversations
@@ -303,7 +303,7 @@ def test_an_agents_call_turns_are_placed_without_rendering_each_prefix(tmp_path:
     from gpu_prep.format import Conversation
     from gpu_prep.render.spans import render_row
     from gpu_prep.run.context import build_context
-    from gpu_prep.tokenize.tokenizer import load_tokenizer
+    from gpu_prep.tokenization.tokenizer import load_tokenizer
 
     folder = tokenizer_dir(CASES["llama3.1"], tmp_path / "tokenizer")
     config = parse_config({"tokenizer": str(folder), "input": {"type": "chat"}, "mask": {"assistant": "train"}})
@@ -421,7 +421,7 @@ def test_call_turns_apart_from_their_content_cost_a_few_renders_and_are_counted_
     from gpu_prep.format import Conversation
     from gpu_prep.render.spans import render_row
     from gpu_prep.run.context import build_context
-    from gpu_prep.tokenize.tokenizer import load_tokenizer
+    from gpu_prep.tokenization.tokenizer import load_tokenizer
 
     renders = []
     real = chat_template.ChatTemplate.render

@@ -30,7 +30,7 @@ import pytest
 import gpu_prep
 from corpora import sharegpt_records
 from reference import hf_tokenizer, write_tokenizer_dir
-from gpu_prep.tokenize.bundled import bundled_tokenizer_dir
+from gpu_prep.tokenization.bundled import bundled_tokenizer_dir
 from gpu_prep.config import parse_config
 from gpu_prep.pipeline import Options, run
 

@@ -126,7 +126,7 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Case]:
     unigram = train_unigram(work / "unigram", [{"messages": conv} for conv in sharegpt_conversations(600)])
     found["unigram"] = Case(_with(unigram, work / "unigram-chat", phi3()), True, True, ("<|end|>",))
     try:
-        from gpu_prep.tokenize.bundled import bundled_tokenizer_dir
+        from gpu_prep.tokenization.bundled import bundled_tokenizer_dir
 
         bert = bundled_tokenizer_dir("bert-uncased")
         # BERT's vocabulary has no <|end|> token, so the role-span method must be told what closes a turn.
@@ -282,7 +282,7 @@ def test_byte_level_offsets_with_ignore_merges_name_each_tokens_own_text(qwen: A
     exactly the characters it spells."""
     from tokenizers import Tokenizer
 
-    from gpu_prep.tokenize.engines import _byte_decoder
+    from gpu_prep.tokenization.engines import _byte_decoder
 
     spec = json.loads((Path(qwen.directory) / "tokenizer.json").read_text(encoding="utf-8"))
     spec["model"]["ignore_merges"] = True

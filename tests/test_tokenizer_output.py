@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from gpu_prep.tokenize.bundled import bundled_tokenizer_dir
+from gpu_prep.tokenization.bundled import bundled_tokenizer_dir
 from gpu_prep.errors import ConfigError
 from gpu_prep.read.hub import looks_like_model_id
-from gpu_prep.tokenize.tokenizer import load_tokenizer
+from gpu_prep.tokenization.tokenizer import load_tokenizer
 from helpers import gpu_prep_cli, run_rows, samples
 
 CHAT = {"input": {"type": "chat"}, "mask": {"assistant": "train"}}

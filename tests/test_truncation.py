@@ -181,7 +181,7 @@ def test_structured_trims_reasoning_before_cutting_tokens(tmp_path: Path, limit:
     # The one turn fits without its reasoning (under 98 tokens), not with it (139): the reasoning keeps its
     # first tokens, as many as fit (the seed's "trim reasoning_content in kept turns"); where even none would
     # not fit, it goes whole and the last cut takes the first tokens (left, the seed's) or the question's end.
-    from gpu_prep.tokenize.tokenizer import load_tokenizer
+    from gpu_prep.tokenization.tokenizer import load_tokenizer
 
     qwen3 = load_tokenizer("qwen3")
     messages = _conversation(1, reasoning=True)
@@ -228,7 +228,7 @@ def test_structured_cuts_the_end_of_a_long_prompt_and_keeps_the_system_and_heade
     # LLaMA-Factory keeps a prompt's start), and the system message, headers and answer stay whole. The
     # sample is exactly transformers' rendering of the cut conversation, ids and assistant mask.
     from reference import hf_tokenizer, write_tokenizer_dir
-    from gpu_prep.tokenize.tokenizer import load_tokenizer
+    from gpu_prep.tokenization.tokenizer import load_tokenizer
 
     folder = write_tokenizer_dir(tmp_path / "tok")
     config = {"tokenizer": str(folder), "input": {"type": "chat", "mask_method": method}, "mask": {"assistant": "train"},
@@ -287,7 +287,7 @@ def test_structured_takes_a_think_block_qwen3_splits_off_as_reasoning(tmp_path: 
     # Qwen3 writes a <think> block in an assistant's content as the turn's reasoning: structured truncation
     # trims it as it trims reasoning_content, instead of keeping it and cutting the row's first tokens (the
     # user's turn and the header) away.
-    from gpu_prep.tokenize.tokenizer import load_tokenizer
+    from gpu_prep.tokenization.tokenizer import load_tokenizer
 
     qwen3 = load_tokenizer("qwen3")
     thought = "Let me think step by step about this. " * 40

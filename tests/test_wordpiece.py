@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_prep.tokenize.bundled import bundled_tokenizer_dir
+from gpu_prep.tokenization.bundled import bundled_tokenizer_dir
 from gpu_prep.errors import ConfigError
 from helpers import run_rows, samples
 

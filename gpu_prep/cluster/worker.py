@@ -20,7 +20,7 @@ from gpu_prep.read.inputs import FileRow, part_rows, read_chunks
 from gpu_prep.run.context import Decisions, RunContext, build_context, datasets_of
 from gpu_prep.run.overlap import Stopwatch
 from gpu_prep.run.stages import Done, Rows, mask_chunk, prepare_and_tokenize
-from gpu_prep.tokenize.tokenizer import load_tokenizer
+from gpu_prep.tokenization.tokenizer import load_tokenizer
 
 _CONTEXTS: dict[str, RunContext] = {}
 

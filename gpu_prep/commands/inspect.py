@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu_prep.tokenize.engines import _byte_decoder
+from gpu_prep.tokenization.engines import _byte_decoder
 
 OPEN, CLOSE = "⟦", "⟧"
 

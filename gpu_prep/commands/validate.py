@@ -24,7 +24,7 @@ from gpu_prep.read.mix import config_rows
 from gpu_prep.read.inputs import LeftOut, first_rows, read_chunks, sample_shares
 from gpu_prep.run.context import DEFAULT_TOKENIZER, dataset_sources, run_inputs
 from gpu_prep.run.stages import format_rows
-from gpu_prep.tokenize.tokenizer import load_tokenizer
+from gpu_prep.tokenization.tokenizer import load_tokenizer
 
 
 @dataclass

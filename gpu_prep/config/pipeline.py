@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
-from gpu_prep.config import qlora_keys
+from gpu_prep.config.qlora_keys import resolve as resolve_qlora_keys
 from gpu_prep.config.foreign import FOREIGN_KEYS
 from gpu_prep.config.base import (Action, PAIR_TYPES, TEMPLATE_ROLES, TEXT_TYPES, TOOL_CALL_ROLE, _allowed, _Frozen,
                                    _one_setting)
@@ -51,7 +51,7 @@ class PipelineConfig(_Frozen):
     @classmethod
     def _qlora_keys(cls, data: Any) -> Any:
         """The QLoRA seed's flat keys (dataset_schema, max_length, ...) are other names of keys here."""
-        return qlora_keys.resolve(data, TEMPLATE_ROLES)
+        return resolve_qlora_keys(data, TEMPLATE_ROLES)
 
     @model_validator(mode="before")
     @classmethod

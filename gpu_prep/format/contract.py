@@ -25,7 +25,7 @@ from gpu_prep.errors import Drop
 from gpu_prep.format import Conversation, RowError, Segments, Shape, Tokens, registered
 
 if TYPE_CHECKING:
-    from gpu_prep.tokenize.tokenizer import Tokenizer
+    from gpu_prep.tokenization.tokenizer import Tokenizer
 
 DICT_KEYS = ("ids", "loss_mask", "domain")
 

@@ -24,7 +24,7 @@ from gpu_prep.read.mix import HANDLERS, Dataset, with_tokenizer
 from gpu_prep.read.inputs import Columnar, InputFile, LeftOut, ReadAs, check_columns, expand_inputs
 from gpu_prep.render.spans import RenderContext, no_template
 from gpu_prep.render.templates import resolve_template
-from gpu_prep.tokenize.tokenizer import KNOWN_END_OF_TURN, Tokenizer
+from gpu_prep.tokenization.tokenizer import KNOWN_END_OF_TURN, Tokenizer
 
 DEFAULT_TOKENIZER = "qwen2.5"
 

@@ -17,7 +17,7 @@ from gpu_prep.output.files import manifest_checksum, sha256_file, written_files
 from gpu_prep.run.accounting import Accounting
 from gpu_prep.read.inputs import LeftOut
 from gpu_prep.run.context import RunContext
-from gpu_prep.tokenize.tokenizer import COPY_DIR
+from gpu_prep.tokenization.tokenizer import COPY_DIR
 
 
 LEFT_OUT_LISTED = 100  # an input folder's unread files the manifest names (it counts them all)

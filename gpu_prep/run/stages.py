@@ -23,7 +23,7 @@ import numpy as np
 
 from gpu_prep.format.contract import BuilderTokenizer, build_row
 from gpu_prep.config import PAIR_TYPES, TEMPLATE_ROLES, PipelineConfig
-from gpu_prep.tokenize.engines import HfEngine
+from gpu_prep.tokenization.engines import HfEngine
 from gpu_prep.errors import Drop, EngineMismatch
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter.dedup import Deduplicator, filter_rows

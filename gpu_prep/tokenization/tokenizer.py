@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from gpu_prep.tokenize import early
-from gpu_prep.tokenize.engines import NORMAL_FORMS, Audit, HfEngine, choose_engine, file_sha256, rank_recipe, start_builds
+from gpu_prep.tokenization import early
+from gpu_prep.tokenization.engines import NORMAL_FORMS, Audit, HfEngine, choose_engine, file_sha256, rank_recipe, start_builds
 from gpu_prep.errors import ConfigError
 from gpu_prep.read.hub import looks_like_model_id, resolve_model_id
 from gpu_prep.output.files import copy_atomic, write_atomic
@@ -333,7 +333,7 @@ def _outline_path(path: Path) -> Path:
     tokenizers version that read it."""
     from importlib.metadata import version
 
-    from gpu_prep.tokenize.bundled import cache_root
+    from gpu_prep.tokenization.bundled import cache_root
 
     return (cache_root() / "tokenizers"
             / f"outline{OUTLINE_FORMAT}-tokenizers-{version('tokenizers')}-{file_sha256(path)}.json")
@@ -352,7 +352,7 @@ def _read_outline(path: Path) -> dict[str, Any] | None:
 
 def _keep_outline(path: Path, outline: dict[str, Any]) -> None:
     """The outline in the cache for the next run (half a second saved)."""
-    from gpu_prep.tokenize.bundled import keep_cache_file
+    from gpu_prep.tokenization.bundled import keep_cache_file
 
     model = outline["spec"]["model"]
     light = {**outline, "spec": {**outline["spec"], "model": {k: v for k, v in model.items() if k != "vocab"}}}
@@ -438,10 +438,10 @@ def _with_special_tokens_map(config: dict[str, Any], path: Path) -> dict[str, An
 
 
 def load_tokenizer(spec: str, revision: str | None = None) -> Tokenizer:
-    """A tokenizer directory, the name of a bundled tokenizer (gpu_prep.tokenize.bundled), or a model id in the
+    """A tokenizer directory, the name of a bundled tokenizer (gpu_prep.tokenization.bundled), or a model id in the
     Hugging Face hub cache (at revision, else main)."""
-    from gpu_prep.tokenize.bundled import bundled_names, bundled_tokenizer_dir
-    from gpu_prep.tokenize.engines import in_thread
+    from gpu_prep.tokenization.bundled import bundled_names, bundled_tokenizer_dir
+    from gpu_prep.tokenization.engines import in_thread
 
     directory, source = Path(spec), spec
     if directory.is_file():  # not a hub id, however it reads

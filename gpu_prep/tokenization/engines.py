@@ -143,7 +143,7 @@ def _refusal(ranks: Path) -> Path:
 def refuse_ranks(ranks: Path, why: str) -> None:
     """This rank file does not stand for its tokenizer.json: drop it, and keep why in its place, so that no
     later run writes or builds from one for this file (rank_recipe); each builds from the tokenizer.json."""
-    from gpu_prep.tokenize.bundled import keep_cache_file
+    from gpu_prep.tokenization.bundled import keep_cache_file
 
     keep_cache_file(_refusal(ranks), why.encode("utf-8"))
     ranks.unlink(missing_ok=True)
@@ -249,7 +249,7 @@ def ranks_cache_path(path: Path) -> Path:
     the fastokens version that reads it."""
     from importlib.metadata import version
 
-    from gpu_prep.tokenize.bundled import cache_root
+    from gpu_prep.tokenization.bundled import cache_root
 
     return cache_root() / "engines" / f"fastokens-{version('fastokens')}-{file_sha256(path)}.tiktoken"
 
@@ -273,7 +273,7 @@ def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
 def _write_ranks(spec: dict[str, Any], path: Path) -> None:
     """The vocabulary as a tiktoken ranks file (a line per token: base64 of its bytes, its id), kept in the
     cache for the next run."""
-    from gpu_prep.tokenize.bundled import keep_cache_file
+    from gpu_prep.tokenization.bundled import keep_cache_file
 
     keep_cache_file(path, b"".join(base64.b64encode(token) + b" %d\n" % i for token, i in _ranks(spec).items()))
 
@@ -353,9 +353,9 @@ def start_builds(requested: str, spec: dict[str, Any], path: Path, cache_key: An
 
 
 def _started_early(name: str, spec: dict[str, Any], path: Path, cache_key: Any) -> Future | None:
-    """The build the console script started before its imports (gpu_prep.tokenize.early), where it is this engine of
+    """The build the console script started before its imports (gpu_prep.tokenization.early), where it is this engine of
     this file; if that build failed, the usual one, started then."""
-    from gpu_prep.tokenize import early
+    from gpu_prep.tokenization import early
 
     started = early.claim(name, cache_key, lambda: rank_recipe(spec, path) if name == "fastokens" else None)
     if started is None:

@@ -1,7 +1,7 @@
 """The fast engine's build, started before the console script's imports.
 
 A run spends its first 0.2 s importing (one core busy) and then waits about 0.8 s for fastokens to build
-from its cached rank file (gpu_prep.tokenize.engines); on two cores that build is on the run's critical path. The
+from its cached rank file (gpu_prep.tokenization.engines); on two cores that build is on the run's critical path. The
 console script (gpu_prep/launch.py) therefore starts it first thing, on a guess: the tokenizer the last
 run of the same command used. A command is the working directory with `-c/--config` and `--tokenizer` as given (the data files may
 differ); its hint, in GPU_PREP_CACHE/early/, names the tokenizer.json (with its size and modification time),
@@ -11,7 +11,7 @@ it builds under) built from the same recipe (engines.rank_recipe: the rank file,
 fastokens version that wrote it, pattern, added tokens, normal form); a wrong guess costs a core a second,
 never a wrong id. Nothing here may stop a run: any error leaves the guess unmade.
 
-Only the standard library is imported at module level, so that `import gpu_prep.tokenize.early` is quick.
+Only the standard library is imported at module level, so that `import gpu_prep.tokenization.early` is quick.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def file_key(tokenizer_json: Path) -> tuple[str, int, int]:
 
 
 def hint_path(command: list[str]) -> Path:
-    from gpu_prep.tokenize.bundled import cache_root
+    from gpu_prep.tokenization.bundled import cache_root
 
     digest = hashlib.sha256(json.dumps(command).encode()).hexdigest()[:24]
     return cache_root() / "early" / f"hint{HINT_FORMAT}-{digest}.json"
@@ -124,7 +124,7 @@ def remember(engine: str, cache_key: Any, tokenizer_json: Path, recipe: dict[str
         return
     hint = {"engine": engine, "key": list(cache_key), "tokenizer_json": str(tokenizer_json), "recipe": recipe}
     if hint != _STATE["hint"]:  # else the hint this run started from says so already
-        from gpu_prep.tokenize.bundled import keep_cache_file
+        from gpu_prep.tokenization.bundled import keep_cache_file
 
         keep_cache_file(hint_path(command), json.dumps(hint).encode("utf-8"))
         _STATE["hint"] = hint

@@ -1,4 +1,4 @@
-"""tokenize: strings -> flat ids + offsets, by the fastest engine seen to equal HF tokenizers.
+"""tokenization (the tokenize stage): strings -> flat ids + offsets, by the fastest engine seen to equal HF tokenizers.
 
 tokenizer.py  load_tokenizer and Tokenizer: the run's tokenizer, its chat template, special tokens, identity
 engines.py    the engines (HF, fastokens, tiktoken), choose_engine and the Audit that checks them as a run goes
