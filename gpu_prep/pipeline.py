@@ -46,7 +46,7 @@ from gpu_prep.run.outdir import (MANIFEST, check_output, check_paths, check_reje
                                  rejects_name, remove_partial_files)
 from gpu_prep.run.overlap import Stopwatch, deaf_to_ctrl_c, in_background
 from gpu_prep.run.stages import first_rows_formatted
-from gpu_prep.read.sources import local_path
+from gpu_prep.read.files import local_path
 from gpu_prep.tokenization.tokenizer import load_tokenizer
 
 __all__ = ["MANIFEST", "Options", "run"]

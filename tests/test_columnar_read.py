@@ -509,7 +509,7 @@ def _in_order(rows: Any) -> list[str]:
 
 
 def test_parquet_text_columns_read_on_the_device_give_pyarrows_rows(tmp_path: Path) -> None:
-    from gpu_prep.read.sources import batch_rows, parquet_rows
+    from gpu_prep.read.columnar import batch_rows, parquet_rows
 
     path = _mixed_parquet(tmp_path / "mixed.parquet")
     asked: list[tuple[int, ...]] = []
@@ -526,7 +526,7 @@ def test_parquet_text_columns_read_on_the_device_give_pyarrows_rows(tmp_path: Pa
 @pytest.mark.parametrize("answer", ["none", "short", "renamed", "reordered", "retyped", "child renamed",
                                     "child dropped"])
 def test_a_row_group_the_device_reads_otherwise_is_read_by_pyarrow(tmp_path: Path, answer: str) -> None:
-    from gpu_prep.read.sources import batch_rows, parquet_rows
+    from gpu_prep.read.columnar import batch_rows, parquet_rows
 
     path = _mixed_parquet(tmp_path / "mixed.parquet")
     cudf_like = _groups_like_cudf([])

@@ -162,7 +162,7 @@ def test_an_unending_json_array_element_is_read_no_further_than_max_row_bytes(tm
 def test_a_bad_json_array_element_before_the_end_stops_the_run(tmp_path: Path, bad: str, block: int) -> None:
     """Its end is not known, so neither are the elements after it: they were lost, the run going on with exit 0."""
     from gpu_prep.read.inputs import _parse_line
-    from gpu_prep.read.sources import json_array_rows
+    from gpu_prep.read.json_array import json_array_rows
 
     path = tmp_path / "bad.json"
     path.write_text("[" + ",\n".join([json.dumps({"text": f"row {i}"}) for i in range(3)] + [bad] + ['{"text": "z"}'] * 900) + "]")
@@ -175,7 +175,7 @@ def test_a_bad_json_array_element_before_the_end_stops_the_run(tmp_path: Path, b
 @pytest.mark.parametrize("cut", ['{"text": "ab', '{"text": tr', '{"text": 3.', '{"text": 3e-', '{"text": "\\u12', '{"te'])
 def test_an_array_cut_inside_its_last_element_keeps_the_others(tmp_path: Path, cut: str) -> None:
     from gpu_prep.read.inputs import _parse_line
-    from gpu_prep.read.sources import json_array_rows
+    from gpu_prep.read.json_array import json_array_rows
 
     path = tmp_path / "cut.json"
     path.write_text('[{"text": "a"}, {"text": "b"}, ' + cut)
@@ -211,7 +211,7 @@ def test_a_json_array_element_nested_past_the_parsers_depth_is_one_dropped_row(t
 def test_a_json_array_element_the_decoder_cannot_recurse_into_is_read_as_json_lines_reads_it(tmp_path: Path) -> None:
     """Deeper than Python's recursion limit (1000) but within the strict parser's (1024): a row like any other."""
     from gpu_prep.read.inputs import _parse_line
-    from gpu_prep.read.sources import json_array_rows
+    from gpu_prep.read.json_array import json_array_rows
 
     row = '{"text": "deep", "meta": ' + "[" * 1010 + "]" * 1010 + "}"
     path = tmp_path / "deep.json"
@@ -376,7 +376,8 @@ def test_the_json_array_reader_names_the_element_a_byte_not_utf8_is_in(tmp_path:
     """Whatever block the reader decodes at a time: the element is the byte's, not the one the reader
     had got to when it decoded the block."""
     from gpu_prep.read.inputs import _parse_line
-    from gpu_prep.read.sources import NotUtf8, json_array_rows
+    from gpu_prep.read.json_array import json_array_rows
+    from gpu_prep.read.text_checks import NotUtf8
 
     data, at, line = _late("json", 120)
     path = tmp_path / "late.json"
@@ -389,7 +390,7 @@ def test_the_json_array_reader_names_the_element_a_byte_not_utf8_is_in(tmp_path:
 
 
 def test_the_utf8_check_finds_the_byte_across_block_boundaries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu_prep.read import sources
+    from gpu_prep.read import text_checks as sources
 
     good = "café 日本語 🙂 ".encode() * 3
     path = tmp_path / "t.txt"
@@ -515,7 +516,7 @@ def test_a_compressed_stream_is_read_in_whole_blocks_up_to_its_break() -> None:
     # The codecs' read1 gives about 11 KB at a time: joined into whole blocks, so that a JSON array's
     # element is parsed once a block, not once every 11 KB (a 16 MB element took 40 times as long); the text
     # before a break comes first, the break on the next read.
-    from gpu_prep.read.sources import _up_to_a_break
+    from gpu_prep.read.text_checks import _up_to_a_break
 
     text = b"".join(f"line {i} {random.Random(i).getrandbits(64):x}\n".encode() for i in range(200_000))
     whole = gzip.compress(text)

@@ -19,7 +19,7 @@ from gpu_prep.errors import Drop
 from gpu_prep.format import RowError, get_builder
 from gpu_prep.errors import ConfigError
 from gpu_prep.read.inputs import Columnar, InputFile, as_read, read_chunks
-from gpu_prep.read.sources import inspect_file
+from gpu_prep.read.detect import inspect_file
 from test_columnar_read import lenient_read_range
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

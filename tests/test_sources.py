@@ -27,7 +27,8 @@ from gpu_prep.config import load_config, parse_config
 from gpu_prep.errors import ConfigError, InputError
 from gpu_prep.pipeline import Options, run
 from gpu_prep.read.inputs import expand_inputs, file_rows
-from gpu_prep.read.sources import inspect_file, split_name
+from gpu_prep.read.detect import inspect_file
+from gpu_prep.read.files import split_name
 from helpers import REPO, write_jsonl
 
 ROWS = 120
@@ -576,7 +577,7 @@ def test_parquet_categoricals_in_a_list_of_structs_over_row_groups_read_as_plain
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from gpu_prep.read.sources import batch_rows, parquet_rows
+    from gpu_prep.read.columnar import batch_rows, parquet_rows
 
     rows = [{**r, "source": f"s{k % 3}"} for k, r in enumerate(chat_rows())]
     listed = pa.large_list if lists == "large_list" else pa.list_
@@ -813,7 +814,7 @@ def test_a_quote_that_never_closes_stops_the_run_naming_its_record(tmp_path: Pat
 def test_progress_counts_a_compressed_file_by_its_text(tmp_path: Path, fast_tokenizer: None) -> None:
     # Reading counts the text it reads, decompressed: a .jsonl.gz counted by its compressed size was at 100%
     # a fifth of the way in. gzip's trailer and a zstd frame's header say how much text the file holds.
-    from gpu_prep.read.sources import text_size
+    from gpu_prep.read.files import text_size
 
     rows = [{"text": f"row {i}: " + "the same words again and again " * 8} for i in range(6000)]
     text = "".join(json.dumps(r) + "\n" for r in rows).encode()
@@ -863,7 +864,7 @@ def test_a_parquet_files_rows_share_its_bytes(tmp_path: Path, fast_tokenizer: No
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from gpu_prep.read.sources import batch_rows
+    from gpu_prep.read.columnar import batch_rows
 
     path = tmp_path / "docs.parquet"
     import hashlib

@@ -1,13 +1,20 @@
 """read: input files -> bounded chunks of raw rows, each keeping its (file, line).
 
-inputs.py     InputFile and expand_inputs (files, globs, folders, URLs; each held to the identity it had when
-              found), the JSON Lines reader, file_rows / part_rows over every layout, read_chunks
-sources.py    what a file is (extension, magic bytes, BOM, compression), URLs, datasets folders, and the
-              readers of JSON arrays, plain text, Parquet and Arrow
-delimited.py  CSV and TSV
-jsonscan.py   the byte scan that lets a JSON Lines range be parsed as columns (cudf.read_json)
-hub.py        hub datasets (the datasets library, streamed) and hub model ids
-mix.py        several datasets: data handlers, concatenation, interleaving by weight
+inputs.py       InputFile and expand_inputs (files, globs, folders, URLs; each held to the identity it had when
+                found), the JSON Lines reader, file_rows / part_rows over every layout, read_chunks
+files.py        an input's name and bytes: format and compression by extension, URLs, sizes, opened decompressed
+detect.py       what a file is, checked against its first bytes (inspect_file), and the columns it has
+text_checks.py  BOMs, bytes that are not UTF-8 (named by byte, line, element), damaged compressed streams
+folders.py      folders the datasets library wrote: one split's Arrow files
+json_array.py   JSON arrays, element by element
+delimited.py    CSV and TSV
+text.py         plain text
+columnar.py     Parquet and Arrow (cuDF for the row groups that hold text, on the GPU backend)
+jsonscan.py     the byte scan that lets a JSON Lines range be parsed as columns (cudf.read_json)
+hub.py          hub datasets (the datasets library, streamed) and hub model ids
+mix.py          several datasets: data handlers, concatenation, interleaving by weight
+row.py          Row: what every reader yields for a row
 """
 
-__all__ = ["delimited", "hub", "inputs", "jsonscan", "mix", "sources"]
+__all__ = ["columnar", "delimited", "detect", "files", "folders", "hub", "inputs", "json_array", "jsonscan", "mix",
+           "row", "text", "text_checks"]

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from gpu_prep.errors import ConfigError, Drop, InputError
-from gpu_prep.read.sources import HEAD_BYTES, REJECT_TEXT, Row, open_bytes
+from gpu_prep.read.files import HEAD_BYTES, REJECT_TEXT, open_bytes
+from gpu_prep.read.row import Row
 
 
 def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str | None = None) -> Iterator[Row]:

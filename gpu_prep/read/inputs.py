@@ -30,10 +30,15 @@ from gpu_prep.errors import ConfigError, Drop, InputError
 from gpu_prep.read.jsonscan import LBRACKET, QUOTE
 from gpu_prep.read.delimited import csv_header, csv_rows
 from gpu_prep.read.hub import check_hub_version, hub_dataset, hub_rows
-from gpu_prep.read.sources import (KNOWN, READ_ERRORS, NotUtf8, batch_rows, batch_sizes, column_names, dataset_folder_files,
-                              datasets_own, default_split, file_size, first_not_utf8, inspect_file,
-                              is_url, json_array_rows, lines_before_damage, local_path, open_bytes, parquet_rows,
-                              remote_files, split_name, split_names, text_rows, text_size)
+from gpu_prep.read.columnar import batch_rows, batch_sizes, parquet_rows
+from gpu_prep.read.detect import column_names, inspect_file
+from gpu_prep.read.files import (KNOWN, READ_ERRORS, datasets_own, file_size, is_url, local_path, open_bytes,
+                                 remote_files, split_name, text_size)
+from gpu_prep.read.folders import dataset_folder_files, default_split, split_names
+from gpu_prep.read.json_array import json_array_rows
+from gpu_prep.read.row import Row
+from gpu_prep.read.text import text_rows
+from gpu_prep.read.text_checks import NotUtf8, first_not_utf8, lines_before_damage
 
 # A JSON Lines chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so
 # memory stays bounded whatever the rows' sizes (Parquet and JSON-array rows count rows only).
@@ -42,7 +47,6 @@ CHUNK_BYTES = 4 << 20
 # stage everything else hides behind) starts early instead of after a whole chunk was read and rendered.
 FIRST_CHUNK_BYTES = 256 << 10
 MAX_ROW_BYTES = 64 << 20  # input.max_row_bytes's default
-Row = tuple[int, Any, "tuple[str, str, Any] | None", int]  # line (or row) number, record, error, bytes of JSON
 FileRow = tuple[int, int, Any, "tuple[str, str, Any] | None", int]  # a Row with its file's index first
 
 

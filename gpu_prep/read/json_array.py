@@ -1,0 +1,192 @@
+"""JSON arrays, streamed element by element, so memory stays bounded on a multi-GB array: whole elements
+kept where the array is cut short, an element nested past Python's recursion limit one malformed row."""
+
+
+from __future__ import annotations
+
+import codecs
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from gpu_prep.errors import Drop, InputError
+from gpu_prep.read.files import open_bytes
+from gpu_prep.read.row import Row
+from gpu_prep.read.text_checks import NotUtf8, _up_to_a_break
+
+
+def json_array_rows(path: str, compression: str | None, parse: Any, block: int = 1 << 20,
+                    encoding: str | None = None, cap: int | None = None) -> Iterator[Row]:
+    """A JSON array, element by element: the text is decoded block by block and each element's end found
+    with the standard decoder, then the element parsed by `parse` (the strict parser). Memory holds a
+    block and the largest element, not the file. An element over `cap` characters (input.max_row_bytes)
+    is a too_large row, not parsed. A file that is not an array is one row, parsed whole; an empty one
+    (white space alone) is no rows.
+
+    Where an element's end cannot be found, the elements after it could be neither read nor counted, so an
+    InputError stops the run naming the element: one that is not valid JSON (an error that more text could
+    not mend: see _ends_early), one whose end is not within `cap` characters (so garbage cannot fill memory),
+    a missing ',' or content after the closing ']'. A ',' before the ']' is refused as JSON readers refuse it.
+    An element nested too deep for the standard decoder has its end found by its brackets (_element_end).
+    A file cut short keeps its whole elements; what follows the last one is one malformed_json row. Bytes
+    that are not UTF-8 stop the file (never replaced: that would change the text silently) with a NotUtf8
+    naming the element they are in, once the elements before them are read; a character cut by the file's
+    end is not such bytes: only a cut element can hold it."""
+    finder = json.JSONDecoder()
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
+    with open_bytes(path, compression, encoding) as handle:
+        take = _up_to_a_break(handle)
+        buffer, pos, done = "", 0, False
+        index = 0  # the elements read
+        read = 0  # the bytes of text given to the decoder
+        bad: tuple[int, int] | None = None  # the first byte that is not UTF-8, and its offset in the text
+
+        def more() -> bool:
+            nonlocal buffer, pos, done, read, bad
+            if bad is not None:  # the text before it is read: the element being read holds it
+                raise NotUtf8(path, compression, *bad, index)
+            if done:
+                return False
+            data = take(block)
+            done = not data
+            held = len(decoder.getstate()[0])
+            try:
+                text = decoder.decode(data)
+            except UnicodeDecodeError as exc:  # its object: the held bytes, then the block
+                bad = exc.object[exc.start], read - held + exc.start
+                text = exc.object[:exc.start].decode("utf-8")
+            read += len(data)
+            if done:  # an incomplete character left at the end: the file was cut inside it
+                text += decoder.getstate()[0].decode("utf-8", errors="replace")
+            buffer = buffer[pos:] + text
+            pos = 0
+            return bool(data) or bool(buffer)
+
+        def skip(chars: str) -> None:
+            nonlocal pos
+            while True:
+                while pos < len(buffer) and buffer[pos] in chars:
+                    pos += 1
+                if pos < len(buffer) or not more():
+                    return
+
+        more()
+        buffer = buffer.removeprefix("\ufeff")
+        skip(" \t\r\n")
+        if pos >= len(buffer):  # no bytes, or white space alone: no rows, as `[]` (and an empty .jsonl)
+            return
+        if not buffer.startswith("[", pos):
+            rest = buffer[pos:] + "".join(decoder.decode(chunk) for chunk in iter(lambda: handle.read(block), b""))
+            rest += decoder.getstate()[0].decode("utf-8", errors="replace")
+            record, error = parse(rest.encode("utf-8"))
+            yield 1, record, error, len(rest)
+            return
+        pos += 1
+        while True:
+            skip(" \t\r\n")
+            if buffer.startswith("]", pos):
+                pos += 1
+                skip(" \t\r\n")
+                if pos < len(buffer):  # more after the array ([...][...] from `cat a.json b.json`)
+                    raise _goes_on(path, f"not one JSON array: after the array's closing ']' (array index {index - 1} the "
+                                   "last)", buffer[pos:pos + 40], "join the arrays into one, or write JSON Lines")
+                return
+            while True:  # the element's end; a block boundary may cut it (or a number) short
+                try:
+                    end = _element_end(finder, buffer, pos)
+                except json.JSONDecodeError as exc:
+                    if not _ends_early(exc, buffer):  # more text cannot mend it, and its end is unknown
+                        raise _goes_on(path, f"array index {index} is not valid JSON ({exc.msg.removesuffix(' at')}, at character "
+                                       f"{exc.pos - pos} of it)", buffer[exc.pos:exc.pos + 40], "mend that element, "
+                                       "or write JSON Lines, where a bad row is dropped alone") from None
+                    end = None
+                if end is not None and (end < len(buffer) or done):
+                    break
+                if end is None and cap is not None and len(buffer) - pos > cap:
+                    raise _goes_on(path, f"array index {index} ({buffer[pos:pos + 20]!r}...) does not end within "
+                                   f"input.max_row_bytes ({cap:,} characters)", buffer[pos + cap:pos + cap + 40],
+                                   "it is longer: raise the setting; or a string in it is not closed: mend it")
+                if not more():
+                    if end is not None:
+                        break
+                    yield index + 1, None, (Drop.MALFORMED_JSON, f"array index {index} is cut short: the file ends "
+                                            "inside it", buffer[pos:pos + 200]), 0
+                    return
+            index += 1
+            text = buffer[pos:end]
+            if cap is not None and len(text) > cap:
+                yield index, None, (Drop.TOO_LARGE, f"array index {index - 1} is over input.max_row_bytes "
+                                    f"{cap:,}; not parsed", None), len(text)
+            else:
+                record, error = parse(text.encode("utf-8"))
+                yield index, record, error, len(text)
+            pos = end
+            skip(" \t\r\n")
+            if buffer.startswith(",", pos):
+                pos += 1
+                skip(" \t\r\n")
+                if buffer.startswith("]", pos):  # as json.load, and a JSON Lines row with such a comma, refuse it
+                    raise InputError(f"{path}: not valid JSON: a ',' after the last element (array index {index - 1}) "
+                                     "before the closing ']'; remove it, so the file is read as JSON readers read it")
+            elif pos >= len(buffer):  # the file ends before the array closes: cut short, nothing after is lost
+                yield index + 1, None, (Drop.MALFORMED_JSON, f"the array is not closed: the file ends after array "
+                                        f"index {index - 1}", None), 0
+                return
+            elif not buffer.startswith("]", pos):
+                raise _goes_on(path, f"not one JSON array: after array index {index - 1}, with no ',' between",
+                               buffer[pos:pos + 40], "add the comma, or write JSON Lines")
+
+
+def _element_end(finder: json.JSONDecoder, text: str, pos: int) -> int | None:
+    """Where the JSON value at text[pos] ends; None where the text ends inside it. The decoder recurses into
+    arrays and objects, so one nested past Python's recursion limit (1000 levels) has its end found by its
+    brackets alone: the strict parser then reads it as the same line of JSON Lines (up to 1024 levels) or
+    drops it as malformed_json, and the elements after it are read."""
+    try:
+        return finder.raw_decode(text, pos)[1]
+    except RecursionError:
+        pass
+    opened: list[str] = []
+    for match in _NESTING.finditer(text, pos):
+        token = match.group()
+        if token == '"':  # a string the text ends inside
+            return None
+        if token in _CLOSES:
+            opened.append(token)
+        elif token in ("]", "}"):
+            opener = opened.pop()
+            if _CLOSES[opener] != token:
+                raise json.JSONDecodeError(f"a {token!r} closes a {opener!r}", text, match.start())
+            if not opened:
+                return match.end()
+        # else a whole string, passed over: brackets in it do not nest
+    return None
+
+
+# A whole JSON string, a bracket, or a '"' whose string the text ends inside (found by _element_end).
+_NESTING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}"]', re.DOTALL)
+_CLOSES = {"[": "]", "{": "}"}
+
+
+# What Python's json scanner has read when it stops at the end of its text: a string, a literal (its
+# position at the literal's start), a number's fraction or exponent (at the '.' or 'e' the number stops
+# before), a \uXXXX escape (at its 'u', with fewer than 4 digits after), or nothing left. More text may
+# complete these; an error anywhere else is where the text breaks a rule, and no text after it can mend it.
+_UNFINISHED = ("null", "true", "false", "NaN", "Infinity", "-Infinity", ".", "e+", "e-", "E+", "E-")
+
+
+def _ends_early(exc: json.JSONDecodeError, text: str) -> bool:
+    """Whether the decoder failed only because the text ended, so that more of it may make it valid."""
+    rest = text[exc.pos:]
+    if exc.msg.startswith("Unterminated string"):
+        return True
+    if exc.msg.startswith("Invalid \\uXXXX"):
+        return len(rest) <= 5
+    return any(word.startswith(rest) for word in _UNFINISHED)
+
+
+def _goes_on(path: str, problem: str, rest: str, fix: str) -> Exception:
+    """The rows after this point could only be lost (not read, not counted): the run stops, saying so."""
+    return InputError(f"{path}: {problem}, where the file goes on with {rest!r}; the rows after it would be "
+                      f"lost, so the run stops ({fix})")
