@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.clock import best, scratch  # noqa: E402
 from benchmarks.corpora import sharegpt_chats  # noqa: E402
-from gpu_prep.read.inputs import expand_inputs, read_chunks  # noqa: E402
+from gpu_prep.read.inputs import expand_inputs
+from gpu_prep.read.rows import read_chunks
 
 
 def rows(n: int) -> list[dict[str, str]]:
@@ -122,8 +123,8 @@ def columnar_host(n: int, repeat: int) -> None:
     import pyarrow as pa
     import pyarrow.json as pajson
 
-    from gpu_prep.read import inputs as read
-    from gpu_prep.read.inputs import Columnar, ColumnarRecord
+    from gpu_prep.read import jsonl as read
+    from gpu_prep.read.jsonl import Columnar, ColumnarRecord
 
     folder = scratch("bench-columnar-")
     chats = [{"messages": [{"role": m["role"], "content": m["content"]} for m in c["messages"]]} for c in sharegpt_chats(n)]

@@ -24,7 +24,8 @@ from dask.distributed import LocalCluster  # noqa: E402
 from gpu_prep.config import parse_config  # noqa: E402
 from gpu_prep.errors import ConfigError, Interrupted  # noqa: E402
 from gpu_prep.pipeline import MANIFEST, Options, run  # noqa: E402
-from gpu_prep.read.inputs import InputFile, split_file  # noqa: E402
+from gpu_prep.read.inputs import InputFile
+from gpu_prep.read.rows import split_file
 from helpers import gpu_prep_cli, output_tree  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fast_tokenizer")

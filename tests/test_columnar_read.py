@@ -17,11 +17,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from gpu_prep.read import inputs as read
+from gpu_prep.read import jsonl as read
 from gpu_prep.backend import Backend
 from gpu_prep.config import parse_config
 from gpu_prep.pipeline import Options, run
-from gpu_prep.read.inputs import Columnar, ColumnarRecord, as_read, expand_inputs, file_rows, read_chunks
+from gpu_prep.read.inputs import expand_inputs
+from gpu_prep.read.jsonl import Columnar, ColumnarRecord, as_read
+from gpu_prep.read.rows import file_rows, read_chunks
 from helpers import write_jsonl
 
 FIELDS = ("text", "source")

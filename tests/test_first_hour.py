@@ -350,7 +350,8 @@ def test_validate_samples_every_input_by_its_share(tmp_path: Path) -> None:
     checked = gpu_prep_cli("validate", "-c", config, good, other, "--sample", 20)
     assert checked.returncode == 2, checked.stdout
     assert "other.jsonl:1: field 'messages' is missing" in checked.stdout
-    from gpu_prep.read.inputs import expand_inputs, sample_shares
+    from gpu_prep.read.inputs import expand_inputs
+    from gpu_prep.read.rows import sample_shares
 
     files = expand_inputs([str(good), str(other)])
     shares = sample_shares(files, 20)
@@ -564,7 +565,7 @@ def test_a_missing_input_that_reads_like_a_hub_id_points_to_the_hub_key(tmp_path
     assert "hub: {name: HuggingFaceH4/ultrachat_200k}" in result.stderr, result.stderr
     plain = gpu_prep_cli("run", "-c", REPO / "configs/sft.json", tmp_path / "missing.jsonl", "-o", tmp_path / "out")
     assert plain.returncode == 2 and "no such file" in plain.stderr and "hub" not in plain.stderr
-    from gpu_prep.read.inputs import _hub_hint  # a hub URL's folder: its repo is what follows datasets/
+    from gpu_prep.read.inputs import _hub_hint
 
     assert "in the hub dataset 'acme/chat'" in _hub_hint("hf://datasets/acme/chat/data/")
 

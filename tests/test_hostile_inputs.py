@@ -161,7 +161,7 @@ def test_an_unending_json_array_element_is_read_no_further_than_max_row_bytes(tm
 @pytest.mark.parametrize("block", [7, 1 << 20])
 def test_a_bad_json_array_element_before_the_end_stops_the_run(tmp_path: Path, bad: str, block: int) -> None:
     """Its end is not known, so neither are the elements after it: they were lost, the run going on with exit 0."""
-    from gpu_prep.read.inputs import _parse_line
+    from gpu_prep.read.jsonl import _parse_line
     from gpu_prep.read.json_array import json_array_rows
 
     path = tmp_path / "bad.json"
@@ -174,7 +174,7 @@ def test_a_bad_json_array_element_before_the_end_stops_the_run(tmp_path: Path, b
 
 @pytest.mark.parametrize("cut", ['{"text": "ab', '{"text": tr', '{"text": 3.', '{"text": 3e-', '{"text": "\\u12', '{"te'])
 def test_an_array_cut_inside_its_last_element_keeps_the_others(tmp_path: Path, cut: str) -> None:
-    from gpu_prep.read.inputs import _parse_line
+    from gpu_prep.read.jsonl import _parse_line
     from gpu_prep.read.json_array import json_array_rows
 
     path = tmp_path / "cut.json"
@@ -210,7 +210,7 @@ def test_a_json_array_element_nested_past_the_parsers_depth_is_one_dropped_row(t
 
 def test_a_json_array_element_the_decoder_cannot_recurse_into_is_read_as_json_lines_reads_it(tmp_path: Path) -> None:
     """Deeper than Python's recursion limit (1000) but within the strict parser's (1024): a row like any other."""
-    from gpu_prep.read.inputs import _parse_line
+    from gpu_prep.read.jsonl import _parse_line
     from gpu_prep.read.json_array import json_array_rows
 
     row = '{"text": "deep", "meta": ' + "[" * 1010 + "]" * 1010 + "}"
@@ -375,7 +375,7 @@ def test_bytes_that_are_not_utf8_in_a_compressed_file_stop_the_run_naming_byte_a
 def test_the_json_array_reader_names_the_element_a_byte_not_utf8_is_in(tmp_path: Path) -> None:
     """Whatever block the reader decodes at a time: the element is the byte's, not the one the reader
     had got to when it decoded the block."""
-    from gpu_prep.read.inputs import _parse_line
+    from gpu_prep.read.jsonl import _parse_line
     from gpu_prep.read.json_array import json_array_rows
     from gpu_prep.read.text_checks import NotUtf8
 
@@ -649,7 +649,7 @@ def test_a_one_line_array_of_rows_is_named_as_such_and_custom_message_keys_are_n
 
 def test_nan_and_infinity_are_named_as_what_json_lacks() -> None:
     # Python's json.dumps writes float('nan') as NaN: the drop says why the row is not JSON, and how to write it.
-    from gpu_prep.read.inputs import _parse_line
+    from gpu_prep.read.jsonl import _parse_line
 
     for line in (b'{"a": 1, "score": NaN}', b'{"score": -Infinity}', b'{"score": Infinity, "b": 2}',
                  '{"text": "日本語の文章です", "score": NaN}'.encode()):  # orjson's position counts characters

@@ -18,7 +18,9 @@ from gpu_prep.config import parse_config
 from gpu_prep.errors import Drop
 from gpu_prep.format import RowError, get_builder
 from gpu_prep.errors import ConfigError
-from gpu_prep.read.inputs import Columnar, InputFile, as_read, read_chunks
+from gpu_prep.read.inputs import InputFile
+from gpu_prep.read.jsonl import Columnar, as_read
+from gpu_prep.read.rows import read_chunks
 from gpu_prep.read.detect import inspect_file
 from test_columnar_read import lenient_read_range
 
@@ -116,7 +118,7 @@ def test_builders_raise_only_named_row_errors(row: dict[str, Any], kind: str) ->
     b'{"text": "x", "source": "s"}}', b'{"text": "x", "source": "s"},{}', b'{"text": "}{ NaN", "source": "s"}',
 ]), max_size=40), st.integers(1, 400))
 def test_columns_equal_the_strict_parser_on_any_mix(lines: list[bytes], range_bytes: int) -> None:
-    import gpu_prep.read.inputs as read
+    import gpu_prep.read.jsonl as read
 
     data = b"\n".join(lines)
     saved, read.RANGE_BYTES = read.RANGE_BYTES, range_bytes
@@ -140,7 +142,7 @@ _CHAT_ROW = st.dictionaries(st.sampled_from(["messages", "id", "content"]),
                 max_size=12), st.integers(1, 400))
 def test_chat_columns_equal_the_strict_parser_on_any_mix(rows: list[tuple[Any, bool, tuple[str, str]]],
                                                          range_bytes: int) -> None:
-    import gpu_prep.read.inputs as read
+    import gpu_prep.read.jsonl as read
 
     data = b"\n".join(json.dumps(row, ensure_ascii=ascii, separators=seps).encode() for row, ascii, seps in rows)
     saved, read.RANGE_BYTES = read.RANGE_BYTES, range_bytes

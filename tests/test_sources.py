@@ -26,7 +26,8 @@ from corpora import sharegpt_chats
 from gpu_prep.config import load_config, parse_config
 from gpu_prep.errors import ConfigError, InputError
 from gpu_prep.pipeline import Options, run
-from gpu_prep.read.inputs import expand_inputs, file_rows
+from gpu_prep.read.inputs import expand_inputs
+from gpu_prep.read.rows import file_rows
 from gpu_prep.read.detect import inspect_file
 from gpu_prep.read.files import split_name
 from helpers import REPO, write_jsonl
@@ -651,7 +652,8 @@ def test_a_run_killed_on_any_format_resumes_to_the_same_bytes(fmt: str, tmp_path
 @pytest.mark.parametrize("fmt", ["parquet", "arrow-file"])
 def test_a_cluster_cuts_parquet_and_arrow_files_at_row_groups_and_batches(fmt: str, tmp_path: Path) -> None:
     pytest.importorskip("distributed")
-    from gpu_prep.read.inputs import split_file, expand_inputs
+    from gpu_prep.read.inputs import expand_inputs
+    from gpu_prep.read.rows import split_file
 
     settings, make = KINDS["chat"]
     rows = make()

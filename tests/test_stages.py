@@ -14,7 +14,8 @@ from gpu_prep.config import parse_config
 from gpu_prep.errors import Drop
 from gpu_prep.filter.dedup import Deduplicator
 from gpu_prep.format import Conversation
-from gpu_prep.read.inputs import RawChunk, read_chunks
+from gpu_prep.read.inputs import RawChunk
+from gpu_prep.read.rows import read_chunks
 from gpu_prep.run.context import Decisions, Options, build_context
 from gpu_prep.run.local import decide, run_here
 from gpu_prep.run.overlap import Stopwatch

@@ -23,7 +23,7 @@ from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError, Interrupted
 from gpu_prep.filter.dedup import Deduplicator
 from gpu_prep.read.mix import set_passes
-from gpu_prep.read.inputs import read_chunks
+from gpu_prep.read.rows import read_chunks
 from gpu_prep.run.context import Decisions, Options, RunContext
 from gpu_prep.run.local import decide
 from gpu_prep.run.overlap import Stopwatch, deaf_to_ctrl_c

@@ -11,7 +11,8 @@ import numpy as np
 
 from gpu_prep.config import PipelineConfig
 from gpu_prep.read.mix import Dataset, dataset_order
-from gpu_prep.read.inputs import InputFile, Part, split_file
+from gpu_prep.read.inputs import InputFile, Part
+from gpu_prep.read.rows import split_file
 
 PART_BYTES = 64 << 20  # a JSON Lines file is cut into parts of about this size
 

@@ -16,7 +16,8 @@ from gpu_prep.cluster.plan import Job, Plan, Range
 from gpu_prep.filter.dedup import Deduplicator
 from gpu_prep.mask.project import Masked
 from gpu_prep.plugins import load_plugins
-from gpu_prep.read.inputs import FileRow, part_rows, read_chunks
+from gpu_prep.read.inputs import FileRow
+from gpu_prep.read.rows import part_rows, read_chunks
 from gpu_prep.run.context import Decisions, RunContext, build_context, datasets_of
 from gpu_prep.run.overlap import Stopwatch
 from gpu_prep.run.stages import Done, Rows, mask_chunk, prepare_and_tokenize

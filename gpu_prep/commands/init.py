@@ -8,7 +8,7 @@ from typing import Any
 
 from gpu_prep.config import PAIR_TYPES, SHAREGPT_ROLES, TEMPLATE_ROLES
 from gpu_prep.format import detect_schema
-from gpu_prep.read.inputs import read_chunks
+from gpu_prep.read.rows import read_chunks
 from gpu_prep.run.context import run_inputs
 
 def _starter_roles(records: list[Any], kind: str) -> str:

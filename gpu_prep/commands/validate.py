@@ -21,7 +21,8 @@ from gpu_prep.config import TEMPLATE_ROLES, PipelineConfig
 from gpu_prep.errors import Drop
 from gpu_prep.format import Conversation, detect_schema, registered
 from gpu_prep.read.mix import config_rows
-from gpu_prep.read.inputs import LeftOut, first_rows, read_chunks, sample_shares
+from gpu_prep.read.inputs import LeftOut
+from gpu_prep.read.rows import first_rows, read_chunks, sample_shares
 from gpu_prep.run.context import DEFAULT_TOKENIZER, dataset_sources, run_inputs
 from gpu_prep.run.stages import format_rows
 from gpu_prep.tokenization.tokenizer import load_tokenizer

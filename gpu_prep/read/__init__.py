@@ -1,7 +1,9 @@
 """read: input files -> bounded chunks of raw rows, each keeping its (file, line).
 
 inputs.py       InputFile and expand_inputs (files, globs, folders, URLs; each held to the identity it had when
-                found), the JSON Lines reader, file_rows / part_rows over every layout, read_chunks
+                found, check_unchanged), Part, the columns an input type needs
+rows.py         READERS, a reader per layout; file_rows / part_rows (guarded), parts, samples, read_chunks
+jsonl.py        JSON Lines: the strict parser, lines over max_row_bytes, byte ranges read as columns (GPU)
 files.py        an input's name and bytes: format and compression by extension, URLs, sizes, opened decompressed
 detect.py       what a file is, checked against its first bytes (inspect_file), and the columns it has
 text_checks.py  BOMs, bytes that are not UTF-8 (named by byte, line, element), damaged compressed streams
@@ -16,5 +18,5 @@ mix.py          several datasets: data handlers, concatenation, interleaving by 
 row.py          Row: what every reader yields for a row
 """
 
-__all__ = ["columnar", "delimited", "detect", "files", "folders", "hub", "inputs", "json_array", "jsonscan", "mix",
-           "row", "text", "text_checks"]
+__all__ = ["columnar", "delimited", "detect", "files", "folders", "hub", "inputs", "json_array", "jsonl", "jsonscan",
+           "mix", "row", "rows", "text", "text_checks"]

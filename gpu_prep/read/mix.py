@@ -21,7 +21,9 @@ import numpy as np
 
 from gpu_prep.errors import ConfigError, Drop
 from gpu_prep.format import RowError
-from gpu_prep.read.inputs import Columnar, FileRow, InputFile, file_rows
+from gpu_prep.read.inputs import FileRow, InputFile
+from gpu_prep.read.jsonl import Columnar
+from gpu_prep.read.rows import file_rows
 
 DRAW_BLOCK = 1000  # datasets drawn at a time, as the seed's interleaving does (it fixes the order for a seed)
 

@@ -17,7 +17,8 @@ import orjson
 from gpu_prep.run.checkpoint import reopen
 from gpu_prep.errors import ConfigError, Drop, InputError
 from gpu_prep.failpoint import failpoint
-from gpu_prep.read.inputs import InputFile, as_read
+from gpu_prep.read.inputs import InputFile
+from gpu_prep.read.jsonl import as_read
 from gpu_prep.read.columnar import locator
 from gpu_prep.read.files import LINE_LAYOUTS
 from gpu_prep.output.files import create, finish_file, temporary_path, writing

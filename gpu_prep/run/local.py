@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterator
 
 from gpu_prep.filter.dedup import Deduplicator
 from gpu_prep.read.mix import config_rows
-from gpu_prep.read.inputs import CHUNK_BYTES, RawChunk, first_rows, read_chunks
+from gpu_prep.read.inputs import CHUNK_BYTES, RawChunk
+from gpu_prep.read.rows import first_rows, read_chunks
 from gpu_prep.run.context import Decisions, RunContext
 from gpu_prep.run.overlap import Sink, Stopwatch, quick_handoffs
 from gpu_prep.run.stages import Done, Tokenizing, mask_chunk, prepare_and_tokenize
