@@ -30,7 +30,7 @@ from benchmarks.clock import best, scratch  # noqa: E402
 from benchmarks.corpora import sharegpt_chats, write_jsonl  # noqa: E402
 from gpu_prep.config import parse_config  # noqa: E402
 from gpu_prep.format import get_builder  # noqa: E402
-from gpu_prep.render.spans import render_row  # noqa: E402
+from gpu_prep.render.row import render_row
 from gpu_prep.run.context import Decisions, build_context  # noqa: E402
 from gpu_prep.run.stages import Tokenizing, mask_rows  # noqa: E402
 from gpu_prep.backend import CPU  # noqa: E402

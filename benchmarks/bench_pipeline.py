@@ -28,7 +28,7 @@ from gpu_prep.errors import ConfigError  # noqa: E402
 from gpu_prep.format import get_builder  # noqa: E402
 from gpu_prep.pipeline import Options, run  # noqa: E402
 from gpu_prep.run.context import render_context  # noqa: E402
-from gpu_prep.render.spans import render_row  # noqa: E402
+from gpu_prep.render.row import render_row
 from gpu_prep.tokenization.tokenizer import load_tokenizer  # noqa: E402
 
 

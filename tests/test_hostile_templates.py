@@ -31,7 +31,7 @@ from gpu_prep.render.sandbox import (
 from gpu_prep.config import InputConfig, PreprocessingConfig, parse_config
 from gpu_prep.errors import ConfigError, Drop, InputError
 from gpu_prep.pipeline import Options, run
-from gpu_prep.render.spans import template_limits
+from gpu_prep.render.context import template_limits
 
 HANG_SECONDS = 60
 TIME_LIMIT = 0.2  # the tests' input.template_time_limit

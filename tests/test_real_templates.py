@@ -301,7 +301,7 @@ def test_an_agents_call_turns_are_placed_without_rendering_each_prefix(tmp_path:
     from gpu_prep.render import locate
     from gpu_prep.backend import CPU
     from gpu_prep.format import Conversation
-    from gpu_prep.render.spans import render_row
+    from gpu_prep.render.row import render_row
     from gpu_prep.run.context import build_context
     from gpu_prep.tokenization.tokenizer import load_tokenizer
 
@@ -419,7 +419,7 @@ def test_call_turns_apart_from_their_content_cost_a_few_renders_and_are_counted_
     from gpu_prep.render import sandbox as chat_template
     from gpu_prep.backend import CPU
     from gpu_prep.format import Conversation
-    from gpu_prep.render.spans import render_row
+    from gpu_prep.render.row import render_row
     from gpu_prep.run.context import build_context
     from gpu_prep.tokenization.tokenizer import load_tokenizer
 

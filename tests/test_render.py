@@ -15,7 +15,7 @@ from gpu_prep.backend import CPU
 from gpu_prep.config import parse_config
 from gpu_prep.errors import Drop
 from gpu_prep.format import Conversation, RowError, Segments, Tokens
-from gpu_prep.render.spans import affix_disagreement, render_row
+from gpu_prep.render.row import affix_disagreement, render_row
 from gpu_prep.run.context import build_context
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi ü"},

@@ -1,11 +1,17 @@
 """render: a row's canonical shape -> the text the model sees + the byte spans that are trained.
 
-spans.py      the render stage: RenderContext, render_row, conversation spans, {% generation %} spans,
-              reasoning, structured truncation, preference prompts and completions
-templates.py  which chat template a run uses (the tokenizer's, a bundled name, a file)
-sandbox.py    chat templates rendered in Jinja's sandbox, as transformers renders them, within time and size limits
-affix.py      templates that are plain concatenation, learnt once and rendered without Jinja
-locate.py     where each message's content lies in a rendering (sentinels), tool-call turns and empty contents
+row.py         the render stage: render_row (and the affix check, row limits, reasoning cut)
+context.py     RenderContext (built once a run), RenderedRow, spans in bytes after normalization
+spans.py       a conversation's spans: role spans, {% generation %} spans, turn ends, tool-call turns
+reasoning.py   whether a rendering shows reasoning, and think-block notes
+pairs.py       preference pairs and KTO rows: prompt and completions
+truncation.py  structured truncation: turns, then reasonings, then the prompt
+tool_calls.py  tool-call arguments given as JSON strings made objects where the template wants them
+templates.py   which chat template a run uses (the tokenizer's, a bundled name, a file)
+sandbox.py     chat templates rendered in Jinja's sandbox, as transformers renders them, within limits
+affix.py       templates that are plain concatenation, learnt once and rendered without Jinja
+locate.py      where each message's content lies in a rendering (sentinels)
 """
 
-__all__ = ["affix", "locate", "sandbox", "spans", "templates"]
+__all__ = ["affix", "context", "locate", "pairs", "reasoning", "row", "sandbox", "spans", "templates", "tool_calls",
+           "truncation"]

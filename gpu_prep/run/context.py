@@ -23,7 +23,7 @@ from gpu_prep.read.hub import hub_dataset, hub_version
 from gpu_prep.read.mix import HANDLERS, Dataset, with_tokenizer
 from gpu_prep.read.inputs import InputFile, LeftOut, ReadAs, check_columns, expand_inputs
 from gpu_prep.read.jsonl import Columnar
-from gpu_prep.render.spans import RenderContext, no_template
+from gpu_prep.render.context import RenderContext, no_template
 from gpu_prep.render.templates import resolve_template
 from gpu_prep.tokenization.tokenizer import KNOWN_END_OF_TURN, Tokenizer
 

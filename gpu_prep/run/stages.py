@@ -36,7 +36,8 @@ from gpu_prep.mask.pairs import cut_pairs, sequence_tokens
 from gpu_prep.ragged import offsets_from_lengths
 from gpu_prep.read.inputs import RawChunk
 from gpu_prep.read.rows import first_rows, read_chunks
-from gpu_prep.render.spans import RenderContext, RenderedRow, affix_disagreement, no_template, render_row
+from gpu_prep.render.context import RenderContext, RenderedRow, no_template
+from gpu_prep.render.row import affix_disagreement, render_row
 from gpu_prep.run.context import Decisions, RunContext, Sources
 from gpu_prep.run.overlap import Stopwatch, overlapped
 from gpu_prep.filter.splits import split_codes
