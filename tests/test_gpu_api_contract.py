@@ -73,7 +73,7 @@ def _xp_uses() -> dict[str, set[str]]:
     from pathlib import Path
 
     uses: dict[str, set[str]] = {}
-    for path in Path(backend.__file__).parent.glob("*.py"):
+    for path in Path(backend.__file__).parent.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "xp":
                 uses.setdefault(node.attr, set())
