@@ -333,6 +333,16 @@ def in_thread(work: Callable[[], Any], name: str = "engine-build") -> Future:
 
 _BUILDS: dict[tuple[str, Any], Future] = {}  # building one takes about a second: once per process
 _BUILDS_LOCK = threading.Lock()
+# Engines kept built, the most recent first: a run uses one, and a process that runs many tokenizers in turn
+# (a notebook, a test suite) must not keep them all (a Qwen3 fastokens engine holds about 350 MB).
+KEPT_BUILDS = 4
+
+
+def _forget_old_builds() -> None:
+    """Drop the oldest finished builds past KEPT_BUILDS (under _BUILDS_LOCK); one still building stays, as
+    someone waits for it."""
+    for key in [k for k, f in _BUILDS.items() if f.done()][:max(0, len(_BUILDS) - KEPT_BUILDS)]:
+        del _BUILDS[key]
 
 
 def candidates(requested: str) -> tuple[str, ...]:
@@ -348,6 +358,7 @@ def start_builds(requested: str, spec: dict[str, Any], path: Path, cache_key: An
     for name in candidates(requested)[:1]:
         with _BUILDS_LOCK:
             if (name, cache_key) not in _BUILDS:
+                _forget_old_builds()
                 _BUILDS[(name, cache_key)] = _started_early(name, spec, path, cache_key) \
                     or in_thread(lambda name=name: _build(name, spec, path))
 
@@ -375,9 +386,13 @@ def _started_early(name: str, spec: dict[str, Any], path: Path, cache_key: Any) 
 
 def fast_engine(name: str, spec: dict[str, Any], path: Path, cache_key: Any) -> tuple[Any, str | None]:
     """(the built engine, None), or (None, why it cannot run this tokenizer)."""
-    start_builds(name, spec, path, cache_key)
+    future = None
+    while future is None:  # (a build forgotten, by other tokenizers' builds, before it was taken: again)
+        start_builds(name, spec, path, cache_key)
+        with _BUILDS_LOCK:
+            future = _BUILDS.get((name, cache_key))
     try:
-        return _BUILDS[(name, cache_key)].result(), None
+        return future.result(), None
     except Unusable as exc:
         return None, str(exc)
 
