@@ -200,6 +200,10 @@ def _process(run: RunContext, out_dir: Path, options: Options, checkpoints: Chec
     except BaseException as exc:
         acct.abort(keep=isinstance(exc, (KeyboardInterrupt, Interrupted)) or checkpoints.rows_saved is not None)
         raise
+    # A checkpoint of every row before the rejects file takes its name: a run stopped while it finishes (the
+    # shuffle's gather, the renames, the manifest) resumes from here, and its rejects file is one it began.
+    if checkpoints.rows_saved != checkpoints.rows_done:
+        checkpoints.save(commit.state())
     acct.close()
     outcome.engine_check = decisions.engine_check
     outcome.domains = clock.time("write", writer.finish)

@@ -429,3 +429,21 @@ def test_a_random_stop_at_a_random_point_then_resume_gives_the_clean_bytes(job: 
         assert resumed.returncode == 0, f"{where}: {resumed.stderr}"
         assert _tree(out) == want, where
         assert rejects.read_bytes() == clean_rejects.read_bytes(), where
+
+
+@pytest.mark.parametrize("point", ["meta", "manifest"])
+def test_a_run_killed_while_it_finishes_resumes_with_the_rejects_file_it_began(job: tuple[Path, Path], tmp_path: Path,
+                                                                            point: str) -> None:
+    """Killed after its rejects file took its name but before the manifest, and before any timed checkpoint:
+    --resume goes on with that file (it is the run's own) and gives the uninterrupted run's bytes."""
+    data, config = job
+    clean, clean_rejects = tmp_path / "clean", tmp_path / "clean.rejects"
+    assert gpu_prep_cli("run", "-c", config, data, "-o", clean, "-q", "--rejects", clean_rejects).returncode == 0
+    out, rejects = tmp_path / "out", tmp_path / "out.rejects"
+    args = ["run", "-c", config, data, "-o", out, "-q", "--rejects", rejects, "--checkpoint-every", 3600]
+    stopped = gpu_prep_cli(*args, env={"GPU_PREP_FAILPOINT": f"{point}:1", "GPU_PREP_FAILPOINT_SIGNAL": "KILL"})
+    assert stopped.returncode != 0 and rejects.exists() and not (out / "manifest.json").exists()
+    resumed = gpu_prep_cli(*args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert _tree(out) == _tree(clean)
+    assert rejects.read_bytes() == clean_rejects.read_bytes()
