@@ -1,4 +1,5 @@
-"""Shared fixtures: the real bundled Qwen tokenizer (built once per session into a temp cache)."""
+"""Shared fixtures: the real bundled Qwen tokenizer (built once per session into a temp cache) and the toy
+tokenizer of tests/toy.py that unit tests read ids off by eye."""
 
 from __future__ import annotations
 
@@ -26,6 +27,15 @@ def qwen():
     from gpu_prep.tokenization.tokenizer import load_tokenizer
 
     return load_tokenizer("qwen2.5")
+
+
+@pytest.fixture(scope="session")
+def toy(tmp_path_factory: pytest.TempPathFactory):
+    """The toy tokenizer of tests/toy.py (one id per byte, ChatML), loaded once per session."""
+    from gpu_prep.tokenization.tokenizer import load_tokenizer
+    from toy import write_toy_tokenizer
+
+    return load_tokenizer(str(write_toy_tokenizer(tmp_path_factory.mktemp("toy-tokenizer"))))
 
 
 @pytest.fixture
