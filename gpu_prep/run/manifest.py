@@ -1,4 +1,5 @@
-"""manifest.json: what a run made, from what, and where every row went."""
+"""manifest.json: what a run made, from what, and where every row went; and the tokenizer copied beside the
+shards, whose files it hashes."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from gpu_prep.errors import Drop
 from gpu_prep.read.mix import Dataset
 from gpu_prep.output import pack
 from gpu_prep.mask.pairs import PAIR_COUNTS
-from gpu_prep.output.files import manifest_checksum, sha256_file, written_files
+from gpu_prep.output.files import copy_atomic, manifest_checksum, sha256_file, write_atomic, written_files
 from gpu_prep.run.accounting import Accounting
 from gpu_prep.read.inputs import LeftOut
 from gpu_prep.run.context import RunContext
-from gpu_prep.tokenization.tokenizer import COPY_DIR
+from gpu_prep.tokenization.tokenizer import COPY_DIR, Tokenizer
 
 
 LEFT_OUT_LISTED = 100  # an input folder's unread files the manifest names (it counts them all)
@@ -83,6 +84,18 @@ def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], 
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
     }
     return {**manifest, "manifest_sha256": manifest_checksum(manifest)}
+
+
+def copy_tokenizer(tok: Tokenizer, out_dir: Path, template: str | None) -> None:
+    """The tokenizer's files into out_dir/tokenizer, so a trainer loads the exact tokenizer that made the
+    shards; the chat template the run used goes in as chat_template.jinja, where it is not the tokenizer's."""
+    target = out_dir / COPY_DIR
+    for path in tok.files():
+        destination = target / path.relative_to(tok.directory)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        copy_atomic(path, destination)
+    if template is not None and template != tok.chat_template:
+        write_atomic(target / "chat_template.jinja", template.encode("utf-8"))
 
 
 def left_out_summary(left_out: LeftOut) -> dict[str, Any]:

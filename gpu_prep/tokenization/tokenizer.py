@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from gpu_prep.errors import ConfigError
-from gpu_prep.output.files import copy_atomic, write_atomic
 from gpu_prep.render.templates import tokenizer_templates
 from gpu_prep.tokenization import early
 from gpu_prep.tokenization.builds import start_builds
@@ -197,7 +196,7 @@ class Tokenizer:
     def summary(self) -> dict[str, Any]:
         """What meta.json says of the tokenizer: where it came from, one sha256 over its files, its size and
         special ids (hashed once: the manifest and every domain's meta.json ask). The files themselves are
-        copied beside the shards (copy_to)."""
+        copied beside the shards (run/manifest.py's copy_tokenizer)."""
         if self._summary is not None:
             return self._summary
         digest = hashlib.sha256()
@@ -218,17 +217,6 @@ class Tokenizer:
             "byte_level": self.token_bytes is not None,
             "normalization": self.normalization,
         }
-
-    def copy_to(self, out_dir: Path, template: str | None) -> None:
-        """The tokenizer's files into out_dir/tokenizer, so a trainer loads the exact tokenizer that made the
-        shards; the chat template the run used goes in as chat_template.jinja, where it is not the tokenizer's."""
-        target = out_dir / COPY_DIR
-        for path in self.files():
-            destination = target / path.relative_to(self.directory)
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            copy_atomic(path, destination)
-        if template is not None and template != self.chat_template:
-            write_atomic(target / "chat_template.jinja", template.encode("utf-8"))
 
 
 def load_tokenizer(spec: str, revision: str | None = None) -> Tokenizer:
