@@ -243,8 +243,13 @@ def duplicate_warning(manifest: dict[str, Any]) -> str | None:
 
 def summary_warnings(manifest: dict[str, Any]) -> list[str]:
     """What the run summary (and validate's sample run) warns of, from the manifest's counts."""
+    return [*_output_warnings(manifest), *_row_warnings(manifest), *_render_warnings(manifest)]
+
+
+def _output_warnings(manifest: dict[str, Any]) -> list[str]:
+    """What the output left out that may not be meant: rows cut or dropped as duplicates, a split that got no
+    rows, a mix's rows never drawn."""
     totals = manifest["totals"]
-    report = totals.get("parse_report", {})
     said = [w for w in (truncation_warning(manifest), duplicate_warning(manifest)) if w]
     for split, counts in totals.get("splits", {}).items():
         if counts["rows_written"] == 0:
@@ -258,6 +263,14 @@ def summary_warnings(manifest: dict[str, Any]) -> list[str]:
                     "rows were not drawn: sampling_stopping_strategy first_exhausted ends the mix once one dataset is "
                     "through (all_exhausted draws every row, repeating the smaller datasets)"
                     for d in manifest.get("datasets", []) if d.get("rows_not_drawn") and d["sampling"] != 0)
+    return said
+
+
+def _row_warnings(manifest: dict[str, Any]) -> list[str]:
+    """What rows hold that the config does not read as they mean it: preference pairs that teach nothing,
+    OpenAI's per-message weights, roles no mapping names."""
+    report = manifest["totals"].get("parse_report", {})
+    said: list[str] = []
     if n := report.get("identical_completions"):
         said.append(f"{n:,} preference pair(s) have the same chosen and rejected completion (written, as TRL keeps "
                     "them): a preference loss learns nothing from them")
@@ -268,6 +281,15 @@ def summary_warnings(manifest: dict[str, Any]) -> list[str]:
     for role, n in report.get("unknown_roles", {}).items():
         said.append(f"{n:,} message(s) with role {role!r}, which is not one of {', '.join(TEMPLATE_ROLES)} (map it "
                     "with input.roles)")
+    return said
+
+
+def _render_warnings(manifest: dict[str, Any]) -> list[str]:
+    """Where the rendered, trained text differs from what the rows hold: text, reasoning and tool calls the
+    chat template leaves out or moves, system prompts taken from a field, prompts that part otherwise."""
+    totals = manifest["totals"]
+    report = totals.get("parse_report", {})
+    said: list[str] = []
     for role, n in totals.get("messages_left_out_by_template", {}).items():
         if role in TEMPLATE_ROLES:  # (those of other roles are run_problems' errors)
             said.append(f"the chat template left out the content of {n:,} message(s) with role {role!r} (text beside "
