@@ -41,7 +41,7 @@ from gpu_prep.read.inputs import InputFile, LeftOut, check_unchanged
 from gpu_prep.run.context import (Decisions, Options, RunContext, build_context, chat_turn_ends_documents,
                                   responses_without_eos, run_inputs, turn_marks_not_tokens)
 from gpu_prep.run.local import run_chunks, run_here
-from gpu_prep.run.manifest import Outcome, build_manifest
+from gpu_prep.run.manifest import Outcome, build_manifest, copy_tokenizer
 from gpu_prep.run.outdir import (MANIFEST, check_output, check_paths, check_rejects, output_lock, prepare_output,
                                  rejects_name, remove_partial_files)
 from gpu_prep.run.overlap import Stopwatch, deaf_to_ctrl_c, in_background
@@ -209,5 +209,5 @@ def _process(run: RunContext, out_dir: Path, options: Options, checkpoints: Chec
     outcome.domains = clock.time("write", writer.finish)
     outcome.leftovers = writer.leftovers() + [path for s in (dedup, near) if s is not None for path in s.seen.files()]
     template = run.render.template
-    clock.time("write", run.tok.copy_to, out_dir, template.source if template is not None else None)
+    clock.time("write", copy_tokenizer, run.tok, out_dir, template.source if template is not None else None)
     return outcome

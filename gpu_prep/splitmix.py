@@ -2,7 +2,7 @@
 Vigna's generator (add the golden gamma, then the finaliser), a bijection in which every bit of the result
 depends on every bit of the input. Uint64 array arithmetic wraps, as the algorithm wants.
 
-It picks the pieces the engine check re-encodes (engines.Audit), orders output.shuffle's samples, and
+It picks the pieces the engine check re-encodes (tokenization.checks.Audit), orders output.shuffle's samples, and
 mixes fuzzy_dedup's hashes; it imports nothing of gpu_prep, so any module may use it."""
 
 from __future__ import annotations

@@ -692,3 +692,21 @@ def test_validate_fails_on_roles_a_mapping_leaves_out(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "role'function_call'" in shown and "role'observation'" in shown, shown
     config.write_text(json.dumps({"input": {"type": "sharegpt"}, "mask": {"assistant": "train"}}), encoding="utf-8")
     assert _invoke("validate", "-c", config, data).exit_code == 0
+
+
+def test_off_a_terminal_progress_is_a_plain_line_and_the_resume_hint_is_the_same_command(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu_prep.commands.console import Reporter, resume_command
+
+    with Reporter(quiet=False, interval=0.0) as report:  # pytest's stderr is no terminal
+        report(1_000, 20_000, 3_000_000, 4_000_000)
+        report(2_000, 40_000, None, 0)  # the input's size unknown (stdin, a hub dataset): no share, no ETA
+    first, second = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(r"progress: 75% of the input \(3\.0 of 4\.0 MB\), 1,000 rows \([\d,]+/s\), 20,000 tokens "
+                        r"\([\d,]+/s\), ETA \d+:\d\d:\d\d", first), first
+    assert re.fullmatch(r"progress: 2,000 rows \([\d,]+/s\), 40,000 tokens \([\d,]+/s\)", second), second
+    with Reporter(quiet=True, interval=0.0) as report:
+        report(1, 1, 1, 2)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr("sys.argv", ["gpu-prep", "run", "-c", "c.json", "data dir/x.jsonl", "-o", "out", "--overwrite"])
+    assert resume_command() == "gpu-prep run -c c.json 'data dir/x.jsonl' -o out --resume"

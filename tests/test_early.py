@@ -11,7 +11,7 @@ import pytest
 
 from gpu_prep.tokenization import early
 
-from gpu_prep.tokenization import engines
+from gpu_prep.tokenization import builds
 from gpu_prep.tokenization.bundled import bundled_tokenizer_dir
 from gpu_prep.tokenization.tokenizer import load_tokenizer
 from helpers import REPO, gpu_prep_cli, output_tree
@@ -32,12 +32,12 @@ def fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def _use(tokenizer: Path, argv: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[object, object]:
     """What early.start does for argv, then what a run does: load the tokenizer, start its builds, choose;
     each time as a new process would, with no engine built yet."""
-    monkeypatch.setattr(engines, "_BUILDS", {})
+    monkeypatch.setattr(builds, "_BUILDS", {})
     early.start(argv)
     pending = early._STATE["future"]
     tok = load_tokenizer(str(tokenizer))
     tok.prepare_engines("auto")
-    built = engines._BUILDS[("fastokens", tok._engine_key())]
+    built = builds._BUILDS[("fastokens", tok._engine_key())]
     tok.use_engine("auto", ["hello world", "<|im_start|>user\ncafe\u0301<|im_end|>"], 2)
     assert tok.active.name == "fastokens"
     return pending, built

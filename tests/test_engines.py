@@ -129,9 +129,9 @@ def _late_marker_rows() -> list[dict]:
 @pytest.mark.parametrize("engine", ["fastokens", "tiktoken"])
 def test_a_difference_after_the_first_sample_is_caught_and_re_encoded_by_hf(tmp_path: Path, engine: str,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu_prep.tokenization import engines
+    from gpu_prep.tokenization import checks, engines
 
-    monkeypatch.setattr(engines, "AUDIT_RATE", 1.0)  # every piece checked, so the one bad piece is seen
+    monkeypatch.setattr(checks, "AUDIT_RATE", 1.0)  # every piece checked, so the one bad piece is seen
     engine_class = {"fastokens": engines.FastokensEngine, "tiktoken": engines.TiktokenEngine}[engine]
     monkeypatch.setattr(engine_class, "encode", _corrupting(engine_class.encode))
     rows = _late_marker_rows()
@@ -148,10 +148,10 @@ def test_a_difference_after_the_first_sample_is_caught_and_re_encoded_by_hf(tmp_
 
 
 def test_under_strict_a_difference_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu_prep.tokenization import engines
+    from gpu_prep.tokenization import checks, engines
     from gpu_prep.errors import EngineMismatch
 
-    monkeypatch.setattr(engines, "AUDIT_RATE", 1.0)
+    monkeypatch.setattr(checks, "AUDIT_RATE", 1.0)
     monkeypatch.setattr(engines.FastokensEngine, "encode", _corrupting(engines.FastokensEngine.encode))
     config = {"tokenizer": {"name": "qwen2.5", "engine": "auto"}, "input": {"type": "text"},
               "preprocessing": {"deduplicate": False, "min_chars": 1}}
@@ -160,7 +160,8 @@ def test_under_strict_a_difference_stops_the_run(tmp_path: Path, monkeypatch: py
 
 
 def test_the_audit_checks_a_seeded_share_picked_by_each_piece_s_place(qwen) -> None:
-    from gpu_prep.tokenization.engines import Audit, HfEngine
+    from gpu_prep.tokenization.checks import Audit
+    from gpu_prep.tokenization.engines import HfEngine
 
     audit = Audit(HfEngine(qwen.engine), "fastokens", rate=0.01, seed=7)
     keys = np.arange(300_000, dtype=np.uint64)
@@ -183,7 +184,8 @@ def test_fastokens_built_from_the_cached_ranks_file_equals_hf(tmp_path: Path, mo
                                                               qwen) -> None:
     # The first build reads tokenizer.json and leaves a ranks file in the cache dir; the next builds from it
     # (NFC applied by gpu-prep, as the tokenizer's normalizer asks) and must still equal HF, on NFD text too.
-    from gpu_prep.tokenization.engines import FastokensEngine, HfEngine, first_difference, ranks_cache_path
+    from gpu_prep.tokenization.checks import first_difference
+    from gpu_prep.tokenization.engines import FastokensEngine, HfEngine, ranks_cache_path
 
     monkeypatch.setenv("GPU_PREP_CACHE", str(tmp_path / "cache"))
     path = qwen.directory / "tokenizer.json"
@@ -224,7 +226,7 @@ def test_a_rank_file_fastokens_refuses_is_dropped_and_fastokens_built_from_the_f
     # Each use_engine stands for a run in a new process (no engine built yet). The first run writes the rank
     # file; fastokens refuses it on the second, which builds from tokenizer.json instead (and says why), and
     # no later run writes or reads a rank file for this tokenizer again.
-    from gpu_prep.tokenization import engines
+    from gpu_prep.tokenization import builds, engines
 
     monkeypatch.setenv("GPU_PREP_CACHE", str(tmp_path / "cache"))
     folder = _unreachable_token_tokenizer(tmp_path / "tok")
@@ -232,7 +234,7 @@ def test_a_rank_file_fastokens_refuses_is_dropped_and_fastokens_built_from_the_f
     ranks = engines.ranks_cache_path(folder / "tokenizer.json")
     choices = []
     for _ in range(3):
-        monkeypatch.setattr(engines, "_BUILDS", {})
+        monkeypatch.setattr(builds, "_BUILDS", {})
         tok = load_tokenizer(str(folder))
         ids, counts = tok.use_engine("auto", pieces, len(pieces))
         assert tok.active.name == "fastokens"
@@ -249,7 +251,7 @@ def test_a_rank_file_fastokens_refuses_is_dropped_and_fastokens_built_from_the_f
 def test_a_rank_file_whose_engine_differs_from_hf_is_dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # fastokens builds from this rank file, but ranks by id where HF applies the merges in their own order:
     # the second run notices, drops the file and runs fastokens built from tokenizer.json, as the first did.
-    from gpu_prep.tokenization import engines
+    from gpu_prep.tokenization import builds, engines
 
     monkeypatch.setenv("GPU_PREP_CACHE", str(tmp_path / "cache"))
     target = _reordered_qwen(tmp_path)
@@ -257,7 +259,7 @@ def test_a_rank_file_whose_engine_differs_from_hf_is_dropped(tmp_path: Path, mon
     config = {"tokenizer": {"name": str(target)}, "input": {"type": "text"}, "preprocessing": {"min_chars": 1}}
     identities, hashes = [], []
     for run in range(2):
-        monkeypatch.setattr(engines, "_BUILDS", {})
+        monkeypatch.setattr(builds, "_BUILDS", {})
         out = run_rows(tmp_path, config, rows, name=f"run{run}")
         identities.append(_engine(out))
         hashes.append(_shard_hashes(out))
@@ -292,12 +294,12 @@ def test_the_command_drops_a_rank_file_whose_engine_differs_from_hf_too(tmp_path
 
 
 def test_the_engine_taken_says_why_the_one_tried_before_it_was_not(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu_prep.tokenization import engines
+    from gpu_prep.tokenization import builds, engines
 
     def broken(spec: dict, path: Path) -> None:
         raise RuntimeError("no such part\nmore detail")
 
-    monkeypatch.setattr(engines, "_BUILDS", {})
+    monkeypatch.setattr(builds, "_BUILDS", {})
     monkeypatch.setattr(engines.FastokensEngine, "build", staticmethod(broken))
     tok = load_tokenizer("qwen2.5")  # not the session's: its engine is chosen here
     tok.use_engine("auto", ["hello world"], 1)
@@ -310,7 +312,7 @@ def test_a_warm_tokenizer_load_takes_its_outline_from_the_cache(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     # The second load reads the outline kept by the first and loads HF tokenizers in a thread: everything the
     # run reads of the tokenizer is the same either way.
-    from gpu_prep.tokenization.tokenizer import _Loading
+    from gpu_prep.tokenization.outline import _Loading
 
     monkeypatch.setenv("GPU_PREP_CACHE", str(tmp_path / "cache"))
     cold, warm = load_tokenizer("qwen2.5"), load_tokenizer("qwen2.5")

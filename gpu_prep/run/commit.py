@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu_prep.tokenization.engines import add_checks
+from gpu_prep.tokenization.checks import add_checks
 from gpu_prep.errors import Drop, InputError
 from gpu_prep.filter.fuzzy import NO_ROW, NearIndex
 from gpu_prep.output.writer import DatasetWriter

@@ -1,4 +1,5 @@
-"""manifest.json: what a run made, from what, and where every row went."""
+"""manifest.json: what a run made, from what, and where every row went; and the tokenizer copied beside the
+shards, whose files it hashes."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from gpu_prep.errors import Drop
 from gpu_prep.read.mix import Dataset
 from gpu_prep.output import pack
 from gpu_prep.mask.pairs import PAIR_COUNTS
-from gpu_prep.output.files import manifest_checksum, sha256_file, written_files
+from gpu_prep.output.files import copy_atomic, manifest_checksum, sha256_file, write_atomic, written_files
 from gpu_prep.run.accounting import Accounting
 from gpu_prep.read.inputs import LeftOut
 from gpu_prep.run.context import RunContext
-from gpu_prep.tokenization.tokenizer import COPY_DIR
+from gpu_prep.tokenization.tokenizer import COPY_DIR, Tokenizer
 
 
 LEFT_OUT_LISTED = 100  # an input folder's unread files the manifest names (it counts them all)
@@ -83,6 +84,18 @@ def build_manifest(run: RunContext, outcome: Outcome, identity: dict[str, Any], 
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
     }
     return {**manifest, "manifest_sha256": manifest_checksum(manifest)}
+
+
+def copy_tokenizer(tok: Tokenizer, out_dir: Path, template: str | None) -> None:
+    """The tokenizer's files into out_dir/tokenizer, so a trainer loads the exact tokenizer that made the
+    shards; the chat template the run used goes in as chat_template.jinja, where it is not the tokenizer's."""
+    target = out_dir / COPY_DIR
+    for path in tok.files():
+        destination = target / path.relative_to(tok.directory)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        copy_atomic(path, destination)
+    if template is not None and template != tok.chat_template:
+        write_atomic(target / "chat_template.jinja", template.encode("utf-8"))
 
 
 def left_out_summary(left_out: LeftOut) -> dict[str, Any]:
@@ -230,8 +243,13 @@ def duplicate_warning(manifest: dict[str, Any]) -> str | None:
 
 def summary_warnings(manifest: dict[str, Any]) -> list[str]:
     """What the run summary (and validate's sample run) warns of, from the manifest's counts."""
+    return [*_output_warnings(manifest), *_row_warnings(manifest), *_render_warnings(manifest)]
+
+
+def _output_warnings(manifest: dict[str, Any]) -> list[str]:
+    """What the output left out that may not be meant: rows cut or dropped as duplicates, a split that got no
+    rows, a mix's rows never drawn."""
     totals = manifest["totals"]
-    report = totals.get("parse_report", {})
     said = [w for w in (truncation_warning(manifest), duplicate_warning(manifest)) if w]
     for split, counts in totals.get("splits", {}).items():
         if counts["rows_written"] == 0:
@@ -245,6 +263,14 @@ def summary_warnings(manifest: dict[str, Any]) -> list[str]:
                     "rows were not drawn: sampling_stopping_strategy first_exhausted ends the mix once one dataset is "
                     "through (all_exhausted draws every row, repeating the smaller datasets)"
                     for d in manifest.get("datasets", []) if d.get("rows_not_drawn") and d["sampling"] != 0)
+    return said
+
+
+def _row_warnings(manifest: dict[str, Any]) -> list[str]:
+    """What rows hold that the config does not read as they mean it: preference pairs that teach nothing,
+    OpenAI's per-message weights, roles no mapping names."""
+    report = manifest["totals"].get("parse_report", {})
+    said: list[str] = []
     if n := report.get("identical_completions"):
         said.append(f"{n:,} preference pair(s) have the same chosen and rejected completion (written, as TRL keeps "
                     "them): a preference loss learns nothing from them")
@@ -255,6 +281,15 @@ def summary_warnings(manifest: dict[str, Any]) -> list[str]:
     for role, n in report.get("unknown_roles", {}).items():
         said.append(f"{n:,} message(s) with role {role!r}, which is not one of {', '.join(TEMPLATE_ROLES)} (map it "
                     "with input.roles)")
+    return said
+
+
+def _render_warnings(manifest: dict[str, Any]) -> list[str]:
+    """Where the rendered, trained text differs from what the rows hold: text, reasoning and tool calls the
+    chat template leaves out or moves, system prompts taken from a field, prompts that part otherwise."""
+    totals = manifest["totals"]
+    report = totals.get("parse_report", {})
+    said: list[str] = []
     for role, n in totals.get("messages_left_out_by_template", {}).items():
         if role in TEMPLATE_ROLES:  # (those of other roles are run_problems' errors)
             said.append(f"the chat template left out the content of {n:,} message(s) with role {role!r} (text beside "

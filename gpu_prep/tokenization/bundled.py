@@ -108,7 +108,7 @@ def ranks_to_bpe(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tuple[st
 
 
 def _tokenizer_json(added: list[str]) -> str:
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Regex, Tokenizer, models, pre_tokenizers
 
     vocab, merges = ranks_to_bpe(read_ranks(_ranks_file()))
     tokenizer = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, ignore_merges=True))

@@ -6,7 +6,7 @@ console script (gpu_prep/launch.py) therefore starts it first thing, on a guess:
 run of the same command used. A command is the working directory with `-c/--config` and `--tokenizer` as given (the data files may
 differ); its hint, in GPU_PREP_CACHE/early/, names the tokenizer.json (with its size and modification time),
 the rank file and what fastokens needs beside it. A guess is only used where the run, once it has parsed
-its config, asks for that very engine of that very file (engines.start_builds looks it up by the same key
+its config, asks for that very engine of that very file (builds.start_builds looks it up by the same key
 it builds under) built from the same recipe (engines.rank_recipe: the rank file, whose name holds the
 fastokens version that wrote it, pattern, added tokens, normal form); a wrong guess costs a core a second,
 never a wrong id. Nothing here may stop a run: any error leaves the guess unmade.
@@ -51,7 +51,7 @@ def command_of(argv: list[str]) -> list[str] | None:
 
 
 def file_key(tokenizer_json: Path) -> tuple[str, int, int]:
-    """What names a tokenizer.json to the engine builds (engines.start_builds) and in a hint: its folder,
+    """What names a tokenizer.json to the engine builds (builds.start_builds) and in a hint: its folder,
     size and modification time."""
     stat = tokenizer_json.stat()
     return str(tokenizer_json.parent.resolve()), stat.st_size, stat.st_mtime_ns
@@ -94,7 +94,7 @@ def start(argv: list[str]) -> None:
             future.set_exception(exc)
 
     _STATE.update(key=(hint["engine"], key), recipe=recipe, future=future)
-    # Not a daemon, as engines.in_thread explains; the console script leaves with os._exit in any case.
+    # Not a daemon, as builds.in_thread explains; the console script leaves with os._exit in any case.
     threading.Thread(target=build, name="gpu-prep-early-build").start()
 
 

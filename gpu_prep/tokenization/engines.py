@@ -1,13 +1,7 @@
 """Tokenizer engines: HF tokenizers (the reference, any tokenizer.json) and two faster exact engines,
 fastokens (reads tokenizer.json itself; BPE of several families) and tiktoken (byte-level BPE only). Each
-turns text pieces into (flat int64 ids, int64 token count per piece), adding no special tokens.
-
-A fast engine is trusted only where it is seen to equal HF, twice over:
-- before a run uses it, `choose_engine` compares it with HF on the first 256 KiB of the run's own input and
-  falls back (to the next fast engine, then HF) on any difference;
-- while the run goes, an `Audit` re-encodes a seeded share of every chunk's pieces with HF in a thread of its
-  own, and a chunk is masked and written only once its check is in. A difference stops trusting the fast
-  engine: that chunk and every later one are encoded by HF (or, under --strict, the run stops).
+turns text pieces into (flat int64 ids, int64 token count per piece), adding no special tokens. A fast
+engine is built once per process (builds.py) and used only where it is seen to equal HF (checks.py).
 
 tiktoken is built from the tokenizer.json: ranks are the vocabulary ids of each token's bytes, the split
 pattern is the Split pre-tokenizer's regex, every added token is a special token, and an NFC normalizer is
@@ -16,10 +10,7 @@ such a ranks file (in about half the time: no merges list to parse), which the f
 cache dir under the tokenizer.json's sha256 and fastokens' version. Not every such vocabulary survives the
 trip (Llama-3 has tokens that no two ranked pieces make, and fastokens refuses the file): a rank file that
 fastokens refuses, or whose engine differs from HF, is dropped for good (refuse_ranks), and fastokens is
-built from the tokenizer.json as on a first run, so the cache never costs a run its engine. Neither built
-engine can be saved, so
-each is built once per process, in a thread of its own (both release the GIL) while the run reads its first
-rows.
+built from the tokenizer.json as on a first run, so the cache never costs a run its engine.
 """
 
 from __future__ import annotations
@@ -27,10 +18,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-import threading
 import unicodedata
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain
@@ -39,12 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from gpu_prep.splitmix import splitmix64
-
 NORMAL_FORMS = frozenset({"NFC", "NFD", "NFKC", "NFKD"})  # normalizers that are a Unicode normal form
 FAST_ENGINES = ("fastokens", "tiktoken")  # tried in this order under tokenizer.engine auto
-AUDIT_RATE = 0.01  # share of pieces the audit re-encodes with HF
-AUDIT_SEED = 0x5EED
 
 
 def _pack(batches: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -227,7 +212,7 @@ class FastokensEngine:
                 refuse_ranks(Path(recipe["ranks"]), note)
                 recipe = None
         tokenizer = fastokens.Tokenizer.from_file(str(path))
-        tokenizer.no_truncation()  # lengths are the pipeline's job, as for HF (tokenizer.load_tokenizer)
+        tokenizer.no_truncation()  # lengths are the pipeline's job, as for HF (outline.py)
         tokenizer.no_padding()
         if recipe is not None:
             _write_ranks(spec, Path(recipe["ranks"]))
@@ -278,24 +263,12 @@ def _write_ranks(spec: dict[str, Any], path: Path) -> None:
     keep_cache_file(path, b"".join(base64.b64encode(token) + b" %d\n" % i for token, i in _ranks(spec).items()))
 
 
-def first_difference(a: Any, b: Any, pieces: list[str]) -> str | None:
-    """None when two engines' outputs agree; else which piece differs first."""
-    (ids_a, counts_a), (ids_b, counts_b) = a, b
-    if np.array_equal(counts_a, counts_b) and np.array_equal(ids_a, ids_b):
-        return None
-    ends_a, ends_b = np.cumsum(counts_a), np.cumsum(counts_b)
-    for i, piece in enumerate(pieces):
-        start_a, start_b = ends_a[i] - counts_a[i], ends_b[i] - counts_b[i]
-        if not np.array_equal(ids_a[start_a:ends_a[i]], ids_b[start_b:ends_b[i]]):
-            return f"piece {i} ({piece[:60]!r}...) tokenizes differently"
-    return "the outputs differ"
-
-
 class Unusable(Exception):
     """A fast engine cannot run this tokenizer (the message says why)."""
 
 
-def _build(name: str, spec: dict[str, Any], path: Path) -> Any:
+def build_engine(name: str, spec: dict[str, Any], path: Path) -> Any:
+    """The fast engine `name` built for this tokenizer.json; Unusable says why it cannot run it."""
     if name == "tiktoken":
         if (problem := tiktoken_problem(spec)) is not None:
             raise Unusable(problem)
@@ -313,180 +286,3 @@ def _build(name: str, spec: dict[str, Any], path: Path) -> Any:
 
 def _first_line(exc: Exception) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
-def in_thread(work: Callable[[], Any], name: str = "engine-build") -> Future:
-    """work() in a thread of its own. Not a daemon: a daemon thread still inside a Rust engine when the
-    interpreter exits is unwound through Rust's panic guard, and the process aborts ("FATAL: exception not
-    rethrown") instead of exiting with its code; a run that fails early waits for the build (a second) instead."""
-    future: Future = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(work())
-        except BaseException as exc:  # noqa: BLE001  handed to whoever waits
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name=f"gpu-prep-{name}").start()
-    return future
-
-
-_BUILDS: dict[tuple[str, Any], Future] = {}  # building one takes about a second: once per process
-_BUILDS_LOCK = threading.Lock()
-# Engines kept built, the most recent first: a run uses one, and a process that runs many tokenizers in turn
-# (a notebook, a test suite) must not keep them all (a Qwen3 fastokens engine holds about 350 MB).
-KEPT_BUILDS = 4
-
-
-def _forget_old_builds() -> None:
-    """Drop the oldest finished builds past KEPT_BUILDS (under _BUILDS_LOCK); one still building stays, as
-    someone waits for it."""
-    for key in [k for k, f in _BUILDS.items() if f.done()][:max(0, len(_BUILDS) - KEPT_BUILDS)]:
-        del _BUILDS[key]
-
-
-def candidates(requested: str) -> tuple[str, ...]:
-    """The fast engines tokenizer.engine lets a run try, in order."""
-    return FAST_ENGINES if requested == "auto" else () if requested == "hf" else (requested,)
-
-
-def start_builds(requested: str, spec: dict[str, Any], path: Path, cache_key: Any) -> None:
-    """Start building, in a thread of its own, the first fast engine a run may use (as part of loading the
-    tokenizer; the run reads its first rows meanwhile); the next is built only once that one is out (a
-    build it would not use costs a core its second). cache_key names the tokenizer.json (path, size,
-    mtime): a process builds each engine of it once."""
-    for name in candidates(requested)[:1]:
-        with _BUILDS_LOCK:
-            if (name, cache_key) not in _BUILDS:
-                _forget_old_builds()
-                _BUILDS[(name, cache_key)] = _started_early(name, spec, path, cache_key) \
-                    or in_thread(lambda name=name: _build(name, spec, path))
-
-
-def _started_early(name: str, spec: dict[str, Any], path: Path, cache_key: Any) -> Future | None:
-    """The build the console script started before its imports (gpu_prep.tokenization.early), where it is this engine of
-    this file; if that build failed, the usual one, started then."""
-    from gpu_prep.tokenization import early
-
-    started = early.claim(name, cache_key, lambda: rank_recipe(spec, path) if name == "fastokens" else None)
-    if started is None:
-        return None
-
-    def take() -> FastokensEngine:
-        try:
-            tokenizer, form, ranks = started.result()
-        except Exception:  # noqa: BLE001  the guess went wrong: build as a run without one does
-            return _build(name, spec, path)
-        # Built from the rank file: named, so that a rank file whose engine differs from HF is dropped as the
-        # run's own build from it would be (choose_engine).
-        return FastokensEngine(tokenizer, form, ranks)
-
-    return in_thread(take)
-
-
-def fast_engine(name: str, spec: dict[str, Any], path: Path, cache_key: Any) -> tuple[Any, str | None]:
-    """(the built engine, None), or (None, why it cannot run this tokenizer)."""
-    future = None
-    while future is None:  # (a build forgotten, by other tokenizers' builds, before it was taken: again)
-        start_builds(name, spec, path, cache_key)
-        with _BUILDS_LOCK:
-            future = _BUILDS.get((name, cache_key))
-    try:
-        return future.result(), None
-    except Unusable as exc:
-        return None, str(exc)
-
-
-def choose_engine(requested: str, spec: dict[str, Any], path: Path, hf: HfEngine, pieces: list[str],
-                  sample_size: int, threads: int | None, cache_key: Any) -> tuple[Any, str, tuple[np.ndarray, np.ndarray]]:
-    """The engine to run, a sentence saying why, and `pieces` encoded by that engine. `requested`: auto |
-    hf | fastokens | tiktoken.
-
-    A fast engine is used only if it equals HF on the first sample_size pieces (with none, as a resumed run
-    restores the choice it made, it is taken as it is). HF encodes the sample in a thread of its own while
-    the fast engine encodes all the pieces, so the check adds HF's share of the work and nothing else. The
-    sentence also says why each engine tried before it was not taken."""
-    if requested == "hf":
-        return hf, "hf: requested", hf.encode(pieces)
-    sample = pieces[:sample_size]
-    reasons, reference = [], None
-    with ThreadPoolExecutor(1, thread_name_prefix="gpu-prep-engine-check") as pool:
-        for name in candidates(requested):
-            built, problem = fast_engine(name, spec, path, cache_key)
-            if built is None:
-                reasons.append(f"{name} cannot run this tokenizer ({problem})")
-                continue
-            if sample and reference is None:
-                reference = pool.submit(hf.encode, sample)
-            fast = built.with_threads(threads)
-            encoded = fast.encode(pieces)
-            if getattr(fast, "note", None):
-                reasons.append(fast.note)
-            if reference is None:
-                return fast, "; ".join([f"{name}: chosen earlier in this run", *reasons]), encoded
-            counts = encoded[1][:len(sample)]
-            difference = first_difference((encoded[0][:int(counts.sum())], counts), reference.result(), sample)
-            if difference is None:
-                return fast, "; ".join([f"{name}: identical to HF on a sample of {len(sample)} pieces of this input",
-                                        *reasons]), encoded
-            if getattr(fast, "ranks", None):
-                # Built from a cached rank file that is not this tokenizer (its ids are not in merge order):
-                # drop the file and choose again, fastokens now built from the tokenizer.json.
-                refuse_ranks(Path(fast.ranks), f"fastokens built from it differs from HF ({difference})")
-                with _BUILDS_LOCK:
-                    _BUILDS.pop((name, cache_key), None)
-                active, choice, encoded = choose_engine(requested, spec, path, hf, pieces, sample_size, threads,
-                                                        cache_key)
-                return active, f"{choice}; a cached rank file made fastokens differ from HF and was dropped", encoded
-            reasons.append(f"{name} differs from HF on this input ({difference}); falling back")
-    return hf, "hf: " + "; ".join(reasons), hf.encode(pieces)
-
-
-class Audit:
-    """Checks a fast engine all the way through a run: a seeded share of the pieces is encoded again by HF,
-    in a thread of its own. Which pieces is decided by each piece's key (its row's place in the input and
-    its number in the row), so the same pieces are checked however the run is chunked, spread over workers
-    or interrupted. Batches are checked in the order submitted: once one differs, every later one is known
-    to come from an engine no longer trusted."""
-
-    def __init__(self, hf: HfEngine, engine: str, rate: float | None = None, seed: int = AUDIT_SEED) -> None:
-        self.hf, self.engine, self.seed = hf, engine, seed
-        self.rate = AUDIT_RATE if rate is None else rate
-        self.difference: str | None = None  # the first difference seen: the engine is no longer trusted
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="gpu-prep-engine-audit")
-
-    def picks(self, keys: np.ndarray) -> np.ndarray:
-        """The places of the pieces (by their uint64 keys) that are checked."""
-        mixed = splitmix64(np, keys.astype(np.uint64) ^ np.uint64(self.seed))
-        return np.flatnonzero((mixed >> np.uint64(11)) < np.uint64(int(self.rate * (1 << 53))))
-
-    def submit(self, pieces: list[str], keys: np.ndarray, ids: np.ndarray, counts: np.ndarray,
-               then: Callable[[dict[str, Any]], Any]) -> Future:
-        """Check these pieces' encoding (flat ids, tokens per piece) in the background; the future gives
-        then(check), check saying how many pieces were checked and the difference (None: HF agrees on this
-        batch and every earlier one)."""
-        return self._pool.submit(self._check, pieces, keys, ids, counts, then)
-
-    def _check(self, pieces: list[str], keys: np.ndarray, ids: np.ndarray, counts: np.ndarray,
-               then: Callable[[dict[str, Any]], Any]) -> Any:
-        checked = 0
-        if self.difference is None:
-            picked = self.picks(keys)
-            piece_picked = np.zeros(len(counts), dtype=bool)
-            piece_picked[picked] = True
-            got = (ids[np.repeat(piece_picked, counts)], counts[picked])
-            texts = [pieces[i] for i in picked]
-            difference = first_difference(got, self.hf.encode(texts), texts)
-            checked = len(picked)
-            if difference is not None:
-                self.difference = f"{self.engine} differs from HF: {difference}"
-        return then({"engine": self.engine, "share": self.rate, "seed": self.seed, "pieces_checked": checked,
-                     "difference": self.difference})
-
-
-def add_checks(total: dict[str, Any] | None, check: dict[str, Any]) -> dict[str, Any]:
-    """Two engine checks' summaries as one (the pieces counted, the first difference kept)."""
-    if total is None:
-        return dict(check)
-    return {**total, "pieces_checked": total["pieces_checked"] + check["pieces_checked"],
-            "difference": total["difference"] or check["difference"]}
