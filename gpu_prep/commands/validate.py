@@ -68,12 +68,13 @@ def check_sample(config: PipelineConfig, inputs: list[str], sample: int) -> Samp
         for drop in formatted.drops:
             # Lines that are no row (not JSON, say) are the sample run's to report; a builder's own choice
             # to skip a row is no row it cannot read.
-            if chunk.records[drop.row] is None or drop.row in chunk.errors or drop.reason == Drop.SKIPPED_BY_BUILDER:
+            reason, detail = drop.why
+            if chunk.records[drop.row] is None or drop.row in chunk.errors or reason == Drop.SKIPPED_BY_BUILDER:
                 continue
             cfg = sources.get(chunk.file_index[drop.row], (config, None))[0]
-            report.failed[drop.reason] += 1
-            report.first_failure.setdefault(drop.reason, drop.detail)
-            report.failed_type.setdefault(drop.reason, cfg.input.type)
+            report.failed[reason] += 1
+            report.first_failure.setdefault(reason, detail)
+            report.failed_type.setdefault(reason, cfg.input.type)
             record = drop.record
             report.suggested[detect_schema(record, cfg) if isinstance(record, dict) else None] += 1
         for shape in formatted.rows.payload:

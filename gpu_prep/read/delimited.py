@@ -12,12 +12,12 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from gpu_prep.errors import ConfigError, Drop, InputError
+from gpu_prep.errors import ConfigError, Drop, Dropped, InputError
 from gpu_prep.read.files import HEAD_BYTES, REJECT_TEXT, open_bytes
-from gpu_prep.read.row import Row
+from gpu_prep.read.row import ReadRow
 
 
-def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str | None = None) -> Iterator[Row]:
+def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str | None = None) -> Iterator[ReadRow]:
     """CSV or TSV: the header row names the columns, every cell is text; rows are numbered by record, the
     header being 1 (the line, unless a quoted cell spans lines or blank lines come between). A row with
     more or fewer cells than the header is a malformed_row drop showing its text, in its place (the parser
@@ -51,15 +51,16 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
             bad.append(invalid)
         return "skip"
 
-    def malformed(number: int, invalid: Any) -> list[Row]:  # numbered from `number`; in its batch's bytes
+    def malformed(number: int, invalid: Any) -> list[ReadRow]:  # numbered from `number`; in its batch's bytes
         cells = f"{invalid.actual_columns} cells where the header has {invalid.expected_columns}"
         lines = [line for line in _LINE_END.split(invalid.text) if line]  # blank lines are no record
         if len(lines) < 2:
-            return [(number, None, (Drop.MALFORMED_ROW, cells, invalid.text[:REJECT_TEXT]), 0)]
+            return [ReadRow(number, None, 0, Dropped(Drop.MALFORMED_ROW, cells), invalid.text[:REJECT_TEXT])]
         joined = (f"{cells}, in a record a quoted cell joins from {len(lines)} lines (a '\"' opened on one line "
                   "and closed on another?)")
-        return [(number + k, None, (Drop.MALFORMED_ROW, f"{joined}: line {k + 1} of them; each is counted as a "
-                                    "dropped row", line[:REJECT_TEXT]), 0) for k, line in enumerate(lines)]
+        return [ReadRow(number + k, None, 0, Dropped(Drop.MALFORMED_ROW, f"{joined}: line {k + 1} of them; each is "
+                                                     "counted as a dropped row"), line[:REJECT_TEXT])
+                for k, line in enumerate(lines)]
 
     # row: the records read (the header being 1), as the csv module numbers them in `ragged` (the rows with
     # too few or too many cells, once one is met); extra: how many more rows than records joined lines gave.
@@ -87,7 +88,7 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
                     drops = malformed(row + extra, bad.popleft())
                     yield from drops
                     row, extra = row + 1, extra + len(drops) - 1
-                yield row + extra, record, None, share + (first if k == 0 else 0)
+                yield ReadRow(row + extra, record, share + (first if k == 0 else 0))
         if not ended:
             last = row + len(bad)
             raise InputError(f"{path}: the file ends inside a quoted cell: a '\"' opened in record {last} (the last, "

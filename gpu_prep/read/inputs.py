@@ -20,13 +20,14 @@ from typing import Any
 
 import orjson
 
-from gpu_prep.errors import ConfigError, Drop, InputError
+from gpu_prep.errors import ConfigError, Drop, Dropped, InputError
 from gpu_prep.read.delimited import csv_header
 from gpu_prep.read.hub import check_hub_version, hub_dataset
 from gpu_prep.read.detect import column_names, inspect_file
 from gpu_prep.read.files import (KNOWN, READ_ERRORS, datasets_own, file_size, is_url, local_path, remote_files,
                                  split_name, text_size)
 from gpu_prep.read.folders import dataset_folder_files, default_split, split_names
+from gpu_prep.read.row import DroppedRow, ReadRow
 
 # A JSON Lines chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so
 # memory stays bounded whatever the rows' sizes (Parquet and JSON-array rows count rows only).
@@ -35,7 +36,6 @@ CHUNK_BYTES = 4 << 20
 # stage everything else hides behind) starts early instead of after a whole chunk was read and rendered.
 FIRST_CHUNK_BYTES = 256 << 10
 MAX_ROW_BYTES = 64 << 20  # input.max_row_bytes's default
-FileRow = tuple[int, int, Any, "tuple[str, str, Any] | None", int]  # a Row with its file's index first
 
 
 @dataclass(frozen=True)
@@ -76,27 +76,29 @@ class ReadAs:
 
 @dataclass
 class RawChunk:
-    """Rows in input order. records[i] is None when the row is already dropped (reason in errors). A
+    """Rows in input order. records[i] is None when the row is already dropped (errors[i] says why). A
     record is an object, or a non-empty list of objects (a conversation's messages)."""
 
     file_index: list[int] = field(default_factory=list)
     line: list[int] = field(default_factory=list)
     records: list[dict[str, Any] | None] = field(default_factory=list)
-    errors: dict[int, tuple[str, str, Any]] = field(default_factory=dict)  # reason, detail, the row as read
+    errors: dict[int, DroppedRow] = field(default_factory=dict)  # the rows dropped as they were read, by place
     size: int = 0  # bytes of text its rows were read from (a columnar file's: their share of its bytes)
     skipped: int = 0  # bytes of the rows read past before it (those a resumed run had done): for progress
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def add(self, file_index: int, line: int, record: Any, error: tuple[str, str, Any] | None = None) -> None:
-        if error is None and not (isinstance(record, dict) or is_message_list(record)):
-            error = (Drop.NOT_AN_OBJECT, f"a row must be a JSON object, got {type(record).__name__}", record)
-        if error is not None:
-            self.errors[len(self.records)] = error
+    def add(self, file_index: int, row: ReadRow) -> None:
+        record, dropped, as_read = row.record, row.dropped, row.as_read
+        if dropped is None and not (isinstance(record, dict) or is_message_list(record)):
+            dropped = Dropped(Drop.NOT_AN_OBJECT, f"a row must be a JSON object, got {type(record).__name__}")
+            as_read = record
+        if dropped is not None:
+            self.errors[len(self.records)] = DroppedRow(len(self.records), dropped, as_read)
             record = None
         self.file_index.append(file_index)
-        self.line.append(line)
+        self.line.append(row.line)
         self.records.append(record)
 
 

@@ -7,17 +7,20 @@ from __future__ import annotations
 import codecs
 import json
 import re
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
 
-from gpu_prep.errors import Drop, InputError
+from gpu_prep.errors import Drop, Dropped, InputError
 from gpu_prep.read.files import open_bytes
-from gpu_prep.read.row import Row
+from gpu_prep.read.row import ReadRow
 from gpu_prep.read.text_checks import NotUtf8, _up_to_a_break
 
 
-def json_array_rows(path: str, compression: str | None, parse: Any, block: int = 1 << 20,
-                    encoding: str | None = None, cap: int | None = None) -> Iterator[Row]:
+# The strict parser: an element's text, its number (from 1) and its size -> its row.
+Parse = Callable[[bytes, int, int], ReadRow]
+
+
+def json_array_rows(path: str, compression: str | None, parse: Parse, block: int = 1 << 20,
+                    encoding: str | None = None, cap: int | None = None) -> Iterator[ReadRow]:
     """A JSON array, element by element: the text is decoded block by block and each element's end found
     with the standard decoder, then the element parsed by `parse` (the strict parser). Memory holds a
     block and the largest element, not the file. An element over `cap` characters (input.max_row_bytes)
@@ -79,8 +82,7 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
         if not buffer.startswith("[", pos):
             rest = buffer[pos:] + "".join(decoder.decode(chunk) for chunk in iter(lambda: handle.read(block), b""))
             rest += decoder.getstate()[0].decode("utf-8", errors="replace")
-            record, error = parse(rest.encode("utf-8"))
-            yield 1, record, error, len(rest)
+            yield parse(rest.encode("utf-8"), 1, len(rest))
             return
         pos += 1
         while True:
@@ -110,17 +112,16 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
                 if not more():
                     if end is not None:
                         break
-                    yield index + 1, None, (Drop.MALFORMED_JSON, f"array index {index} is cut short: the file ends "
-                                            "inside it", buffer[pos:pos + 200]), 0
+                    yield ReadRow(index + 1, None, 0, Dropped(Drop.MALFORMED_JSON, f"array index {index} is cut "
+                                                              "short: the file ends inside it"), buffer[pos:pos + 200])
                     return
             index += 1
             text = buffer[pos:end]
             if cap is not None and len(text) > cap:
-                yield index, None, (Drop.TOO_LARGE, f"array index {index - 1} is over input.max_row_bytes "
-                                    f"{cap:,}; not parsed", None), len(text)
+                yield ReadRow(index, None, len(text), Dropped(Drop.TOO_LARGE, f"array index {index - 1} is over "
+                                                                f"input.max_row_bytes {cap:,}; not parsed"))
             else:
-                record, error = parse(text.encode("utf-8"))
-                yield index, record, error, len(text)
+                yield parse(text.encode("utf-8"), index, len(text))
             pos = end
             skip(" \t\r\n")
             if buffer.startswith(",", pos):
@@ -130,8 +131,8 @@ def json_array_rows(path: str, compression: str | None, parse: Any, block: int =
                     raise InputError(f"{path}: not valid JSON: a ',' after the last element (array index {index - 1}) "
                                      "before the closing ']'; remove it, so the file is read as JSON readers read it")
             elif pos >= len(buffer):  # the file ends before the array closes: cut short, nothing after is lost
-                yield index + 1, None, (Drop.MALFORMED_JSON, f"the array is not closed: the file ends after array "
-                                        f"index {index - 1}", None), 0
+                yield ReadRow(index + 1, None, 0, Dropped(Drop.MALFORMED_JSON, "the array is not closed: the file "
+                                                          f"ends after array index {index - 1}"))
                 return
             elif not buffer.startswith("]", pos):
                 raise _goes_on(path, f"not one JSON array: after array index {index - 1}, with no ',' between",

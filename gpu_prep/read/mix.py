@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from gpu_prep.errors import ConfigError, Drop
-from gpu_prep.format import RowError
-from gpu_prep.read.inputs import FileRow, InputFile
+from gpu_prep.errors import ConfigError, Drop, Dropped, RowError
+from gpu_prep.read.inputs import InputFile
 from gpu_prep.read.jsonl import Columnar
+from gpu_prep.read.row import FileRow, ReadRow
 from gpu_prep.read.rows import file_rows
 
 DRAW_BLOCK = 1000  # datasets drawn at a time, as the seed's interleaving does (it fixes the order for a seed)
@@ -82,25 +82,32 @@ class Dataset:
 
     def rows(self, columnar: Columnar | None, max_row_bytes: int) -> Iterator[FileRow]:
         for file in self.files:
-            for line, record, error, nbytes in file_rows(file, columnar, max_row_bytes):
-                if error is None and record is not None:
-                    record, error = self.handle(record)
-                yield file.index, line, record, error, nbytes
+            for row in file_rows(file, columnar, max_row_bytes):
+                yield FileRow(file.index, self.handled(row))
 
-    def handle(self, record: Any) -> tuple[Any, tuple[str, str, Any] | None]:
-        original = record
+    def handled(self, row: ReadRow) -> ReadRow:
+        """The row through the dataset's handlers: their record, or dropped where one drops it (the row as
+        read kept)."""
+        if row.dropped is not None or row.record is None:
+            return row
+        record, dropped = self.handle(row.record)
+        if dropped is not None:
+            return ReadRow(row.line, None, row.nbytes, dropped, row.record)
+        return row._replace(record=record)
+
+    def handle(self, record: Any) -> tuple[Any, Dropped | None]:
         if self.handlers and not isinstance(record, dict):  # handlers take rows that are objects
-            return None, (Drop.NOT_AN_OBJECT, f"a row must be a JSON object, got {type(record).__name__}", original)
+            return None, Dropped(Drop.NOT_AN_OBJECT, f"a row must be a JSON object, got {type(record).__name__}")
         for fn, kwargs, name, remove in self.handlers:
             before = set(record) if remove == "all" and isinstance(record, dict) else set()
             try:
                 record = fn(record, **kwargs)
             except RowError as err:
-                return None, (err.reason, f"data handler {name}: {err.detail}", original)
+                return None, Dropped(err.reason, f"data handler {name}: {err.detail}")
             except Exception as exc:  # a handler's own failure drops the row, naming the handler
-                return None, (Drop.HANDLER_ERROR, f"data handler {name} failed: {type(exc).__name__}: {exc}", original)
+                return None, Dropped(Drop.HANDLER_ERROR, f"data handler {name} failed: {type(exc).__name__}: {exc}")
             if record is None:
-                return None, (Drop.SKIPPED_BY_HANDLER, f"data handler {name} skipped the row", original)
+                return None, Dropped(Drop.SKIPPED_BY_HANDLER, f"data handler {name} skipped the row")
             if remove and isinstance(record, dict):  # the handler's remove_columns ("all": the row's own)
                 gone = before if remove == "all" else set(_columns(remove))
                 record = {k: v for k, v in record.items() if k not in gone}

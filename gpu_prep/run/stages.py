@@ -24,10 +24,10 @@ import numpy as np
 from gpu_prep.format.contract import BuilderTokenizer, build_row
 from gpu_prep.config import PAIR_TYPES, TEMPLATE_ROLES, PipelineConfig
 from gpu_prep.tokenization.engines import HfEngine
-from gpu_prep.errors import Drop, EngineMismatch
+from gpu_prep.errors import Drop, Dropped, EngineMismatch, RowError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter.dedup import Deduplicator, filter_rows
-from gpu_prep.format import (Conversation, Pair, RowError, Segments, Tokens, Unpaired, auto_schema, dedup_text,
+from gpu_prep.format import (Conversation, Pair, Segments, Tokens, Unpaired, auto_schema, dedup_text,
                              domain_of, fuzzy_text, hashed_whole, messages_row, source_chars, split_text)
 from gpu_prep.filter.fuzzy import MinHasher, text_band_keys
 from gpu_prep.mask.project import (Masked, contiguous_places, kept_span_tokens, mask_from_ranges, offset_places, row_of,
@@ -35,6 +35,7 @@ from gpu_prep.mask.project import (Masked, contiguous_places, kept_span_tokens, 
 from gpu_prep.mask.pairs import cut_pairs, sequence_tokens
 from gpu_prep.ragged import offsets_from_lengths
 from gpu_prep.read.inputs import RawChunk
+from gpu_prep.read.row import DroppedRow
 from gpu_prep.read.rows import first_rows, read_chunks
 from gpu_prep.render.context import RenderContext, RenderedRow, no_template
 from gpu_prep.render.row import affix_disagreement, render_row
@@ -48,16 +49,6 @@ ENGINE_SAMPLE_BYTES = 256 << 10  # text of the first chunk on which a fast engin
 KNOWN_ROLES = frozenset(TEMPLATE_ROLES)
 
 
-@dataclass(frozen=True)
-class Dropped:
-    """A row a stage dropped: its place in the chunk, the reason (errors.Drop), a detail, the row as read."""
-
-    row: int
-    reason: str
-    detail: str
-    record: Any
-
-
 @dataclass
 class Rows:
     """The rows of a chunk still alive after a stage: their places in the chunk and what they carry (a
@@ -68,18 +59,18 @@ class Rows:
     payload: list[Any] = field(default_factory=list)
     split: list[int] | None = None  # with output.splits: each row's split (its index in splits), from filter on
 
-    def keep(self, reasons: list[tuple[str, str] | None], chunk: RawChunk, drops: list[Dropped]) -> Rows:
-        """The rows whose reason is None; the others go to drops."""
+    def keep(self, dropped: list[Dropped | None], chunk: RawChunk, drops: list[DroppedRow]) -> Rows:
+        """The rows not dropped (None); the others go to drops."""
         kept = Rows(split=None if self.split is None else [])
-        for k, (i, domain, payload, reason) in enumerate(zip(self.index, self.domain, self.payload, reasons)):
-            if reason is None:
+        for k, (i, domain, payload, why) in enumerate(zip(self.index, self.domain, self.payload, dropped)):
+            if why is None:
                 kept.index.append(i)
                 kept.domain.append(domain)
                 kept.payload.append(payload)
                 if self.split is not None:
                     kept.split.append(self.split[k])
             else:
-                drops.append(Dropped(i, *reason, chunk.records[i]))
+                drops.append(DroppedRow(i, why, chunk.records[i]))
         return kept
 
 
@@ -88,7 +79,7 @@ class Formatted:
     """A chunk in the canonical shape: the rows that have one, and what formatting counted."""
 
     rows: Rows
-    drops: list[Dropped]
+    drops: list[DroppedRow]
     schemas: Counter  # rows formatted, by input type (several with input.type auto)
     notes: Counter  # the parse report: "rows_with_tools", "unknown_role:<role>", what building chat rows did
 
@@ -100,7 +91,7 @@ class Prepared:
 
     chunk: RawChunk
     rows: Rows
-    drops: list[Dropped]
+    drops: list[DroppedRow]
     schemas: Counter
     notes: Counter
     digests: list[bytes]
@@ -134,7 +125,7 @@ class MaskResult:
     over: np.ndarray  # over max_seq_len where truncation is drop or raise (not kept)
     trained_by_span: np.ndarray  # trained tokens in each trained span, after truncation
     samples_per_row: int = 1  # preference pairs: 2 (prompt + chosen, prompt + rejected)
-    drops: list[tuple[int, str, str]] = field(default_factory=list)  # rows dropped by the pair cut (pairs.py)
+    drops: list[tuple[int, Dropped]] = field(default_factory=list)  # rows dropped by the pair cut (pairs.py), by row
     pair_counts: Counter | None = None  # pairs.PAIR_COUNTS of the chunk (preference pairs only)
     labels: np.ndarray | None = None  # input.type kto: each kept row's label (1 desirable)
 
@@ -159,7 +150,7 @@ def format_rows(chunk: RawChunk, base: PipelineConfig, sources: Sources | None =
     out = Formatted(Rows(), [], Counter(), Counter())
     for i, record in enumerate(chunk.records):
         if record is None:
-            out.drops.append(Dropped(i, *chunk.errors[i]))
+            out.drops.append(chunk.errors[i])
             continue
         config, own_domain = sources.get(chunk.file_index[i], (base, None)) if sources else (base, None)
         auto = config.input.type == "auto"
@@ -171,7 +162,7 @@ def format_rows(chunk: RawChunk, base: PipelineConfig, sources: Sources | None =
                 schema = auto_schema(record, config)
             shape = build_row(schema, record, config, tokenizer)
         except RowError as err:
-            out.drops.append(Dropped(i, err.reason, err.detail, record))
+            out.drops.append(DroppedRow(i, err.dropped, record))
             continue
         if isinstance(shape, Tokens) and shape.domain is not None:  # a plugin's builder named it
             domain = shape.domain
@@ -210,7 +201,7 @@ def first_rows_formatted(run: RunContext) -> None:
 # ---------------------------------------------------------------- filter
 
 
-def filter_reasons(run: RunContext, rows: Rows, dedup: Deduplicator | None) -> list[tuple[str, str] | None]:
+def filter_reasons(run: RunContext, rows: Rows, dedup: Deduplicator | None) -> list[Dropped | None]:
     """Per row: None (kept) or why the length rules or dedup drop it."""
     chars = np.fromiter((source_chars(shape) for shape in rows.payload), np.int64, len(rows.payload))
     keys = [dedup_text(shape) for shape in rows.payload] if dedup is not None else []
@@ -222,7 +213,7 @@ def filter_reasons(run: RunContext, rows: Rows, dedup: Deduplicator | None) -> l
                Drop.DUPLICATE: "its text has the MD5 of an earlier row's" if rules.dedup_prefix_chars is None
                else f"its first {rules.dedup_prefix_chars} characters have the MD5 of an earlier row's"}
     whole = "it equals an earlier row (rows of this kind are hashed whole)"
-    return [None if r is None else (r, f"{n} characters; {whole if r == Drop.DUPLICATE and hashed_whole(shape) else details[r]}")
+    return [None if r is None else Dropped(r, f"{n} characters; {whole if r == Drop.DUPLICATE and hashed_whole(shape) else details[r]}")
             for r, n, shape in zip(reasons, chars.tolist(), rows.payload)]
 
 
@@ -240,9 +231,9 @@ def band_keys(run: RunContext, rows: Rows, chunk_rows: int) -> tuple[np.ndarray,
 
 
 def render_rows(rows: Rows, chunk: RawChunk, contexts: dict[int, RenderContext], ctx: RenderContext
-                ) -> tuple[Rows, list[tuple[str, str] | None]]:
-    """Each row rendered with its dataset's context (contexts, by file index) or ctx; per row the reason
-    it could not be (None: rendered)."""
+                ) -> tuple[Rows, list[Dropped | None]]:
+    """Each row rendered with its dataset's context (contexts, by file index) or ctx; per row why it could
+    not be (None: rendered)."""
     rendered, reasons = [], []
     for i, shape in zip(rows.index, rows.payload):
         try:
@@ -250,7 +241,7 @@ def render_rows(rows: Rows, chunk: RawChunk, contexts: dict[int, RenderContext],
             reasons.append(None)
         except RowError as err:
             rendered.append(None)
-            reasons.append((err.reason, err.detail))
+            reasons.append(err.dropped)
     return Rows(rows.index, rows.domain, rendered, rows.split), reasons
 
 
@@ -501,6 +492,7 @@ def mask_rows(run: RunContext, rendered: list[RenderedRow], tokens: Encoded) -> 
         sequences = sequence_tokens(tokens_per_piece, np.diff(piece_offsets), sides + 1)  # each side, the prompt alone
         samples, drops, counts, by_span = cut_pairs(host, sequences, rules, num_rows, differs, sides)
         labels = None if sides == 2 else np.array([rendered[r].label for r in samples.kept_rows.tolist()], np.int8)
+        drops = [(r, Dropped(reason, detail)) for r, reason, detail in drops]
         return MaskResult(samples, backend.to_host(valid), over, by_span, sides, drops, counts, labels)
     by_role = kept_span_tokens(xp, first, stop, span_offsets_d, offsets_d, limit, side, kept)
     return MaskResult(masked, backend.to_host(valid), over, backend.to_host(by_role))
