@@ -45,7 +45,7 @@ from gpu_prep.run.manifest import Outcome, build_manifest
 from gpu_prep.run.outdir import (MANIFEST, check_output, check_paths, check_rejects, output_lock, prepare_output,
                                  rejects_name, remove_partial_files)
 from gpu_prep.run.overlap import Stopwatch, deaf_to_ctrl_c, in_background
-from gpu_prep.run.stages import first_rows_formatted
+from gpu_prep.run.prepare import first_rows_formatted
 from gpu_prep.read.files import local_path
 from gpu_prep.tokenization.tokenizer import load_tokenizer
 

@@ -1,4 +1,4 @@
-"""The per-chunk stages (run/stages.py) one by one on hand-made chunks, the run context and decisions they
+"""The per-chunk stages (run/stages.py lists them) one by one on hand-made chunks, the run context and decisions they
 share (run/context.py), and the one-process driver (run/local.py) in turn and overlapping."""
 
 from __future__ import annotations
@@ -20,7 +20,10 @@ from gpu_prep.read.rows import read_chunks
 from gpu_prep.run.context import Decisions, Options, build_context
 from gpu_prep.run.local import decide, run_here
 from gpu_prep.run.overlap import Stopwatch
-from gpu_prep.run.stages import Done, Rows, filter_reasons, format_rows, mask_chunk, prepare, prepare_and_tokenize
+from gpu_prep.run.masking import mask_chunk
+from gpu_prep.run.prepare import filter_reasons, format_rows, prepare
+from gpu_prep.run.stages import Done, Rows
+from gpu_prep.run.tokenize import prepare_and_tokenize
 
 CHAT = {"input": {"type": "chat"}, "mask": {"assistant": "train"}}
 

@@ -1,5 +1,5 @@
 """A worker's side of a cluster run: its run context (built once per process and run), the rows of a
-part or a range of the stream, and a range through the stages of run/stages.py."""
+part or a range of the stream, and a range through the stages of run/ (run/stages.py lists them)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ from gpu_prep.read.row import FileRow
 from gpu_prep.read.rows import part_rows, read_chunks
 from gpu_prep.run.context import Decisions, RunContext, build_context, datasets_of
 from gpu_prep.run.overlap import Stopwatch
-from gpu_prep.run.stages import Done, Rows, mask_chunk, prepare_and_tokenize
+from gpu_prep.run.masking import mask_chunk
+from gpu_prep.run.stages import Done, Rows
+from gpu_prep.run.tokenize import prepare_and_tokenize
 from gpu_prep.tokenization.tokenizer import load_tokenizer
 
 _CONTEXTS: dict[str, RunContext] = {}

@@ -24,7 +24,7 @@ from gpu_prep.read.mix import config_rows
 from gpu_prep.read.inputs import LeftOut
 from gpu_prep.read.rows import first_rows, read_chunks, sample_shares
 from gpu_prep.run.context import DEFAULT_TOKENIZER, dataset_sources, run_inputs
-from gpu_prep.run.stages import format_rows
+from gpu_prep.run.prepare import format_rows
 from gpu_prep.tokenization.tokenizer import load_tokenizer
 
 
@@ -51,7 +51,7 @@ def check_sample(config: PipelineConfig, inputs: list[str], sample: int) -> Samp
     left_out = LeftOut()
     files, datasets = run_inputs(config, inputs, left_out)
     report.warnings.extend(left_out.warnings())
-    # Each file's rows are built as the run builds them (stages.format_rows), with its dataset's own config,
+    # Each file's rows are built as the run builds them (prepare.format_rows), with its dataset's own config,
     # in the order the run takes them (a mix's, with the datasets' data handlers run), so the sample is the
     # sample run's.
     sources = dataset_sources(config, datasets) if datasets else {}
