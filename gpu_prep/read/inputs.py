@@ -150,59 +150,71 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
     paths: list[tuple[str, str]] = []  # (what was given, a file it gives)
     for pattern in patterns:
         pattern = local_path(pattern)  # file://: read by the local rules (folders, splits, given twice)
-        if is_url(pattern):
-            if how.split is not None:
-                raise ConfigError(_no_split(pattern, how.split, "a URL has"))
-            found, unread = remote_files(pattern)
-            if unread:
-                left_out.files[pattern] = unread
-        elif os.path.isdir(pattern):
-            found = dataset_folder_files(Path(pattern), how.split)
-            if found is None:
-                found, unread, inner = folder_files(Path(pattern), how.builder, how.split)
-                loose = [f for f in found if not any(Path(f).is_relative_to(d) for d in inner)]
-                if how.split is not None and (not inner or loose):  # files beside its datasets folders have none
-                    raise ConfigError(_no_split(pattern, how.split, f"{names_of(pattern, loose)} in this folder have"
-                                                if inner else "this folder has"))
-                if not found:
-                    raise ConfigError(_nothing_read(pattern, unread))
-                if unread:
-                    left_out.files[pattern] = unread
-                if how.split is None:  # the default split read from each datasets folder in it
-                    left_out.splits.update((where, (chosen, others)) for where, (chosen, others) in inner.items() if others)
-            elif how.split is None and len(splits := split_names(Path(pattern))) > 1:  # the default split read
-                chosen = default_split(splits)
-                left_out.splits[pattern] = (chosen, [s for s in splits if s != chosen])
-        elif how.split is not None:
-            raise ConfigError(_no_split(pattern, how.split, "a file has"))
-        elif glob.has_magic(pattern):
-            found = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
-        else:
-            found = [pattern]
+        found = _pattern_files(pattern, how, left_out)
         if not found:
             raise ConfigError(f"input {pattern!r}: no such file, or the pattern matches nothing{_hub_hint(pattern)}")
         paths.extend((pattern, path) for path in found)
     _check_given_once(paths)
-    files = []
+    files: list[InputFile] = []
     for _, path in paths:
-        if not is_url(path) and not os.path.isfile(path):
-            raise ConfigError(f"input {path!r}: no such file{_hub_hint(path)}")
-        if not is_url(path) and not os.access(path, os.R_OK):
-            raise ConfigError(f"input {path!r}: not readable")
-        fmt, compression = split_name(path)
-        if how.builder is not None and fmt is None:
-            fmt = how.builder
-        if fmt is None:
-            raise ConfigError(f"input {path!r}: not a format gpu-prep reads by its name (it reads {KNOWN}); "
-                              "rename it, or name its format with a dataset's builder")
-        # Taken before the file's content is first looked at, so that what inspect_file sees is checked too.
-        stat = None if is_url(path) else os.stat(path)
-        size = file_size(path) if stat is None else stat.st_size
-        layout, encoding = inspect_file(path, fmt, compression)
-        files.append(InputFile(first_index + len(files), path, size, layout, compression, how.text_key,
-                               how.text_per_line, encoding=encoding, text_bytes=text_size(path, compression, size),
-                               mtime_ns=None if stat is None else stat.st_mtime_ns))
+        files.append(_input_file(first_index + len(files), path, how))
     return files
+
+
+def _pattern_files(pattern: str, how: ReadAs, left_out: LeftOut) -> list[str]:
+    """The files one input gives (a URL, a folder, a glob or a file), noting in left_out what its folders
+    hold that is not read."""
+    if is_url(pattern):
+        if how.split is not None:
+            raise ConfigError(_no_split(pattern, how.split, "a URL has"))
+        found, unread = remote_files(pattern)
+        if unread:
+            left_out.files[pattern] = unread
+        return found
+    if os.path.isdir(pattern):
+        found = dataset_folder_files(Path(pattern), how.split)
+        if found is None:
+            found, unread, inner = folder_files(Path(pattern), how.builder, how.split)
+            loose = [f for f in found if not any(Path(f).is_relative_to(d) for d in inner)]
+            if how.split is not None and (not inner or loose):  # files beside its datasets folders have none
+                raise ConfigError(_no_split(pattern, how.split, f"{names_of(pattern, loose)} in this folder have"
+                                            if inner else "this folder has"))
+            if not found:
+                raise ConfigError(_nothing_read(pattern, unread))
+            if unread:
+                left_out.files[pattern] = unread
+            if how.split is None:  # the default split read from each datasets folder in it
+                left_out.splits.update((where, (chosen, others)) for where, (chosen, others) in inner.items() if others)
+        elif how.split is None and len(splits := split_names(Path(pattern))) > 1:  # the default split read
+            chosen = default_split(splits)
+            left_out.splits[pattern] = (chosen, [s for s in splits if s != chosen])
+        return found
+    if how.split is not None:
+        raise ConfigError(_no_split(pattern, how.split, "a file has"))
+    if glob.has_magic(pattern):
+        return sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+    return [pattern]
+
+
+def _input_file(index: int, path: str, how: ReadAs) -> InputFile:
+    """The input file at path, checked to be there, readable and of a format its name (or how.builder) says
+    and its content agrees with."""
+    if not is_url(path) and not os.path.isfile(path):
+        raise ConfigError(f"input {path!r}: no such file{_hub_hint(path)}")
+    if not is_url(path) and not os.access(path, os.R_OK):
+        raise ConfigError(f"input {path!r}: not readable")
+    fmt, compression = split_name(path)
+    if how.builder is not None and fmt is None:
+        fmt = how.builder
+    if fmt is None:
+        raise ConfigError(f"input {path!r}: not a format gpu-prep reads by its name (it reads {KNOWN}); "
+                          "rename it, or name its format with a dataset's builder")
+    # Taken before the file's content is first looked at, so that what inspect_file sees is checked too.
+    stat = None if is_url(path) else os.stat(path)
+    size = file_size(path) if stat is None else stat.st_size
+    layout, encoding = inspect_file(path, fmt, compression)
+    return InputFile(index, path, size, layout, compression, how.text_key, how.text_per_line, encoding=encoding,
+                     text_bytes=text_size(path, compression, size), mtime_ns=None if stat is None else stat.st_mtime_ns)
 
 
 def check_unchanged(file: InputFile) -> None:

@@ -91,7 +91,6 @@ class Committer:
     def write(self, prepared: Prepared, mask: MaskResult, drops: list[DroppedRow]) -> None:
         """Append the chunk's samples to their domains and count them; the rows dropped here go to drops."""
         backend, acct, rows, chunk = self.run.backend, self.acct, prepared.rows, prepared.chunk
-        rules = self.run.config.preprocessing
         masked = mask.masked
         ids, loss_mask = backend.to_host(masked.ids), backend.to_host(masked.loss_mask)
         offsets, kept = backend.to_host(masked.offsets), backend.to_host(masked.kept_rows)
@@ -102,24 +101,7 @@ class Committer:
         def drop(r: int, why: Dropped) -> None:
             drops.append(DroppedRow(rows.index[r], why, chunk.records[rows.index[r]]))
 
-        for r in np.nonzero(~mask.valid)[0]:
-            drop(r, Dropped(Drop.TOKENIZER_MISMATCH, "the tokens do not cover the rendered text byte for byte, or their "
-                            "offsets go backwards"))
-        for r in np.nonzero(mask.valid & mask.over)[0]:
-            detail = f"over max_seq_len {rules.max_seq_len} tokens"
-            if rules.truncation == "raise":
-                i = rows.index[r]
-                where = f"{acct.files[chunk.file_index[i]].path}:{chunk.line[i]}"
-                raise InputError(f"{where}: {detail} (preprocessing.truncation is 'raise')")
-            drop(r, Dropped(Drop.TOO_MANY_TOKENS, detail))
-        for r in backend.to_host(masked.no_trained_rows):
-            drop(r, Dropped(Drop.NO_TRAINED_TOKENS, _no_trained(rows.payload[r], rules.max_seq_len)))
-        for r, why in mask.drops:  # preference pairs the cut to TRL's limits dropped
-            if why.reason == Drop.TOO_MANY_TOKENS and rules.truncation == "raise":
-                i = rows.index[r]
-                raise InputError(f"{acct.files[chunk.file_index[i]].path}:{chunk.line[i]}: {why.detail} "
-                                 "(preprocessing.truncation is 'raise')")
-            drop(r, why)
+        self.mask_drops(prepared, mask, drop)
         if mask.pair_counts is not None:
             acct.pairs.update(mask.pair_counts)
         per_row, labels, trained_by_span = mask.samples_per_row, mask.labels, mask.trained_by_span
@@ -151,6 +133,29 @@ class Committer:
         acct.trained_tokens += trained
         count_trained_by_role(acct, [role for row in rows.payload for role in row.span_roles], trained_by_span,
                               trained)
+
+    def mask_drops(self, prepared: Prepared, mask: MaskResult, drop: Callable[[int, Dropped], None]) -> None:
+        """Drop the rows the mask stage leaves unwritten (by their index in prepared.rows): tokens that do not
+        place exactly, over max_seq_len (with truncation raise, such a row stops the run), nothing trained,
+        and the preference pairs the cut to TRL's limits drops."""
+        rules, rows, chunk = self.run.config.preprocessing, prepared.rows, prepared.chunk
+
+        def too_long(r: int, why: Dropped) -> None:
+            if rules.truncation == "raise":
+                i = rows.index[r]
+                raise InputError(f"{self.acct.files[chunk.file_index[i]].path}:{chunk.line[i]}: {why.detail} "
+                                 "(preprocessing.truncation is 'raise')")
+            drop(r, why)
+
+        for r in np.nonzero(~mask.valid)[0]:
+            drop(r, Dropped(Drop.TOKENIZER_MISMATCH, "the tokens do not cover the rendered text byte for byte, or their "
+                            "offsets go backwards"))
+        for r in np.nonzero(mask.valid & mask.over)[0]:
+            too_long(r, Dropped(Drop.TOO_MANY_TOKENS, f"over max_seq_len {rules.max_seq_len} tokens"))
+        for r in self.run.backend.to_host(mask.masked.no_trained_rows):
+            drop(r, Dropped(Drop.NO_TRAINED_TOKENS, _no_trained(rows.payload[r], rules.max_seq_len)))
+        for r, why in mask.drops:
+            (too_long if why.reason == Drop.TOO_MANY_TOKENS else drop)(r, why)
 
     def near_duplicates(self, prepared: Prepared, kept: np.ndarray, drop: Callable[[int, Dropped], None]
                         ) -> np.ndarray:
