@@ -29,7 +29,7 @@ from gpu_prep.errors import ConfigError, Interrupted, WriteError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter.dedup import Deduplicator
 from gpu_prep.filter.fuzzy import NearIndex
-from gpu_prep.output.files import journal, settle_journal, sha256_file, write_json_atomic
+from gpu_prep.durable import journal, settle_journal, sha256_file, write_json_atomic
 from gpu_prep.output.shards import Storage
 from gpu_prep.output.writer import DatasetWriter
 from gpu_prep.mask.pairs import PAIR_META

@@ -14,7 +14,7 @@ from gpu_prep.output.writer import DatasetWriter
 from gpu_prep.read.inputs import InputFile
 from gpu_prep.run.accounting import PIECES, Accounting
 from gpu_prep.run.commit import append_by_domain, count_trained_by_role
-from gpu_prep.output.files import JOURNAL, create, journal, write_json_atomic
+from gpu_prep.durable import JOURNAL, create, journal, write_json_atomic
 from gpu_prep.run.outdir import MANIFEST, RUN_MARKER, check_output, prepare_output, remove_partial_files
 
 FILES = [InputFile(0, "a.jsonl", 10), InputFile(1, "b.jsonl", 10)]

@@ -21,7 +21,7 @@ from gpu_prep.read.inputs import InputFile
 from gpu_prep.read.jsonl import as_read
 from gpu_prep.read.columnar import locator
 from gpu_prep.read.files import LINE_LAYOUTS
-from gpu_prep.output.files import create, finish_file, temporary_path, writing
+from gpu_prep.durable import create, finish_file, temporary_path, writing
 
 EXAMPLES_PER_REASON = 3
 # The parse report's counts (besides unknown roles): rows with tools, and what building chat rows did.

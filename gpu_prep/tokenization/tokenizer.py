@@ -29,7 +29,7 @@ from gpu_prep.tokenization import early
 from gpu_prep.tokenization.engines import NORMAL_FORMS, Audit, HfEngine, choose_engine, file_sha256, rank_recipe, start_builds
 from gpu_prep.errors import ConfigError
 from gpu_prep.read.hub import looks_like_model_id, resolve_model_id
-from gpu_prep.output.files import copy_atomic, write_atomic
+from gpu_prep.durable import copy_atomic, write_atomic
 from gpu_prep.render.templates import tokenizer_templates
 
 # End-of-turn tokens of the common template families; those present in the vocabulary, plus the eos token,
