@@ -21,13 +21,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import gpu_prep.run.stages as stages  # noqa: E402
+import gpu_prep.run.masking as masking  # noqa: E402
 from benchmarks.corpora import sharegpt_chats, write_jsonl  # noqa: E402
 from gpu_prep.backend import gpu_missing_reason  # noqa: E402
 from gpu_prep.config import parse_config  # noqa: E402
 from gpu_prep.pipeline import Options, run  # noqa: E402
 
-ORIGINAL = stages.mask_rows
+ORIGINAL = masking.mask_rows
 CALLS: dict[str, Any] = {"seconds": 0.0, "count": 0, "last": {}}
 
 
@@ -61,7 +61,7 @@ def main() -> None:
     devices = ["cpu"] + (["gpu"] if gpu_missing_reason() is None else [])
     config = parse_config({"tokenizer": "qwen2.5", "input": {"type": "chat"}, "mask": {"assistant": "train"},
                            "preprocessing": {"max_seq_len": 1 << 30, "deduplicate": False, "min_chars": 0}})
-    stages.mask_rows = timed_mask_rows
+    masking.mask_rows = timed_mask_rows
     with tempfile.TemporaryDirectory() as tmp:
         data = write_jsonl(sharegpt_chats(args.chats), Path(tmp) / "chats.jsonl")
         for device in devices:

@@ -32,7 +32,8 @@ from gpu_prep.config import parse_config  # noqa: E402
 from gpu_prep.format import get_builder  # noqa: E402
 from gpu_prep.render.row import render_row
 from gpu_prep.run.context import Decisions, build_context  # noqa: E402
-from gpu_prep.run.stages import Tokenizing, mask_rows  # noqa: E402
+from gpu_prep.run.masking import mask_rows  # noqa: E402
+from gpu_prep.run.tokenize import Tokenizing  # noqa: E402
 from gpu_prep.backend import CPU  # noqa: E402
 from gpu_prep.run.overlap import Stopwatch  # noqa: E402
 from gpu_prep.tokenization.tokenizer import load_tokenizer  # noqa: E402

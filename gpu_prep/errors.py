@@ -1,6 +1,9 @@
-"""Errors a user can act on, and the reasons a row can be dropped."""
+"""Errors a user can act on, and the reasons a row can be dropped: Drop (the reasons), Dropped (the one shape a
+dropped row's why takes, in every stage) and RowError (raised to drop a row)."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 
 class GpuPrepError(Exception):
@@ -73,3 +76,25 @@ class Drop:
     # well formed but filtered out by a rule (length, duplicate, nothing left to train).
     BAD_DATA = frozenset({MALFORMED_JSON, MALFORMED_ROW, NOT_AN_OBJECT, MISSING_FIELD, WRONG_TYPE, UNKNOWN_SCHEMA, EMPTY, TEMPLATE_ERROR,
                           TEMPLATE_LIMIT, TOKENIZER_MISMATCH, BUILDER_ERROR})
+
+
+class Dropped(NamedTuple):
+    """Why a row is not written: its reason (a Drop code) and a detail that names the field and the rule.
+    Every stage that drops a row (reading, format, filter, render, mask, commit) says so with one of these."""
+
+    reason: str
+    detail: str
+
+
+class RowError(Exception):
+    """One row breaks a rule: raised where a row is built or rendered (a builder, a data handler, the chat
+    template), it drops that row, with a Drop reason and a detail naming the field and the rule."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+    @property
+    def dropped(self) -> Dropped:
+        return Dropped(self.reason, self.detail)

@@ -29,7 +29,7 @@ from gpu_prep.errors import ConfigError, Interrupted, WriteError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.filter.dedup import Deduplicator
 from gpu_prep.filter.fuzzy import NearIndex
-from gpu_prep.output.files import journal, settle_journal, sha256_file, write_json_atomic
+from gpu_prep.durable import journal, settle_journal, sha256_file, write_json_atomic
 from gpu_prep.output.shards import Storage
 from gpu_prep.output.writer import DatasetWriter
 from gpu_prep.mask.pairs import PAIR_META
@@ -45,7 +45,7 @@ from gpu_prep.run.manifest import Outcome, build_manifest, copy_tokenizer
 from gpu_prep.run.outdir import (MANIFEST, check_output, check_paths, check_rejects, output_lock, prepare_output,
                                  rejects_name, remove_partial_files)
 from gpu_prep.run.overlap import Stopwatch, deaf_to_ctrl_c, in_background
-from gpu_prep.run.stages import first_rows_formatted
+from gpu_prep.run.prepare import first_rows_formatted
 from gpu_prep.read.files import local_path
 from gpu_prep.tokenization.tokenizer import load_tokenizer
 

@@ -14,7 +14,7 @@ from types import ModuleType
 from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError
 from gpu_prep.format import registered_types
-from gpu_prep.read.mix import HANDLERS
+from gpu_prep.run.handlers import HANDLERS
 
 ENTRY_POINT_GROUP = "gpu_prep.plugins"
 

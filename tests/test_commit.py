@@ -9,12 +9,12 @@ import numpy as np
 import orjson
 import pytest
 
-from gpu_prep.errors import ConfigError, Drop, InputError
+from gpu_prep.errors import ConfigError, Drop, Dropped, InputError
 from gpu_prep.output.writer import DatasetWriter
 from gpu_prep.read.inputs import InputFile
 from gpu_prep.run.accounting import PIECES, Accounting
 from gpu_prep.run.commit import append_by_domain, count_trained_by_role
-from gpu_prep.output.files import JOURNAL, create, journal, write_json_atomic
+from gpu_prep.durable import JOURNAL, create, journal, write_json_atomic
 from gpu_prep.run.outdir import MANIFEST, RUN_MARKER, check_output, prepare_output, remove_partial_files
 
 FILES = [InputFile(0, "a.jsonl", 10), InputFile(1, "b.jsonl", 10)]
@@ -52,9 +52,9 @@ def test_accounting_sums_per_file_and_writes_rejects(tmp_path: Path) -> None:
     acct.read([0, 0, 1, 1, 1])
     acct.written(0, truncated=True)
     acct.written(1, truncated=False)
-    acct.dropped(0, 2, Drop.DUPLICATE, "dup", {"text": "x"})
-    acct.dropped(1, 5, Drop.MALFORMED_JSON, "bad", "{x")
-    acct.dropped(1, 6, Drop.TOO_SHORT, "short", {"text": ""})
+    acct.dropped(0, 2, Dropped(Drop.DUPLICATE, "dup"), {"text": "x"})
+    acct.dropped(1, 5, Dropped(Drop.MALFORMED_JSON, "bad"), "{x")
+    acct.dropped(1, 6, Dropped(Drop.TOO_SHORT, "short"), {"text": ""})
     assert not rejects.exists()  # appears only when the run closes
     acct.close()
     for entry in acct.per_file(["s0", "s1"]):
@@ -69,7 +69,7 @@ def test_accounting_sums_per_file_and_writes_rejects(tmp_path: Path) -> None:
 def test_accounting_state_carries_on_where_it_stopped(tmp_path: Path) -> None:
     acct = Accounting(FILES, rejects=tmp_path / "r.jsonl")
     acct.read([0])
-    acct.dropped(0, 1, Drop.EMPTY, "empty", {})
+    acct.dropped(0, 1, Dropped(Drop.EMPTY, "empty"), {})
     state = orjson.loads(orjson.dumps(acct.state()))  # as a checkpoint stores it
     acct.abort(keep=True)
     again = Accounting(FILES, rejects=tmp_path / "r.jsonl", state=state)
@@ -82,9 +82,9 @@ def test_accounting_state_carries_on_where_it_stopped(tmp_path: Path) -> None:
 
 def test_strict_stops_at_bad_data_but_not_at_a_rule_the_row_merely_fails() -> None:
     acct = Accounting(FILES, strict=True)
-    acct.dropped(0, 3, Drop.DUPLICATE, "dup")  # not bad data: counted
+    acct.dropped(0, 3, Dropped(Drop.DUPLICATE, "dup"))  # not bad data: counted
     with pytest.raises(InputError, match=r"a.jsonl:4: malformed json: oops"):
-        acct.dropped(0, 4, Drop.MALFORMED_JSON, "oops")
+        acct.dropped(0, 4, Dropped(Drop.MALFORMED_JSON, "oops"))
 
 
 def test_the_output_directory_policy(tmp_path: Path) -> None:

@@ -134,7 +134,7 @@ def test_the_gpu_backends_larger_chunks_write_the_same_bytes(tmp_path: Any, monk
     # The GPU backend reads chunks chunk_scale times as large as the CPU's: the chunks differ, the output
     # may not. Chunks are made small here so that a few hundred conversations cut both ways.
     import gpu_prep.run.local as local
-    import gpu_prep.run.stages as stages
+    import gpu_prep.run.masking as masking
     from corpora import sharegpt_chats
     from gpu_prep.backend import Backend, GpuBackend
     from gpu_prep.config import parse_config
@@ -144,8 +144,8 @@ def test_the_gpu_backends_larger_chunks_write_the_same_bytes(tmp_path: Any, monk
     assert GpuBackend.chunk_scale > Backend.chunk_scale == 1
     monkeypatch.setattr(local, "CHUNK_BYTES", 32 << 10)
     masked = []
-    original = stages.mask_rows
-    monkeypatch.setattr(stages, "mask_rows", lambda *args: masked.append(len(args[1])) or original(*args))
+    original = masking.mask_rows
+    monkeypatch.setattr(masking, "mask_rows", lambda *args: masked.append(len(args[1])) or original(*args))
     data = write_jsonl(tmp_path / "chat.jsonl", sharegpt_chats(300))
     config = parse_config({"input": {"type": "chat"}, "mask": {"assistant": "train"},
                            "preprocessing": {"max_seq_len": 1024}, "output": {"max_tokens_per_shard": 40_000}})

@@ -151,7 +151,7 @@ def test_an_unending_json_array_element_is_read_no_further_than_max_row_bytes(tm
     path.write_text(f'[{{"text": "first"}}, {big}, {{"text": "after a big one"}}]')
     manifest = _run(tmp_path, path, config)
     assert manifest["totals"]["rows_written"] == 2 and manifest["totals"]["rows_dropped"] == {"too_large": 1}
-    path.write_text(f'[{{"text": "first"}}, {{"text": "' + "y" * (3 << 20) + '"}, {"text": "after"}]')  # over a read block
+    path.write_text('[{"text": "first"}, {"text": "' + "y" * (3 << 20) + '"}, {"text": "after"}]')  # over a read block
     with pytest.raises(InputError, match=r"big\.json: array index 1 .* does not end within input\.max_row_bytes "
                                          r"\(1,000 characters\).*rows after it would be lost"):
         _run(tmp_path, path, config, name="unending")
@@ -180,7 +180,7 @@ def test_an_array_cut_inside_its_last_element_keeps_the_others(tmp_path: Path, c
     path = tmp_path / "cut.json"
     path.write_text('[{"text": "a"}, {"text": "b"}, ' + cut)
     for block in (5, 1 << 20):
-        rows = [(n, error and error[:2]) for n, _, error, _ in json_array_rows(str(path), None, _parse_line, block=block)]
+        rows = [(r.line, r.dropped) for r in json_array_rows(str(path), None, _parse_line, block=block)]
         assert rows == [(1, None), (2, None), (3, ("malformed_json", "array index 2 is cut short: the file ends inside it"))]
 
 
@@ -217,7 +217,7 @@ def test_a_json_array_element_the_decoder_cannot_recurse_into_is_read_as_json_li
     path = tmp_path / "deep.json"
     path.write_text(f'[{row}, {{"text": "after"}}]')
     for block in (7, 1 << 20):  # the element also cut by the read blocks
-        rows = [(n, record and record["text"], error) for n, record, error, _ in
+        rows = [(r.line, r.record and r.record["text"], r.dropped) for r in
                 json_array_rows(str(path), None, _parse_line, block=block)]
         assert rows == [(1, "deep", None), (2, "after", None)]
     path.write_text('[{"text": "one"}, ' + "[" * 2000 + "}" * 2000 + ', {"text": "two"}]')  # brackets that do not pair
@@ -225,7 +225,7 @@ def test_a_json_array_element_the_decoder_cannot_recurse_into_is_read_as_json_li
                                          r"rows after it would be lost"):
         list(json_array_rows(str(path), None, _parse_line))
     path.write_text('[{"text": "one"}, ' + "[" * 2000 + '"a string never closed')  # the file ends inside it
-    rows = [(n, error and error[:2]) for n, _, error, _ in json_array_rows(str(path), None, _parse_line, block=64)]
+    rows = [(r.line, r.dropped) for r in json_array_rows(str(path), None, _parse_line, block=64)]
     assert rows == [(1, None), (2, ("malformed_json", "array index 1 is cut short: the file ends inside it"))]
 
 
@@ -653,9 +653,10 @@ def test_nan_and_infinity_are_named_as_what_json_lacks() -> None:
 
     for line in (b'{"a": 1, "score": NaN}', b'{"score": -Infinity}', b'{"score": Infinity, "b": 2}',
                  '{"text": "日本語の文章です", "score": NaN}'.encode()):  # orjson's position counts characters
-        record, (reason, detail, _) = _parse_line(line)
-        assert record is None and reason == "malformed_json" and "NaN and Infinity are not JSON" in detail, detail
-    assert "NaN" not in _parse_line(b'{"score": tru}')[1][1]
+        row = _parse_line(line)
+        reason, detail = row.dropped
+        assert row.record is None and reason == "malformed_json" and "NaN and Infinity are not JSON" in detail, detail
+    assert "NaN" not in _parse_line(b'{"score": tru}').dropped.detail
 
 
 def test_a_parquet_string_that_is_not_utf8_is_not_looked_for_in_the_files_bytes(tmp_path: Path) -> None:

@@ -120,7 +120,7 @@ def test_a_damaged_index_is_refused_by_name_and_inspect_says_so_in_a_line(tmp_pa
 def _rewrite_signed(out: Path, name: str, data: bytes) -> None:
     """Write a domain file and record its new sha256 in meta.json and the manifest, as the run would have:
     only the layout checks can then find what is wrong with it."""
-    from gpu_prep.output.files import manifest_checksum, sha256_file, write_json_atomic
+    from gpu_prep.durable import manifest_checksum, sha256_file, write_json_atomic
 
     path = out / "__default__" / name
     path.write_bytes(data)

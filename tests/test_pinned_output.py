@@ -17,7 +17,7 @@ import pytest
 
 from corpora import sharegpt_chats
 from gpu_prep.config import load_config, parse_config
-from gpu_prep.output.files import JOURNAL
+from gpu_prep.durable import JOURNAL
 from gpu_prep.pipeline import Options, run
 from helpers import REPO, write_jsonl
 

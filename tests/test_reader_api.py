@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import gpu_prep
-from gpu_prep.output.files import manifest_checksum, sha256_file, write_json_atomic
+from gpu_prep.durable import manifest_checksum, sha256_file, write_json_atomic
 from helpers import load_json, run_rows
 
 ROWS = [{"messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]}

@@ -44,7 +44,9 @@ def _read(data: bytes, columnar: Columnar | None = None, chunk_rows: int = 3, wh
         for chunk in read_chunks(files, chunk_rows, columnar=columnar, max_row_bytes=300):
             for i, record in enumerate(chunk.records):
                 assert (record is None) == (i in chunk.errors)
-                rows.append((chunk.line[i], chunk.errors.get(i), dict(record) if whole and record is not None
+                dropped = chunk.errors.get(i)  # as (reason, detail, the row as read)
+                rows.append((chunk.line[i], dropped and (*dropped.why, dropped.record),
+                             dict(record) if whole and record is not None
                              else as_read(record)))
         return rows
 

@@ -591,9 +591,9 @@ def test_parquet_categoricals_in_a_list_of_structs_over_row_groups_read_as_plain
     pq.write_table(plain, tmp_path / "plain.parquet", row_group_size=37)
     pq.write_table(categorical, tmp_path / "categorical.parquet", row_group_size=37)
     path = str(tmp_path / "categorical.parquet")
-    assert [r[1] for r in batch_rows(path, "parquet")] == rows
+    assert [r.record for r in batch_rows(path, "parquet")] == rows
     device = lambda path, groups, columns: pq.ParquetFile(path).read_row_groups(groups, columns=columns)  # noqa: E731
-    assert [r[1] for r in parquet_rows(path, device)] == rows
+    assert [r.record for r in parquet_rows(path, device)] == rows
     config = parse_config({**KINDS["chat"][0], "preprocessing": {"deduplicate": False}})
     want = run(config, [str(tmp_path / "plain.parquet")], tmp_path / "want", Options(chunk_rows=50))
     got = run(config, [path], tmp_path / "got", Options(chunk_rows=50))
@@ -743,7 +743,7 @@ def test_a_ragged_csv_row_is_dropped_showing_its_text_and_a_doubled_header_refus
     from gpu_prep.read.delimited import csv_rows
 
     path.write_text("text,source\nrow one,a\nbad,row,extra\nrow three,c\n\nrow four,d\n\"only\"\nrow five,e\n")
-    got = [(n, None if record is None else record["text"]) for n, record, _, _ in csv_rows(str(path), None, ",")]
+    got = [(r.line, None if r.record is None else r.record["text"]) for r in csv_rows(str(path), None, ",")]
     assert got == [(2, "row one"), (3, None), (4, "row three"), (5, "row four"), (6, None), (7, "row five")]
     doubled = tmp_path / "doubled.csv"
     doubled.write_text("prompt,prompt,response\na,b,c\n")
@@ -760,7 +760,8 @@ def test_a_malformed_csv_record_a_quote_joins_lines_into_is_a_dropped_row_a_line
     path = tmp_path / "stray.csv"
     lines = ["text,id", "r1,1", '"r2 has a stray quote,2', 'r3,3"', "r4,4", "bad,row,extra", "r6,6"]
     path.write_bytes(end.join(lines).encode() + end.encode())
-    got = [(n, record and record["text"], error) for n, record, error, _ in csv_rows(str(path), None, ",")]
+    got = [(r.line, r.record and r.record["text"], r.dropped and (*r.dropped, r.as_read))
+           for r in csv_rows(str(path), None, ",")]
     joined = ("1 cells where the header has 2, in a record a quoted cell joins from 2 lines (a '\"' opened on one "
               "line and closed on another?): line {} of them; each is counted as a dropped row")
     assert got == [(2, "r1", None), (3, None, ("malformed_row", joined.format(1), '"r2 has a stray quote,2')),
@@ -781,12 +782,12 @@ def test_malformed_csv_rows_keep_their_numbers_across_blocks_and_beside_long_cel
     path = tmp_path / "big.csv"
     path.write_text("\n".join(lines) + "\n")
     assert path.stat().st_size > 4 << 20  # more than one block
-    got = [(n, record) for n, record, _, _ in csv_rows(str(path), None, ",")]
+    got = [(r.line, r.record) for r in csv_rows(str(path), None, ",")]
     assert [n for n, record in got if record is None] == sorted(bad)
     assert all(int(record["src"]) == n for n, record in got if record is not None)
     long = tmp_path / "long.csv"
     long.write_text('prompt,response\n"only one field"\n"hello","' + "x" * 200_000 + '"\n"ok","fine"\n')
-    assert [(n, record is None) for n, record, _, _ in csv_rows(str(long), None, ",")] == [(2, True), (3, False), (4, False)]
+    assert [(r.line, r.record is None) for r in csv_rows(str(long), None, ",")] == [(2, True), (3, False), (4, False)]
 
 
 @pytest.mark.parametrize(("name", "text"), [
@@ -810,7 +811,7 @@ def test_a_quote_that_never_closes_stops_the_run_naming_its_record(tmp_path: Pat
         list(csv_rows(str(path), compression, "," if fmt == "csv" else "\t"))
     closed = tmp_path / "closed.csv"
     closed.write_text('prompt,response\n"closed ""at"" the end","a\nb"')  # closed at the very end: read
-    assert [r for _, r, _, _ in csv_rows(str(closed), None, ",")] == [{"prompt": 'closed "at" the end', "response": "a\nb"}]
+    assert [r.record for r in csv_rows(str(closed), None, ",")] == [{"prompt": 'closed "at" the end', "response": "a\nb"}]
 
 
 def test_progress_counts_a_compressed_file_by_its_text(tmp_path: Path, fast_tokenizer: None) -> None:
@@ -852,7 +853,7 @@ def test_a_csv_files_rows_carry_the_text_they_were_read_from(tmp_path: Path, fas
         writer.writerow(["prompt", "response"])
         for i in range(40_000):
             writer.writerow([f"question {i}: " + "why? " * 6, f"answer {i}: " + "because. " * 6])
-    assert sum(size for *_, size in csv_rows(str(path), None, ",")) == path.stat().st_size
+    assert sum(r.nbytes for r in csv_rows(str(path), None, ",")) == path.stat().st_size
     shares: list[float] = []
     options = Options(chunk_rows=100_000, progress=lambda rows, tokens, done, total: shares.append(done / total))
     run(parse_config({"input": {"type": "instruction"}, "preprocessing": {"deduplicate": False}}), [str(path)],
@@ -873,7 +874,7 @@ def test_a_parquet_files_rows_share_its_bytes(tmp_path: Path, fast_tokenizer: No
 
     texts = [" ".join(hashlib.sha256(f"{i}.{k}".encode()).hexdigest()[:9] for k in range(30)) for i in range(20_000)]
     pq.write_table(pa.table({"text": texts}), path, row_group_size=4000)  # hardly compressible: 6 MB
-    assert sum(size for *_, size in batch_rows(str(path), "parquet")) == path.stat().st_size
+    assert sum(r.nbytes for r in batch_rows(str(path), "parquet")) == path.stat().st_size
     shares: list[float] = []
     options = Options(chunk_rows=100_000, progress=lambda rows, tokens, done, total: shares.append(done / total))
     run(parse_config({"input": {"type": "text"}, "preprocessing": {"min_chars": 1, "deduplicate": False}}),
@@ -887,4 +888,4 @@ def test_a_json_lines_file_whose_first_line_is_a_json_value_but_no_object_is_rea
     path = tmp_path / "odd.jsonl"
     path.write_text('123\n{"text": "a row"}\n"a string"\n')
     rows = list(file_rows(expand_inputs([str(path)])[0]))
-    assert [r[1] for r in rows] == [123, {"text": "a row"}, "a string"]
+    assert [r.record for r in rows] == [123, {"text": "a row"}, "a string"]

@@ -1,4 +1,4 @@
-"""The per-chunk stages (run/stages.py) one by one on hand-made chunks, the run context and decisions they
+"""The per-chunk stages (run/stages.py lists them) one by one on hand-made chunks, the run context and decisions they
 share (run/context.py), and the one-process driver (run/local.py) in turn and overlapping."""
 
 from __future__ import annotations
@@ -15,11 +15,15 @@ from gpu_prep.errors import Drop
 from gpu_prep.filter.dedup import Deduplicator
 from gpu_prep.format import Conversation
 from gpu_prep.read.inputs import RawChunk
+from gpu_prep.read.row import FileRow, ReadRow
 from gpu_prep.read.rows import read_chunks
 from gpu_prep.run.context import Decisions, Options, build_context
 from gpu_prep.run.local import decide, run_here
 from gpu_prep.run.overlap import Stopwatch
-from gpu_prep.run.stages import Done, Rows, filter_reasons, format_rows, mask_chunk, prepare, prepare_and_tokenize
+from gpu_prep.run.masking import mask_chunk
+from gpu_prep.run.prepare import filter_reasons, format_rows, prepare
+from gpu_prep.run.stages import Done, Rows
+from gpu_prep.run.tokenize import prepare_and_tokenize
 
 CHAT = {"input": {"type": "chat"}, "mask": {"assistant": "train"}}
 
@@ -27,7 +31,7 @@ CHAT = {"input": {"type": "chat"}, "mask": {"assistant": "train"}}
 def _chunk(*records: Any) -> RawChunk:
     chunk = RawChunk()
     for line, record in enumerate(records, start=1):
-        chunk.add(0, line, record)
+        chunk.add(0, ReadRow(line, record, 0))
     return chunk
 
 
@@ -47,7 +51,7 @@ def test_format_gives_shapes_drops_and_counts_without_touching_the_chunk(run: An
     formatted = format_rows(chunk, run.config)
     assert formatted.rows.index == [0, 1, 3]
     assert all(isinstance(shape, Conversation) for shape in formatted.rows.payload)
-    assert [(d.row, d.reason) for d in formatted.drops] == [(2, Drop.NOT_AN_OBJECT), (4, Drop.MISSING_FIELD)]
+    assert [(d.row, d.why.reason) for d in formatted.drops] == [(2, Drop.NOT_AN_OBJECT), (4, Drop.MISSING_FIELD)]
     assert formatted.schemas == Counter({"chat": 3})
     assert formatted.notes == Counter({"unknown_role:narrator": 1})
     assert (chunk.records, chunk.errors) == before
@@ -57,7 +61,8 @@ def test_a_message_list_is_refused_by_other_input_types(qwen: Any) -> None:
     text = build_context(parse_config({"input": {"type": "text"}}), qwen, CPU, [], None, None)
     formatted = format_rows(_chunk([{"role": "user", "content": "x"}], {"text": "plain"}), text.config)
     assert formatted.rows.index == [1]
-    assert formatted.drops[0].reason == Drop.NOT_AN_OBJECT and "input.type chat, sharegpt or auto" in formatted.drops[0].detail
+    reason, detail = formatted.drops[0].why
+    assert reason == Drop.NOT_AN_OBJECT and "input.type chat, sharegpt or auto" in detail
 
 
 def test_filter_keeps_first_occurrences_and_rows_keep_hands_on_the_rest(run: Any) -> None:
@@ -65,11 +70,11 @@ def test_filter_keeps_first_occurrences_and_rows_keep_hands_on_the_rest(run: Any
     rows = format_rows(chunk, run.config).rows
     dedup = Deduplicator()
     reasons = filter_reasons(run, rows, dedup)
-    assert [r if r is None else r[0] for r in reasons] == [None, None, Drop.DUPLICATE]
+    assert [r if r is None else r.reason for r in reasons] == [None, None, Drop.DUPLICATE]
     assert len(dedup.take_added()) == 2
     drops: list = []
     kept = rows.keep(reasons, chunk, drops)
-    assert kept.index == [0, 1] and [(d.row, d.reason, d.record) for d in drops] == [(2, Drop.DUPLICATE, chunk.records[2])]
+    assert kept.index == [0, 1] and [(d.row, d.why.reason, d.record) for d in drops] == [(2, Drop.DUPLICATE, chunk.records[2])]
 
 
 def test_prepare_and_mask_give_a_sample_per_row_with_the_answer_trained(run: Any, qwen: Any) -> None:
@@ -88,7 +93,7 @@ def test_prepare_and_mask_give_a_sample_per_row_with_the_answer_trained(run: Any
 
 def test_a_chunk_with_nothing_left_is_not_tokenized(run: Any) -> None:
     prepared = next(prepare(iter([_chunk("bad row")]), run, None, Stopwatch(), Decisions()))
-    assert prepared.rows.index == [] and [d.reason for d in prepared.drops] == [Drop.NOT_AN_OBJECT]
+    assert prepared.rows.index == [] and [d.why.reason for d in prepared.drops] == [Drop.NOT_AN_OBJECT]
     item = next(prepare_and_tokenize(iter([_chunk("bad row")]), run, None, Stopwatch(), Decisions(), overlap=False))
     assert item[1] is None and mask_chunk(run, Stopwatch(), item).mask is None
 
@@ -119,10 +124,10 @@ def _commits(run: Any, rows: list, overlap: bool) -> list[tuple]:
 
     def commit(done: Done, clock: Stopwatch) -> None:
         masked = done.mask.masked if done.mask is not None else None
-        got.append((len(done.prepared.chunk), [d.reason for d in done.prepared.drops],
+        got.append((len(done.prepared.chunk), [d.why.reason for d in done.prepared.drops],
                     None if masked is None else (masked.ids.tolist(), masked.loss_mask.tolist())))
 
-    chunks = read_chunks([], 3, rows=((0, k + 1, row, None, 10) for k, row in enumerate(rows)))
+    chunks = read_chunks([], 3, rows=(FileRow(0, ReadRow(k + 1, row, 10)) for k, row in enumerate(rows)))
     run_here(run, chunks, Deduplicator(), Decisions(), Stopwatch(), commit, overlap=overlap)
     return got
 

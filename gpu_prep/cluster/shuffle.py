@@ -12,7 +12,7 @@ from gpu_prep.cluster.worker import part_rows_handled, worker_context
 from gpu_prep.filter.dedup import Deduplicator
 from gpu_prep.read.inputs import read_part
 from gpu_prep.read.rows import count_lines, part_rows, read_chunks
-from gpu_prep.run.stages import filter_reasons, format_rows
+from gpu_prep.run.prepare import filter_reasons, format_rows
 
 DIGEST = 16  # bytes of an MD5 digest
 

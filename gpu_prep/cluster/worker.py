@@ -1,5 +1,5 @@
 """A worker's side of a cluster run: its run context (built once per process and run), the rows of a
-part or a range of the stream, and a range through the stages of run/stages.py."""
+part or a range of the stream, and a range through the stages of run/ (run/stages.py lists them)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,13 @@ from gpu_prep.cluster.plan import Job, Plan, Range
 from gpu_prep.filter.dedup import Deduplicator
 from gpu_prep.mask.project import Masked
 from gpu_prep.plugins import load_plugins
-from gpu_prep.read.inputs import FileRow
+from gpu_prep.read.row import FileRow
 from gpu_prep.read.rows import part_rows, read_chunks
 from gpu_prep.run.context import Decisions, RunContext, build_context, datasets_of
 from gpu_prep.run.overlap import Stopwatch
-from gpu_prep.run.stages import Done, Rows, mask_chunk, prepare_and_tokenize
+from gpu_prep.run.masking import mask_chunk
+from gpu_prep.run.stages import Done, Rows
+from gpu_prep.run.tokenize import prepare_and_tokenize
 from gpu_prep.tokenization.tokenizer import load_tokenizer
 
 _CONTEXTS: dict[str, RunContext] = {}
@@ -46,14 +48,12 @@ def worker_context(job: Job) -> RunContext:
 
 def part_rows_handled(run: RunContext, job: Job, p: int, first_line: int, data: bytes | None = None
                       ) -> Iterator[FileRow]:
-    """(file index, line, record, error, bytes) of part p's rows, its dataset's handlers applied."""
+    """Part p's rows, its dataset's handlers applied."""
     part = job.parts[p]
     dataset = run.dataset_of.get(part.file.index)
     cap = run.config.input.max_row_bytes
-    for line, record, error, nbytes in part_rows(part, run.columnar, cap, first_line, data):
-        if dataset is not None and error is None and record is not None:
-            record, error = dataset.handle(record)
-        yield part.file.index, line, record, error, nbytes
+    for row in part_rows(part, run.columnar, cap, first_line, data):
+        yield FileRow(part.file.index, row if dataset is None else dataset.handled(row))
 
 
 def _stream_rows(run: RunContext, job: Job, plan: Plan, s: int, row: int) -> Iterator[FileRow]:

@@ -24,7 +24,7 @@ from gpu_prep.read.mix import config_rows
 from gpu_prep.read.inputs import LeftOut
 from gpu_prep.read.rows import first_rows, read_chunks, sample_shares
 from gpu_prep.run.context import DEFAULT_TOKENIZER, dataset_sources, run_inputs
-from gpu_prep.run.stages import format_rows
+from gpu_prep.run.prepare import format_rows
 from gpu_prep.tokenization.tokenizer import load_tokenizer
 
 
@@ -51,7 +51,7 @@ def check_sample(config: PipelineConfig, inputs: list[str], sample: int) -> Samp
     left_out = LeftOut()
     files, datasets = run_inputs(config, inputs, left_out)
     report.warnings.extend(left_out.warnings())
-    # Each file's rows are built as the run builds them (stages.format_rows), with its dataset's own config,
+    # Each file's rows are built as the run builds them (prepare.format_rows), with its dataset's own config,
     # in the order the run takes them (a mix's, with the datasets' data handlers run), so the sample is the
     # sample run's.
     sources = dataset_sources(config, datasets) if datasets else {}
@@ -68,12 +68,13 @@ def check_sample(config: PipelineConfig, inputs: list[str], sample: int) -> Samp
         for drop in formatted.drops:
             # Lines that are no row (not JSON, say) are the sample run's to report; a builder's own choice
             # to skip a row is no row it cannot read.
-            if chunk.records[drop.row] is None or drop.row in chunk.errors or drop.reason == Drop.SKIPPED_BY_BUILDER:
+            reason, detail = drop.why
+            if chunk.records[drop.row] is None or drop.row in chunk.errors or reason == Drop.SKIPPED_BY_BUILDER:
                 continue
             cfg = sources.get(chunk.file_index[drop.row], (config, None))[0]
-            report.failed[drop.reason] += 1
-            report.first_failure.setdefault(drop.reason, drop.detail)
-            report.failed_type.setdefault(drop.reason, cfg.input.type)
+            report.failed[reason] += 1
+            report.first_failure.setdefault(reason, detail)
+            report.failed_type.setdefault(reason, cfg.input.type)
             record = drop.record
             report.suggested[detect_schema(record, cfg) if isinstance(record, dict) else None] += 1
         for shape in formatted.rows.payload:

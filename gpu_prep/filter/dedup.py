@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from gpu_prep.backend import Backend
+from gpu_prep.durable import claim, temporary_name, writing
 from gpu_prep.errors import Drop
 
 DIGEST = np.dtype("V16")  # one MD5 digest, held as 16 bytes in an array: no Python object per row
@@ -100,8 +101,6 @@ class DigestSet:
 
     def _spill(self) -> None:
         """The runs in memory, merged, to a file of their own, memory-mapped."""
-        from gpu_prep.output.files import claim, temporary_name, writing
-
         merged = np.sort(np.concatenate(self.runs)) if len(self.runs) > 1 else self.runs[0]
         directory = self.spill_dir if self.spill_dir is not None else Path(tempfile.mkdtemp(prefix="gpu-prep-seen-"))
         path = directory / temporary_name(f"gpu-prep-{self.name}-{len(self.spilled):05d}")

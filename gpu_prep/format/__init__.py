@@ -1,8 +1,8 @@
 """format: raw rows -> one canonical shape per row, through a registry of builders keyed by input.type.
 
 A builder takes one record and the config and returns a Conversation (rendered later with the chat
-template) or Segments (text pieces tokenized independently, each with a label). It raises RowError to drop
-the row with a reason. New input types register a builder:
+template) or Segments (text pieces tokenized independently, each with a label). It raises RowError (errors.py's,
+named here too) to drop the row with a reason. New input types register a builder:
 
     @register("my_format")
     def build(record, config): return Segments([(record["body"], "text")])
@@ -11,7 +11,7 @@ A plugin's builder may also be a class (one instance is made, its build method c
 tokenizer as a third argument, and return {"ids", "loss_mask", "domain"} or None: contract.py holds that
 contract and calls every builder (contract.build_row).
 
-shapes.py       Conversation, Segments, Tokens, Pair, Unpaired, RowError
+shapes.py       Conversation, Segments, Tokens, Pair, Unpaired
 registry.py     register and the lookup of builders
 chat.py         chat and sharegpt rows (tools, tool calls, system fields, inline reasoning)
 instruction.py  instruction, prompt_response, alpaca, segments, text and pretokenized rows
@@ -27,7 +27,8 @@ from gpu_prep.format.chat import messages_row
 from gpu_prep.format.detect import auto_schema, columnar_schema, detect_schema
 from gpu_prep.format.instruction import build_pretokenized
 from gpu_prep.format.registry import get_builder, register, registered, registered_types
-from gpu_prep.format.shapes import DEFAULT_DOMAIN, Conversation, Pair, RowError, Segments, Shape, Tokens, Unpaired
+from gpu_prep.errors import RowError
+from gpu_prep.format.shapes import DEFAULT_DOMAIN, Conversation, Pair, Segments, Shape, Tokens, Unpaired
 from gpu_prep.format.texts import dedup_text, domain_of, fuzzy_text, hashed_whole, source_chars, split_text
 
 __all__ = ["DEFAULT_DOMAIN", "Conversation", "Pair", "RowError", "Segments", "Shape", "Tokens", "Unpaired",

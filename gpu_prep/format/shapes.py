@@ -1,23 +1,14 @@
 """The canonical shapes every row is built into (Conversation, Segments, Tokens, Pair, Unpaired), and
-RowError, which drops a row with a reason and a detail."""
+RowError (errors.py's, named here too), which drops a row with a reason and a detail."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Union
 
-from gpu_prep.errors import Drop
+from gpu_prep.errors import Drop, RowError
 
 DEFAULT_DOMAIN = "__default__"
-
-
-class RowError(Exception):
-    """One row breaks a rule: reason is a Drop code, detail names the field and the rule."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
 
 
 def missing(record: dict[str, Any], key: str, where: str = "") -> RowError:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_prep.failpoint import failpoint
-from gpu_prep.output.files import finish_file
+from gpu_prep.durable import finish_file
 from gpu_prep.output.shards import ARRAYS, RawShard, build_files, chained_offsets, raw_file_name
 
 

@@ -34,7 +34,7 @@ from gpu_prep.mask.pairs import prompt_end
 
 from gpu_prep.output.load import (ShardArrays, ids_fault, load_shard, mask_fault, offsets_fault, raw_arrays,
                                    sample_labels, shard_file, vocab_size)
-from gpu_prep.output.files import manifest_edited
+from gpu_prep.durable import manifest_edited
 
 TOTALS = ("num_samples", "num_tokens", "num_trained_tokens")
 

@@ -20,7 +20,7 @@ import numpy as np
 from gpu_prep.errors import ConfigError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.output import pack
-from gpu_prep.output.files import (claim, create, finish_file, sha256_file, start_writeback, temporary_name,
+from gpu_prep.durable import (claim, create, finish_file, sha256_file, start_writeback, temporary_name,
                                    temporary_path, writing)
 from gpu_prep.output.pack import Layout
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from gpu_prep.splitmix import splitmix64
-from gpu_prep.output.files import claim, temporary_name, writing
+from gpu_prep.durable import claim, temporary_name, writing
 from gpu_prep.ragged import offsets_from_lengths, reorder
 
 BUCKETS = 64

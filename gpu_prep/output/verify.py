@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from gpu_prep.output.load import ShardArrays, load_shard, offsets_fault, shard_file, value_faults, vocab_size
-from gpu_prep.output.files import manifest_edited, sha256_file
+from gpu_prep.durable import manifest_edited, sha256_file
 
 
 def _check_shard(directory: Path, shard: dict[str, Any], meta: dict[str, Any], where: str) -> list[str]:

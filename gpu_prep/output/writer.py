@@ -19,7 +19,7 @@ from gpu_prep.failpoint import failpoint
 from gpu_prep.mask.project import split_offsets
 from gpu_prep.output import pack
 from gpu_prep.output.bin import BinShard
-from gpu_prep.output.files import write_json_atomic
+from gpu_prep.durable import write_json_atomic
 from gpu_prep.output.h5 import H5Shard
 from gpu_prep.output.megatron import MegatronShard
 from gpu_prep.output.parquet import ParquetShard

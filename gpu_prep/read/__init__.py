@@ -14,8 +14,9 @@ text.py         plain text
 columnar.py     Parquet and Arrow (cuDF for the row groups that hold text, on the GPU backend)
 jsonscan.py     the byte scan that lets a JSON Lines range be parsed as columns (cudf.read_json)
 hub.py          hub datasets (the datasets library, streamed) and hub model ids
-mix.py          several datasets: data handlers, concatenation, interleaving by weight
-row.py          Row: what every reader yields for a row
+mix.py          several datasets: each one's data handlers applied (their registry), concatenation, interleaving
+                by weight
+row.py          ReadRow (what every reader yields for a row), FileRow, DroppedRow (a chunk's row dropped)
 """
 
 __all__ = ["columnar", "delimited", "detect", "files", "folders", "hub", "inputs", "json_array", "jsonl", "jsonscan",

@@ -9,9 +9,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from gpu_prep.backend import ReadGroups
-from gpu_prep.errors import Drop, InputError
+from gpu_prep.errors import Drop, Dropped, InputError
 from gpu_prep.read.files import BATCH_ROWS, file_size, is_url, open_raw
-from gpu_prep.read.row import Row
+from gpu_prep.read.row import ReadRow
 
 
 def locator(path: str, layout: str, number: int, batches: dict[str, list[int]]) -> str:
@@ -77,21 +77,27 @@ def _reading_group(path: str, group: int) -> Iterator[None]:
                          "lost, so the run stops") from None
 
 
-def batch_rows(path: str, layout: str, start: int = 0, stop: int | None = None, first: int = 1) -> Iterator[Row]:
+def batch_rows(path: str, layout: str, start: int = 0, stop: int | None = None, first: int = 1) -> Iterator[ReadRow]:
     """The rows of Parquet row groups or Arrow record batches [start, stop) (all by default), numbered
     from first."""
     rows = 0 if layout == "arrow-stream" else sum(n for n, _ in batch_sizes(path, layout))  # unknown before read
     row, share = first - 1, _byte_share(file_size(path), rows)
     for batch in _batches(path, layout, start, stop):
-        for record, error in batch_records(batch):
+        for record, dropped in batch_records(batch):
             row += 1
-            yield row, record, error, share(row)
+            yield _numbered(row, record, dropped, share(row))
 
 
-def batch_records(batch: Any) -> Iterator[tuple[dict[str, Any] | None, tuple[str, str, Any] | None]]:
-    """A record batch's rows as dicts; a row with a string that is not UTF-8 (pyarrow writes such strings
-    without checking them) as None and its error, naming the column and the byte, whatever column it is:
-    one bad cell stopped the whole run. The row shown keeps the cell with U+FFFD for the bad bytes."""
+def _numbered(n: int, record: dict[str, Any], dropped: Dropped | None, nbytes: int) -> ReadRow:
+    """Row n: its record, or where it is dropped, why (the record kept as read)."""
+    return ReadRow(n, record, nbytes) if dropped is None else ReadRow(n, None, nbytes, dropped, record)
+
+
+def batch_records(batch: Any) -> Iterator[tuple[dict[str, Any], Dropped | None]]:
+    """A record batch's rows as dicts, each with None or why it is dropped: a row with a string that is not
+    UTF-8 (pyarrow writes such strings without checking them) is, naming the column and the byte, whatever
+    column it is: one bad cell stopped the whole run. Such a row keeps the cell with U+FFFD for the bad bytes
+    (what the rejects file shows)."""
     import pyarrow as pa
 
     try:
@@ -112,8 +118,8 @@ def batch_records(batch: Any) -> Iterator[tuple[dict[str, Any] | None, tuple[str
             yield record, None
         else:
             name, exc = bad
-            yield None, (Drop.MALFORMED_ROW, f"column {name!r} holds text that is not UTF-8: byte "
-                                             f"0x{exc.object[exc.start]:02x} at offset {exc.start} of a value", record)
+            yield record, Dropped(Drop.MALFORMED_ROW, f"column {name!r} holds text that is not UTF-8: byte "
+                                                      f"0x{exc.object[exc.start]:02x} at offset {exc.start} of a value")
 
 
 def _byte_share(size: int, rows: int) -> Any:
@@ -160,7 +166,7 @@ def _same_shape(got: Any, want: Any) -> bool:
 
 
 def parquet_rows(path: str, read_groups: ReadGroups, start: int = 0, stop: int | None = None,
-                 first: int = 1) -> Iterator[Row]:
+                 first: int = 1) -> Iterator[ReadRow]:
     """The rows of a local Parquet file's row groups [start, stop), as batch_rows gives them, with the
     columns that hold text decoded by read_groups (cuDF on the GPU backend) and the others by pyarrow. A row
     group read_groups cannot read, or reads into other rows or types than the file's, is read by pyarrow."""
@@ -186,9 +192,9 @@ def parquet_rows(path: str, read_groups: ReadGroups, start: int = 0, stop: int |
                 columns = [table.column(name) if name in target.names else rest.column(name) for name in schema.names]
                 batches = pa.Table.from_arrays(columns, schema=schema).to_batches(max_chunksize=BATCH_ROWS)
             for batch in batches:
-                for record, error in batch_records(batch):
+                for record, dropped in batch_records(batch):
                     row += 1
-                    yield row, record, error, share(row)
+                    yield _numbered(row, record, dropped, share(row))
 
 
 def _as_decoded(table: Any, target: Any, rows: int) -> Any:

@@ -12,12 +12,12 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from gpu_prep.errors import ConfigError, Drop, InputError
+from gpu_prep.errors import ConfigError, Drop, Dropped, InputError
 from gpu_prep.read.files import HEAD_BYTES, REJECT_TEXT, open_bytes
-from gpu_prep.read.row import Row
+from gpu_prep.read.row import ReadRow
 
 
-def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str | None = None) -> Iterator[Row]:
+def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str | None = None) -> Iterator[ReadRow]:
     """CSV or TSV: the header row names the columns, every cell is text; rows are numbered by record, the
     header being 1 (the line, unless a quoted cell spans lines or blank lines come between). A row with
     more or fewer cells than the header is a malformed_row drop showing its text, in its place (the parser
@@ -25,12 +25,9 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
     where a quoted cell joins lines into such a record, each line is a drop of its own: its quote may be a stray
     one that took the records after it into its cell, and the rows read are to be the records the file holds.
     a header naming a column twice refuses the file. A quote that opens a cell and never closes would take
-    the rest of the file into that cell: the parser is given one more record after the text (_END_RECORD,
+    the rest of the file into that cell: the parser is given one more record after the text (_END_CELL's,
     with one cell too many, so it comes back as the last skipped row) and, when that record does not come
     back whole, the text ended inside a quote and an InputError stops the run naming the record."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
     if _blank(path, compression, encoding):  # no header, so no rows: as a header-only file, not a damaged one
         return
     header = csv_header(path, compression, delimiter, encoding)
@@ -38,41 +35,16 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
     if twice:
         raise ConfigError(f"input {path!r}: its header names the column {', '.join(map(repr, twice))} more than once; "
                           "one of them would be lost")
-    types = {name: pa.string() for name in header}
-    options = pacsv.ConvertOptions(column_types=types, strings_can_be_null=False, quoted_strings_can_be_null=False)
-    bad: deque[Any] = deque()  # the parser's skipped rows, taken from the left
-    end = delimiter.join([_END_CELL] * (len(header) + 1))
-    ended = False  # whether the last skipped row is the end record, whole
-
-    def keep_bad(invalid: Any) -> str:
-        nonlocal ended
-        ended = invalid.text == end
-        if not ended:
-            bad.append(invalid)
-        return "skip"
-
-    def malformed(number: int, invalid: Any) -> list[Row]:  # numbered from `number`; in its batch's bytes
-        cells = f"{invalid.actual_columns} cells where the header has {invalid.expected_columns}"
-        lines = [line for line in _LINE_END.split(invalid.text) if line]  # blank lines are no record
-        if len(lines) < 2:
-            return [(number, None, (Drop.MALFORMED_ROW, cells, invalid.text[:REJECT_TEXT]), 0)]
-        joined = (f"{cells}, in a record a quoted cell joins from {len(lines)} lines (a '\"' opened on one line "
-                  "and closed on another?)")
-        return [(number + k, None, (Drop.MALFORMED_ROW, f"{joined}: line {k + 1} of them; each is counted as a "
-                                    "dropped row", line[:REJECT_TEXT]), 0) for k, line in enumerate(lines)]
-
+    skipped = _Skipped(delimiter.join([_END_CELL] * (len(header) + 1)))
     # row: the records read (the header being 1), as the csv module numbers them in `ragged` (the rows with
     # too few or too many cells, once one is met); extra: how many more rows than records joined lines gave.
     row, extra, ragged = 1, 0, None
+    bad = skipped.rows
     with open_bytes(path, compression, encoding) as handle:
-        reader = pacsv.open_csv(_Then(handle, f"\n{end}\n".encode()), read_options=pacsv.ReadOptions(block_size=4 << 20),
-                                parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True,
-                                                                 invalid_row_handler=keep_bad),
-                                convert_options=options)
         # The parser reads ahead: `bad` may hold rows of later blocks, so a row is taken from it only at its
         # own number; what is left at the end (where the two readers disagree on a row) comes last.
         read = 0
-        for batch in reader:
+        for batch in _open_csv(handle, delimiter, header, skipped):
             if bad and ragged is None:
                 ragged = deque(_ragged_records(path, compression, delimiter, encoding, len(header)))
             records = batch.to_pylist()
@@ -84,11 +56,11 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
                 row += 1
                 while bad and ragged and ragged[0] == row:  # the skipped rows before this one, in their places
                     ragged.popleft()
-                    drops = malformed(row + extra, bad.popleft())
+                    drops = _malformed(row + extra, bad.popleft())
                     yield from drops
                     row, extra = row + 1, extra + len(drops) - 1
-                yield row + extra, record, None, share + (first if k == 0 else 0)
-        if not ended:
+                yield ReadRow(row + extra, record, share + (first if k == 0 else 0))
+        if not skipped.ended:
             last = row + len(bad)
             raise InputError(f"{path}: the file ends inside a quoted cell: a '\"' opened in record {last} (the last, "
                              f"starting on line {_record_line(path, compression, delimiter, encoding, last)}) never "
@@ -96,9 +68,52 @@ def csv_rows(path: str, compression: str | None, delimiter: str, encoding: str |
                              "(close the quote, and write a '\"' inside a quoted cell as '\"\"')")
         for invalid in bad:
             row += 1
-            drops = malformed(row + extra, invalid)
+            drops = _malformed(row + extra, invalid)
             yield from drops
             extra += len(drops) - 1
+
+
+class _Skipped:
+    """The parser's invalid_row_handler: keeps the rows it skips (taken from the left), and notes whether the
+    last one is the record put after the text (_END_CELL's), whole."""
+
+    def __init__(self, end: str) -> None:
+        self.end, self.ended = end, False
+        self.rows: deque[Any] = deque()
+
+    def __call__(self, invalid: Any) -> str:
+        self.ended = invalid.text == self.end
+        if not self.ended:
+            self.rows.append(invalid)
+        return "skip"
+
+
+def _open_csv(handle: Any, delimiter: str, header: list[str], skipped: _Skipped) -> Any:
+    """pyarrow's CSV reader over the text and then the end record, every cell read as text."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    types = {name: pa.string() for name in header}
+    options = pacsv.ConvertOptions(column_types=types, strings_can_be_null=False, quoted_strings_can_be_null=False)
+    return pacsv.open_csv(_Then(handle, f"\n{skipped.end}\n".encode()),
+                          read_options=pacsv.ReadOptions(block_size=4 << 20),
+                          parse_options=pacsv.ParseOptions(delimiter=delimiter, newlines_in_values=True,
+                                                           invalid_row_handler=skipped),
+                          convert_options=options)
+
+
+def _malformed(number: int, invalid: Any) -> list[ReadRow]:
+    """A row the parser skipped, as dropped rows numbered from `number` (in its batch's bytes): one, or one a
+    line where a quoted cell joins lines into it."""
+    cells = f"{invalid.actual_columns} cells where the header has {invalid.expected_columns}"
+    lines = [line for line in _LINE_END.split(invalid.text) if line]  # blank lines are no record
+    if len(lines) < 2:
+        return [ReadRow(number, None, 0, Dropped(Drop.MALFORMED_ROW, cells), invalid.text[:REJECT_TEXT])]
+    joined = (f"{cells}, in a record a quoted cell joins from {len(lines)} lines (a '\"' opened on one line "
+              "and closed on another?)")
+    return [ReadRow(number + k, None, 0, Dropped(Drop.MALFORMED_ROW, f"{joined}: line {k + 1} of them; each is "
+                                                 "counted as a dropped row"), line[:REJECT_TEXT])
+            for k, line in enumerate(lines)]
 
 
 def _blank(path: str, compression: str | None, encoding: str | None) -> bool:

@@ -130,7 +130,7 @@ def _not_utf8_past_head(path: str, compression: str | None, array: bool) -> str:
     index = None
     if array:
         try:
-            for _ in json_array_rows(path, compression, lambda raw: (None, None)):
+            for _ in json_array_rows(path, compression, lambda raw, index, size: None):
                 pass
         except NotUtf8 as exc:
             index = exc.index

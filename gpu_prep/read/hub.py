@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_prep.errors import ConfigError, InputError
+from gpu_prep.read.row import ReadRow
 
 # What a tokenizer folder holds (no weights): the files transformers reads to build a tokenizer.
 TOKENIZER_PATTERNS = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -112,9 +113,9 @@ def check_hub_version(where: str, dataset: Any, version: str | None) -> None:
                          f"{str(now)[:12]}); run again on a dataset nothing writes to")
 
 
-def hub_rows(where: str, arguments: dict[str, Any], version: str | None) -> Iterator[tuple[int, Any, None, int]]:
+def hub_rows(where: str, arguments: dict[str, Any], version: str | None) -> Iterator[ReadRow]:
     """A hub dataset's rows, streamed, numbered from 1, from the version the run started with."""
     dataset = hub_dataset(arguments)
     check_hub_version(where, dataset, version)
     for row, record in enumerate(dataset, start=1):
-        yield row, dict(record), None, 0
+        yield ReadRow(row, dict(record), 0)

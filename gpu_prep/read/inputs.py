@@ -20,13 +20,14 @@ from typing import Any
 
 import orjson
 
-from gpu_prep.errors import ConfigError, Drop, InputError
+from gpu_prep.errors import ConfigError, Drop, Dropped, InputError
 from gpu_prep.read.delimited import csv_header
 from gpu_prep.read.hub import check_hub_version, hub_dataset
 from gpu_prep.read.detect import column_names, inspect_file
 from gpu_prep.read.files import (KNOWN, READ_ERRORS, datasets_own, file_size, is_url, local_path, remote_files,
                                  split_name, text_size)
 from gpu_prep.read.folders import dataset_folder_files, default_split, split_names
+from gpu_prep.read.row import DroppedRow, ReadRow
 
 # A JSON Lines chunk closes at chunk_rows rows or at about this much JSON text, whichever comes first, so
 # memory stays bounded whatever the rows' sizes (Parquet and JSON-array rows count rows only).
@@ -35,7 +36,6 @@ CHUNK_BYTES = 4 << 20
 # stage everything else hides behind) starts early instead of after a whole chunk was read and rendered.
 FIRST_CHUNK_BYTES = 256 << 10
 MAX_ROW_BYTES = 64 << 20  # input.max_row_bytes's default
-FileRow = tuple[int, int, Any, "tuple[str, str, Any] | None", int]  # a Row with its file's index first
 
 
 @dataclass(frozen=True)
@@ -76,27 +76,29 @@ class ReadAs:
 
 @dataclass
 class RawChunk:
-    """Rows in input order. records[i] is None when the row is already dropped (reason in errors). A
+    """Rows in input order. records[i] is None when the row is already dropped (errors[i] says why). A
     record is an object, or a non-empty list of objects (a conversation's messages)."""
 
     file_index: list[int] = field(default_factory=list)
     line: list[int] = field(default_factory=list)
     records: list[dict[str, Any] | None] = field(default_factory=list)
-    errors: dict[int, tuple[str, str, Any]] = field(default_factory=dict)  # reason, detail, the row as read
+    errors: dict[int, DroppedRow] = field(default_factory=dict)  # the rows dropped as they were read, by place
     size: int = 0  # bytes of text its rows were read from (a columnar file's: their share of its bytes)
     skipped: int = 0  # bytes of the rows read past before it (those a resumed run had done): for progress
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def add(self, file_index: int, line: int, record: Any, error: tuple[str, str, Any] | None = None) -> None:
-        if error is None and not (isinstance(record, dict) or is_message_list(record)):
-            error = (Drop.NOT_AN_OBJECT, f"a row must be a JSON object, got {type(record).__name__}", record)
-        if error is not None:
-            self.errors[len(self.records)] = error
+    def add(self, file_index: int, row: ReadRow) -> None:
+        record, dropped, as_read = row.record, row.dropped, row.as_read
+        if dropped is None and not (isinstance(record, dict) or is_message_list(record)):
+            dropped = Dropped(Drop.NOT_AN_OBJECT, f"a row must be a JSON object, got {type(record).__name__}")
+            as_read = record
+        if dropped is not None:
+            self.errors[len(self.records)] = DroppedRow(len(self.records), dropped, as_read)
             record = None
         self.file_index.append(file_index)
-        self.line.append(line)
+        self.line.append(row.line)
         self.records.append(record)
 
 
@@ -148,59 +150,71 @@ def expand_inputs(patterns: list[str], how: ReadAs | None = None, first_index: i
     paths: list[tuple[str, str]] = []  # (what was given, a file it gives)
     for pattern in patterns:
         pattern = local_path(pattern)  # file://: read by the local rules (folders, splits, given twice)
-        if is_url(pattern):
-            if how.split is not None:
-                raise ConfigError(_no_split(pattern, how.split, "a URL has"))
-            found, unread = remote_files(pattern)
-            if unread:
-                left_out.files[pattern] = unread
-        elif os.path.isdir(pattern):
-            found = dataset_folder_files(Path(pattern), how.split)
-            if found is None:
-                found, unread, inner = folder_files(Path(pattern), how.builder, how.split)
-                loose = [f for f in found if not any(Path(f).is_relative_to(d) for d in inner)]
-                if how.split is not None and (not inner or loose):  # files beside its datasets folders have none
-                    raise ConfigError(_no_split(pattern, how.split, f"{names_of(pattern, loose)} in this folder have"
-                                                if inner else "this folder has"))
-                if not found:
-                    raise ConfigError(_nothing_read(pattern, unread))
-                if unread:
-                    left_out.files[pattern] = unread
-                if how.split is None:  # the default split read from each datasets folder in it
-                    left_out.splits.update((where, (chosen, others)) for where, (chosen, others) in inner.items() if others)
-            elif how.split is None and len(splits := split_names(Path(pattern))) > 1:  # the default split read
-                chosen = default_split(splits)
-                left_out.splits[pattern] = (chosen, [s for s in splits if s != chosen])
-        elif how.split is not None:
-            raise ConfigError(_no_split(pattern, how.split, "a file has"))
-        elif glob.has_magic(pattern):
-            found = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
-        else:
-            found = [pattern]
+        found = _pattern_files(pattern, how, left_out)
         if not found:
             raise ConfigError(f"input {pattern!r}: no such file, or the pattern matches nothing{_hub_hint(pattern)}")
         paths.extend((pattern, path) for path in found)
     _check_given_once(paths)
-    files = []
+    files: list[InputFile] = []
     for _, path in paths:
-        if not is_url(path) and not os.path.isfile(path):
-            raise ConfigError(f"input {path!r}: no such file{_hub_hint(path)}")
-        if not is_url(path) and not os.access(path, os.R_OK):
-            raise ConfigError(f"input {path!r}: not readable")
-        fmt, compression = split_name(path)
-        if how.builder is not None and fmt is None:
-            fmt = how.builder
-        if fmt is None:
-            raise ConfigError(f"input {path!r}: not a format gpu-prep reads by its name (it reads {KNOWN}); "
-                              "rename it, or name its format with a dataset's builder")
-        # Taken before the file's content is first looked at, so that what inspect_file sees is checked too.
-        stat = None if is_url(path) else os.stat(path)
-        size = file_size(path) if stat is None else stat.st_size
-        layout, encoding = inspect_file(path, fmt, compression)
-        files.append(InputFile(first_index + len(files), path, size, layout, compression, how.text_key,
-                               how.text_per_line, encoding=encoding, text_bytes=text_size(path, compression, size),
-                               mtime_ns=None if stat is None else stat.st_mtime_ns))
+        files.append(_input_file(first_index + len(files), path, how))
     return files
+
+
+def _pattern_files(pattern: str, how: ReadAs, left_out: LeftOut) -> list[str]:
+    """The files one input gives (a URL, a folder, a glob or a file), noting in left_out what its folders
+    hold that is not read."""
+    if is_url(pattern):
+        if how.split is not None:
+            raise ConfigError(_no_split(pattern, how.split, "a URL has"))
+        found, unread = remote_files(pattern)
+        if unread:
+            left_out.files[pattern] = unread
+        return found
+    if os.path.isdir(pattern):
+        found = dataset_folder_files(Path(pattern), how.split)
+        if found is None:
+            found, unread, inner = folder_files(Path(pattern), how.builder, how.split)
+            loose = [f for f in found if not any(Path(f).is_relative_to(d) for d in inner)]
+            if how.split is not None and (not inner or loose):  # files beside its datasets folders have none
+                raise ConfigError(_no_split(pattern, how.split, f"{names_of(pattern, loose)} in this folder have"
+                                            if inner else "this folder has"))
+            if not found:
+                raise ConfigError(_nothing_read(pattern, unread))
+            if unread:
+                left_out.files[pattern] = unread
+            if how.split is None:  # the default split read from each datasets folder in it
+                left_out.splits.update((where, (chosen, others)) for where, (chosen, others) in inner.items() if others)
+        elif how.split is None and len(splits := split_names(Path(pattern))) > 1:  # the default split read
+            chosen = default_split(splits)
+            left_out.splits[pattern] = (chosen, [s for s in splits if s != chosen])
+        return found
+    if how.split is not None:
+        raise ConfigError(_no_split(pattern, how.split, "a file has"))
+    if glob.has_magic(pattern):
+        return sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+    return [pattern]
+
+
+def _input_file(index: int, path: str, how: ReadAs) -> InputFile:
+    """The input file at path, checked to be there, readable and of a format its name (or how.builder) says
+    and its content agrees with."""
+    if not is_url(path) and not os.path.isfile(path):
+        raise ConfigError(f"input {path!r}: no such file{_hub_hint(path)}")
+    if not is_url(path) and not os.access(path, os.R_OK):
+        raise ConfigError(f"input {path!r}: not readable")
+    fmt, compression = split_name(path)
+    if how.builder is not None and fmt is None:
+        fmt = how.builder
+    if fmt is None:
+        raise ConfigError(f"input {path!r}: not a format gpu-prep reads by its name (it reads {KNOWN}); "
+                          "rename it, or name its format with a dataset's builder")
+    # Taken before the file's content is first looked at, so that what inspect_file sees is checked too.
+    stat = None if is_url(path) else os.stat(path)
+    size = file_size(path) if stat is None else stat.st_size
+    layout, encoding = inspect_file(path, fmt, compression)
+    return InputFile(index, path, size, layout, compression, how.text_key, how.text_per_line, encoding=encoding,
+                     text_bytes=text_size(path, compression, size), mtime_ns=None if stat is None else stat.st_mtime_ns)
 
 
 def check_unchanged(file: InputFile) -> None:

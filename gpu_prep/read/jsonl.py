@@ -14,10 +14,10 @@ import orjson
 
 from gpu_prep.read import jsonscan
 from gpu_prep.backend import ReadGroups, ReadRange
-from gpu_prep.errors import Drop
+from gpu_prep.errors import Drop, Dropped
 from gpu_prep.read.jsonscan import LBRACKET, QUOTE
 from gpu_prep.read.files import is_url, open_bytes
-from gpu_prep.read.row import Row
+from gpu_prep.read.row import ReadRow
 
 
 from gpu_prep.read.inputs import InputFile, Part, read_part
@@ -25,19 +25,22 @@ from gpu_prep.read.inputs import InputFile, Part, read_part
 REJECT_TEXT_CHARS = 1 << 20  # how much of a malformed line a rejects file keeps
 
 
-def _parse_line(raw: bytes) -> tuple[Any, tuple[str, str, Any] | None]:
+def _parse_line(raw: bytes, line: int = 1, nbytes: int | None = None) -> ReadRow:
+    """Line `line`, parsed by the strict parser (nbytes: the bytes it counts for, by default its own)."""
+    nbytes = len(raw) if nbytes is None else nbytes
     try:
-        return orjson.loads(raw), None
+        return ReadRow(line, orjson.loads(raw), nbytes)
     except orjson.JSONDecodeError as exc:
         text = raw[:REJECT_TEXT_CHARS].decode("utf-8", errors="replace").rstrip("\r\n")
         try:
             raw.decode("utf-8")
         except UnicodeDecodeError as bad:  # say so plainly: the file may be in another encoding
             # (the row is kept as its bytes: a rejects file gives them back, which text with U+FFFD could not)
-            return None, (Drop.MALFORMED_JSON, f"not UTF-8: byte 0x{raw[bad.start]:02x} at column {bad.start + 1} "
-                          "(gpu-prep reads UTF-8, or UTF-16/32 with a BOM; convert the file, e.g. with iconv)",
-                          raw[:REJECT_TEXT_CHARS].rstrip(b"\r\n"))
-        return None, (Drop.MALFORMED_JSON, f"not valid JSON: {exc}{_non_json_number(text, exc.pos)}", text)
+            why = Dropped(Drop.MALFORMED_JSON, f"not UTF-8: byte 0x{raw[bad.start]:02x} at column {bad.start + 1} "
+                          "(gpu-prep reads UTF-8, or UTF-16/32 with a BOM; convert the file, e.g. with iconv)")
+            return ReadRow(line, None, nbytes, why, raw[:REJECT_TEXT_CHARS].rstrip(b"\r\n"))
+        why = Dropped(Drop.MALFORMED_JSON, f"not valid JSON: {exc}{_non_json_number(text, exc.pos)}")
+        return ReadRow(line, None, nbytes, why, text)
 
 
 def _non_json_number(text: str, pos: int) -> str:
@@ -50,12 +53,12 @@ def _non_json_number(text: str, pos: int) -> str:
             "as null or as strings")
 
 
-def _too_large(line_no: int, size: int, cap: int) -> Row:
+def _too_large(line_no: int, size: int, cap: int) -> ReadRow:
     detail = f"the line is {size:,} bytes, over input.max_row_bytes {cap:,}; not parsed"
-    return line_no, None, (Drop.TOO_LARGE, detail, None), size
+    return ReadRow(line_no, None, size, Dropped(Drop.TOO_LARGE, detail))
 
 
-def _exact_rows(lines: Iterator[tuple[int, bytes | int]], cap: int) -> Iterator[Row]:
+def _exact_rows(lines: Iterator[tuple[int, bytes | int]], cap: int) -> Iterator[ReadRow]:
     """Numbered lines -> rows, each line parsed by the strict parser; blank lines are not rows. A line
     given as an int was longer than cap and read past: that is its size."""
     for line_no, raw in lines:
@@ -69,8 +72,7 @@ def _exact_rows(lines: Iterator[tuple[int, bytes | int]], cap: int) -> Iterator[
         if len(raw) > cap and (size := len(raw) - _line_end(raw)) > cap:  # (a line end does not count)
             yield _too_large(line_no, size, cap)
             continue
-        record, error = _parse_line(raw)
-        yield line_no, record, error, len(raw)
+        yield _parse_line(raw, line_no)
 
 
 def _line_end(raw: bytes) -> int:
@@ -107,12 +109,9 @@ def open_input(file: InputFile) -> Any:
     return open_bytes(file.path, file.compression, file.encoding)
 
 
-def _jsonl_rows(file: InputFile, cap: int) -> Iterator[Row]:
+def _jsonl_rows(file: InputFile, cap: int) -> Iterator[ReadRow]:
     with open_input(file) as handle:
         yield from _exact_rows(_bounded_lines(handle, cap), cap)
-
-
-# The layouts whose bytes are the text itself (a Parquet or Arrow file's bytes are not: the column's reader names
 
 
 RANGE_BYTES = 16 << 20
@@ -194,7 +193,7 @@ class Columnar:
 
 
 def _columnar_rows(file: InputFile, columnar: Columnar, cap: int, part: Part | None = None,
-                   first_line: int = 1) -> Iterator[Row]:
+                   first_line: int = 1) -> Iterator[ReadRow]:
     """The rows of an uncompressed local JSON Lines file (or of a part of one), read as columns in ranges of
     about RANGE_BYTES of whole lines wherever columnar takes them, else by the strict parser. The lines come
     from the reader the strict path uses, so numbering, sizes, lines over the cap (read past, never held) and
@@ -217,7 +216,7 @@ def _columnar_rows(file: InputFile, columnar: Columnar, cap: int, part: Part | N
 
 
 def _range_rows(path: str, offset: int, size: int, lines: list[tuple[int, bytes | int]], columnar: Columnar,
-                columns: dict[str, Any], cap: int) -> Iterator[Row]:
+                columns: dict[str, Any], cap: int) -> Iterator[ReadRow]:
     """The rows of these numbered lines, bytes [offset, offset + size) of the file: as columns where the
     scan and the parser's result allow, else line by line."""
     # A line over the cap (given as its size by _bounded_lines, or held with its line end) is dropped by the
@@ -233,6 +232,6 @@ def _range_rows(path: str, offset: int, size: int, lines: list[tuple[int, bytes 
         line_no, raw = lines[k]
         row = ColumnarRecord(record)
         row.raw = raw
-        yield line_no, row, None, len(raw)
+        yield ReadRow(line_no, row, len(raw))
 
 

@@ -16,25 +16,25 @@ from gpu_prep.read.hub import hub_rows
 from gpu_prep.read.columnar import batch_rows, batch_sizes, parquet_rows
 from gpu_prep.read.files import READ_ERRORS, is_url
 from gpu_prep.read.json_array import json_array_rows
-from gpu_prep.read.row import Row
+from gpu_prep.read.row import FileRow, ReadRow
 from gpu_prep.read.text import text_rows
 from gpu_prep.read.text_checks import NotUtf8, first_not_utf8, lines_before_damage
 
 
-from gpu_prep.read.inputs import (CHUNK_BYTES, DELIMITERS, FIRST_CHUNK_BYTES, MAX_ROW_BYTES, FileRow, InputFile,
-                                  Part, RawChunk, check_unchanged, read_part)
+from gpu_prep.read.inputs import (CHUNK_BYTES, DELIMITERS, FIRST_CHUNK_BYTES, MAX_ROW_BYTES, InputFile, Part,
+                                  RawChunk, check_unchanged, read_part)
 from gpu_prep.read.jsonl import Columnar, _bounded_lines, _columnar_rows, _exact_rows, _jsonl_rows, _parse_line
 
 TEXT_LAYOUTS = ("jsonl", "json", "csv", "tsv", "txt")
 
 
-def _guarded(file: InputFile, rows: Iterator[Row]) -> Iterator[Row]:
+def _guarded(file: InputFile, rows: Iterator[ReadRow]) -> Iterator[ReadRow]:
     """The rows, until the file cannot be read on: then an InputError naming the file, what stopped it
     and the last row read (its line, array element or row), and never a traceback."""
     last = 0
     try:
         for row in rows:
-            last = row[0]
+            last = row.line
             yield row
     except READ_ERRORS as exc:
         if file.encoding is None and file.layout in TEXT_LAYOUTS and \
@@ -62,9 +62,9 @@ def _guarded(file: InputFile, rows: Iterator[Row]) -> Iterator[Row]:
 # above. Either way every row is the one the strict parser would give, so output and accounting stay exact.
 
 
-def file_rows(file: InputFile, columnar: Columnar | None = None, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[Row]:
-    """(line or row number, record, error, bytes of JSON) for every row of one file; an InputError naming
-    the file when it cannot be read to its end."""
+def file_rows(file: InputFile, columnar: Columnar | None = None, max_row_bytes: int = MAX_ROW_BYTES
+              ) -> Iterator[ReadRow]:
+    """Every row of one file; an InputError naming the file when it cannot be read to its end."""
     if file.layout == "hub":  # checks the version of the dataset it loads
         return _guarded(file, hub_rows(file.path, orjson.loads(file.hub), file.version))
     check_unchanged(file)
@@ -74,16 +74,16 @@ def file_rows(file: InputFile, columnar: Columnar | None = None, max_row_bytes: 
 # How each layout's rows are read: a reader takes the file, the columnar reader (the GPU backend's, or None)
 # and input.max_row_bytes. A new file kind is a module of its own and a line here (and its extension in
 # files.EXTENSIONS).
-Reader = Callable[[InputFile, "Columnar | None", int], Iterator[Row]]
+Reader = Callable[[InputFile, "Columnar | None", int], Iterator[ReadRow]]
 
 
-def _parquet_or_arrow(file: InputFile, columnar: Columnar | None, cap: int) -> Iterator[Row]:
+def _parquet_or_arrow(file: InputFile, columnar: Columnar | None, cap: int) -> Iterator[ReadRow]:
     if columnar is not None and columnar.parquet(file):  # the row groups that hold text, by cuDF
         return parquet_rows(file.path, columnar.read_groups)
     return batch_rows(file.path, file.layout)
 
 
-def _jsonl(file: InputFile, columnar: Columnar | None, cap: int) -> Iterator[Row]:
+def _jsonl(file: InputFile, columnar: Columnar | None, cap: int) -> Iterator[ReadRow]:
     if columnar is not None and columnar.jsonl(file):
         return _columnar_rows(file, columnar, cap)  # byte ranges of a local file
     return _jsonl_rows(file, cap)
@@ -101,7 +101,7 @@ READERS: dict[str, Reader] = {
 }
 
 
-def _rows_of(file: InputFile, columnar: Columnar | None, max_row_bytes: int) -> Iterator[Row]:
+def _rows_of(file: InputFile, columnar: Columnar | None, max_row_bytes: int) -> Iterator[ReadRow]:
     return READERS[file.layout](file, columnar, max_row_bytes)
 
 
@@ -140,7 +140,7 @@ def count_lines(data: bytes) -> int:
 
 
 def part_rows(part: Part, columnar: Columnar | None = None, max_row_bytes: int = MAX_ROW_BYTES,
-              first_line: int = 1, data: bytes | None = None) -> Iterator[Row]:
+              first_line: int = 1, data: bytes | None = None) -> Iterator[ReadRow]:
     """The rows of one part, as file_rows gives them; a byte range's lines are numbered from first_line.
     data: the part's bytes when the caller has read them already."""
     if part.end is None:
@@ -177,7 +177,8 @@ def first_rows(files: list[InputFile], shares: list[int], columnar: Columnar | N
                max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[FileRow]:
     """The first rows of each file, as many as its share (sample_shares), in order."""
     for file, share in zip(files, shares):
-        yield from ((file.index, *row) for row in itertools.islice(file_rows(file, columnar, max_row_bytes), share))
+        rows = itertools.islice(file_rows(file, columnar, max_row_bytes), share)
+        yield from (FileRow(file.index, row) for row in rows)
 
 
 def read_chunks(files: list[InputFile], chunk_rows: int, max_items: int | None = None,
@@ -186,22 +187,22 @@ def read_chunks(files: list[InputFile], chunk_rows: int, max_items: int | None =
                 rows: Iterator[FileRow] | None = None) -> Iterator[RawChunk]:
     """Every row of every file, in order, in chunks of at most chunk_rows rows (or about chunk_bytes of
     JSON); stops after max_items rows. With `columnar`, JSON Lines files are read as columns. The first
-    `skip` rows are read past (a resumed run has done them). `rows`: (file index, line, record, error,
-    bytes) to chunk instead of the files' rows in order (several datasets mixed)."""
+    `skip` rows are read past (a resumed run has done them). `rows`: the rows to chunk instead of the files'
+    rows in order (several datasets mixed)."""
     if rows is None:
-        rows = ((file.index, *row) for file in files for row in file_rows(file, columnar, max_row_bytes))
+        rows = (FileRow(file.index, row) for file in files for row in file_rows(file, columnar, max_row_bytes))
     chunk = RawChunk()
     seen = size = 0
     limit = min(chunk_bytes, FIRST_CHUNK_BYTES)
-    for file_index, line, record, error, nbytes in rows:
+    for file_index, row in rows:
         if max_items is not None and seen >= max_items:
             break
         seen += 1
         if seen <= skip:
-            chunk.skipped += nbytes
+            chunk.skipped += row.nbytes
             continue
-        chunk.add(file_index, line, record, error)
-        size += nbytes
+        chunk.add(file_index, row)
+        size += row.nbytes
         chunk.size = size
         if len(chunk) >= chunk_rows or size >= limit:
             yield chunk

@@ -15,13 +15,13 @@ from typing import Any
 import orjson
 
 from gpu_prep.run.checkpoint import reopen
-from gpu_prep.errors import ConfigError, Drop, InputError
+from gpu_prep.errors import ConfigError, Drop, Dropped, InputError
 from gpu_prep.failpoint import failpoint
 from gpu_prep.read.inputs import InputFile
 from gpu_prep.read.jsonl import as_read
 from gpu_prep.read.columnar import locator
 from gpu_prep.read.files import LINE_LAYOUTS
-from gpu_prep.output.files import create, finish_file, temporary_path, writing
+from gpu_prep.durable import create, finish_file, temporary_path, writing
 
 EXAMPLES_PER_REASON = 3
 # The parse report's counts (besides unknown roles): rows with tools, and what building chat rows did.
@@ -158,8 +158,9 @@ class Accounting:
             return None
         return locator(file.path, file.layout, line, self._batches)
 
-    def dropped(self, file_index: int, line: int, reason: str, detail: str, row: Any = None) -> None:
-        file = self.files[file_index]
+    def dropped(self, file_index: int, line: int, why: Dropped, row: Any = None) -> None:
+        """Count a dropped row (row: as read, for the rejects file); under --strict, bad data stops the run."""
+        file, (reason, detail) = self.files[file_index], why
         where = self._where(file, line)
         if self.strict and reason in Drop.BAD_DATA:
             raise InputError(f"{file.path}:{line}{f' ({where})' if where else ''}: {reason.replace('_', ' ')}: "

@@ -29,7 +29,7 @@ import numpy as np
 
 from gpu_prep.errors import ConfigError
 from gpu_prep.failpoint import failpoint
-from gpu_prep.output.files import create, remove_written, write_json_atomic, writing
+from gpu_prep.durable import create, remove_written, write_json_atomic, writing
 from gpu_prep.output.shards import raw_file_name
 from gpu_prep.output.shuffle import bucket_name
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from gpu_prep.tokenization.checks import add_checks
-from gpu_prep.errors import Drop, InputError
+from gpu_prep.errors import Drop, Dropped, InputError
 from gpu_prep.filter.fuzzy import NO_ROW, NearIndex
 from gpu_prep.output.writer import DatasetWriter
 from gpu_prep.ragged import offsets_from_lengths, reorder, row_of
@@ -20,7 +20,8 @@ from gpu_prep.run.accounting import PIECES, Accounting
 from gpu_prep.run.checkpoint import Checkpointer
 from gpu_prep.run.context import Decisions, RunContext
 from gpu_prep.run.overlap import Stopwatch
-from gpu_prep.run.stages import Done, Dropped, MaskResult, Prepared, row_keys
+from gpu_prep.read.row import DroppedRow
+from gpu_prep.run.stages import Done, MaskResult, Prepared, row_keys
 
 
 class Committer:
@@ -85,12 +86,11 @@ class Committer:
             clock.time("write", self.write, prepared, mask, drops)
         # In row order, whichever stage dropped them: the rejects file and the examples do not depend on chunks.
         for drop in sorted(drops, key=lambda d: d.row):
-            acct.dropped(chunk.file_index[drop.row], chunk.line[drop.row], drop.reason, drop.detail, drop.record)
+            acct.dropped(chunk.file_index[drop.row], chunk.line[drop.row], drop.why, drop.record)
 
-    def write(self, prepared: Prepared, mask: MaskResult, drops: list[Dropped]) -> None:
+    def write(self, prepared: Prepared, mask: MaskResult, drops: list[DroppedRow]) -> None:
         """Append the chunk's samples to their domains and count them; the rows dropped here go to drops."""
         backend, acct, rows, chunk = self.run.backend, self.acct, prepared.rows, prepared.chunk
-        rules = self.run.config.preprocessing
         masked = mask.masked
         ids, loss_mask = backend.to_host(masked.ids), backend.to_host(masked.loss_mask)
         offsets, kept = backend.to_host(masked.offsets), backend.to_host(masked.kept_rows)
@@ -98,26 +98,10 @@ class Committer:
         truncated.update(r for r, row in enumerate(rows.payload)  # turns dropped to fit (structured)
                          if any(note.startswith("structured_") for note in row.notes))
 
-        def drop(r: int, reason: str, detail: str) -> None:
-            drops.append(Dropped(rows.index[r], reason, detail, chunk.records[rows.index[r]]))
+        def drop(r: int, why: Dropped) -> None:
+            drops.append(DroppedRow(rows.index[r], why, chunk.records[rows.index[r]]))
 
-        for r in np.nonzero(~mask.valid)[0]:
-            drop(r, Drop.TOKENIZER_MISMATCH, "the tokens do not cover the rendered text byte for byte, or their offsets go backwards")
-        for r in np.nonzero(mask.valid & mask.over)[0]:
-            detail = f"over max_seq_len {rules.max_seq_len} tokens"
-            if rules.truncation == "raise":
-                i = rows.index[r]
-                where = f"{acct.files[chunk.file_index[i]].path}:{chunk.line[i]}"
-                raise InputError(f"{where}: {detail} (preprocessing.truncation is 'raise')")
-            drop(r, Drop.TOO_MANY_TOKENS, detail)
-        for r in backend.to_host(masked.no_trained_rows):
-            drop(r, Drop.NO_TRAINED_TOKENS, _no_trained(rows.payload[r], rules.max_seq_len))
-        for r, reason, detail in mask.drops:  # preference pairs the cut to TRL's limits dropped
-            if reason == Drop.TOO_MANY_TOKENS and rules.truncation == "raise":
-                i = rows.index[r]
-                raise InputError(f"{acct.files[chunk.file_index[i]].path}:{chunk.line[i]}: {detail} "
-                                 "(preprocessing.truncation is 'raise')")
-            drop(r, reason, detail)
+        self.mask_drops(prepared, mask, drop)
         if mask.pair_counts is not None:
             acct.pairs.update(mask.pair_counts)
         per_row, labels, trained_by_span = mask.samples_per_row, mask.labels, mask.trained_by_span
@@ -150,7 +134,30 @@ class Committer:
         count_trained_by_role(acct, [role for row in rows.payload for role in row.span_roles], trained_by_span,
                               trained)
 
-    def near_duplicates(self, prepared: Prepared, kept: np.ndarray, drop: Callable[[int, str, str], None]
+    def mask_drops(self, prepared: Prepared, mask: MaskResult, drop: Callable[[int, Dropped], None]) -> None:
+        """Drop the rows the mask stage leaves unwritten (by their index in prepared.rows): tokens that do not
+        place exactly, over max_seq_len (with truncation raise, such a row stops the run), nothing trained,
+        and the preference pairs the cut to TRL's limits drops."""
+        rules, rows, chunk = self.run.config.preprocessing, prepared.rows, prepared.chunk
+
+        def too_long(r: int, why: Dropped) -> None:
+            if rules.truncation == "raise":
+                i = rows.index[r]
+                raise InputError(f"{self.acct.files[chunk.file_index[i]].path}:{chunk.line[i]}: {why.detail} "
+                                 "(preprocessing.truncation is 'raise')")
+            drop(r, why)
+
+        for r in np.nonzero(~mask.valid)[0]:
+            drop(r, Dropped(Drop.TOKENIZER_MISMATCH, "the tokens do not cover the rendered text byte for byte, or their "
+                            "offsets go backwards"))
+        for r in np.nonzero(mask.valid & mask.over)[0]:
+            too_long(r, Dropped(Drop.TOO_MANY_TOKENS, f"over max_seq_len {rules.max_seq_len} tokens"))
+        for r in self.run.backend.to_host(mask.masked.no_trained_rows):
+            drop(r, Dropped(Drop.NO_TRAINED_TOKENS, _no_trained(rows.payload[r], rules.max_seq_len)))
+        for r, why in mask.drops:
+            (too_long if why.reason == Drop.TOO_MANY_TOKENS else drop)(r, why)
+
+    def near_duplicates(self, prepared: Prepared, kept: np.ndarray, drop: Callable[[int, Dropped], None]
                         ) -> np.ndarray:
         """Which of the rows about to be written (kept: indices into the chunk's rows, in order) share an LSH
         band with a row written before them (fuzzy.NearIndex); those are dropped, naming that row."""
@@ -163,7 +170,7 @@ class Committer:
             path = self.acct.files[place >> 32].path
             which = "an earlier occurrence of this row (the mix takes it more than once)" if place == itself \
                 else f"{path}:{place & 0xFFFFFFFF}"
-            drop(int(r), Drop.NEAR_DUPLICATE, f"shares a MinHash band with {which}, which is kept")
+            drop(int(r), Dropped(Drop.NEAR_DUPLICATE, f"shares a MinHash band with {which}, which is kept"))
         return near
 
 

@@ -11,7 +11,9 @@ from gpu_prep.read.inputs import CHUNK_BYTES, RawChunk
 from gpu_prep.read.rows import first_rows, read_chunks
 from gpu_prep.run.context import Decisions, RunContext
 from gpu_prep.run.overlap import Sink, Stopwatch, quick_handoffs
-from gpu_prep.run.stages import Done, Tokenizing, mask_chunk, prepare_and_tokenize
+from gpu_prep.run.masking import mask_chunk
+from gpu_prep.run.stages import Done
+from gpu_prep.run.tokenize import Tokenizing, prepare_and_tokenize
 
 
 def run_chunks(run: RunContext, chunk_rows: int, rows_done: int, per_file: list[int] | None = None) -> Iterator[RawChunk]:

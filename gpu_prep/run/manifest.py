@@ -14,7 +14,7 @@ from gpu_prep.errors import Drop
 from gpu_prep.read.mix import Dataset
 from gpu_prep.output import pack
 from gpu_prep.mask.pairs import PAIR_COUNTS
-from gpu_prep.output.files import copy_atomic, manifest_checksum, sha256_file, write_atomic, written_files
+from gpu_prep.durable import copy_atomic, manifest_checksum, sha256_file, write_atomic, written_files
 from gpu_prep.run.accounting import Accounting
 from gpu_prep.read.inputs import LeftOut
 from gpu_prep.run.context import RunContext

@@ -1,6 +1,6 @@
 """The output directory's policy: what may be replaced, what marks it as a run, who may write it.
 
-gpu-prep only ever removes what its journal (output/files.py) says a run of its own created there: a file a
+gpu-prep only ever removes what its journal (durable.py) says a run of its own created there: a file a
 user keeps in the folder survives --overwrite and --resume. No output path may be, hold, or lie inside an
 input, so a run can never write over what it reads.
 """
@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gpu_prep.errors import ConfigError
-from gpu_prep.output.files import JOURNAL, journal_names, refuse_link, remove_written
+from gpu_prep.durable import JOURNAL, journal_names, refuse_link, remove_written
 from gpu_prep.output.writer import RESERVED_NAMES
 
 MANIFEST = "manifest.json"
