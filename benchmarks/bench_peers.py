@@ -20,7 +20,7 @@ Routes (chat; the text corpus runs the same routes on documents, with every toke
 chat SFT, 0.85x for pretraining text) is always checked against the engine that did gpu-prep's tokenizing.
 
 Every route uses the same tokenizer directory: the bundled Qwen2.5 tokenizer.json with a ChatML template
-carrying {% generation %} markers (as tests/test_reference_masks.py builds it), so ids and masks can be
+carrying {% generation %} markers (as tests/e2e/test_reference_masks.py builds it), so ids and masks can be
 compared token for token. gpu-prep must equal datasets.map on every row, or the script fails.
 
 What is timed: from the route's input in hand (gpu-prep: the JSONL on disk; peers: rows already parsed,
@@ -315,7 +315,7 @@ def setup_tiktoken(ws: Workspace) -> Job:
         _ranks_file,
     )
 
-    # Built as tests/test_bundled.py builds it, the test that proves it equals the bundled tokenizer.
+    # Built as tests/tokenization/test_bundled.py builds it, the test that proves it equals the bundled tokenizer.
     special = {t: QWEN_FIRST_ADDED_ID + i for i, t in enumerate(_QWEN25_ADDED)}
     encoding = tiktoken.Encoding("qwen-ranks", pat_str=QWEN_PATTERN,
                                  mergeable_ranks=load_tiktoken_bpe(str(_ranks_file())), special_tokens=special)

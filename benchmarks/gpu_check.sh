@@ -44,8 +44,8 @@ PY
 } | tee -a "$report"
 
 tests=$(mktemp)
-"$PY" -m pytest -q -p no:cacheprovider -rfEs --tb=short tests/test_gpu_api_contract.py tests/test_gpu_parity.py \
-  tests/test_gpu_xp.py > "$tests" 2>&1 \
+"$PY" -m pytest -q -p no:cacheprovider -rfEs --tb=short tests/backend/test_gpu_api_contract.py tests/backend/test_gpu_parity.py \
+  tests/backend/test_gpu_xp.py > "$tests" 2>&1 \
   || status=1
 {
   echo

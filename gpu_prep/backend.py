@@ -5,7 +5,7 @@ against `xp` in the stage modules, so the CPU tests execute the code the GPU run
 that imports cupy, cudf or rmm, and it does so lazily: `import gpu_prep` never needs them.
 
 Every cuDF/CuPy/RMM entry point used here (and dask-cuda's, used by cluster/driver.py) is listed in GPU_API and
-checked against the installed wheels by tests/test_gpu_api_contract.py, so a renamed or removed API fails CI
+checked against the installed wheels by tests/backend/test_gpu_api_contract.py, so a renamed or removed API fails CI
 even though CI has no GPU.
 """
 

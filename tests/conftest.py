@@ -13,7 +13,7 @@ from gpu_prep.config import parse_config
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--update-golden", action="store_true", help="Rewrite tests/golden/* from the current output.")
+    parser.addoption("--update-golden", action="store_true", help="Rewrite tests/e2e/golden/* from the current output.")
 
 
 @pytest.fixture(scope="session", autouse=True)

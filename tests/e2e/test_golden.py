@@ -2,7 +2,7 @@
 
 Each case runs the whole pipeline (gpu_prep.pipeline.run) on one row and reads the sample back with
 gpu_prep.open_dataset, so a change anywhere from template rendering to the shard writer shows up here as a
-diff a person can read. `pytest --update-golden` rewrites tests/golden/*.txt; review the diff before
+diff a person can read. `pytest --update-golden` rewrites tests/e2e/golden/*.txt; review the diff before
 committing it.
 """
 

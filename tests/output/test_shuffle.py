@@ -2,7 +2,7 @@
 
 The shuffled output is a permutation of the unshuffled one, drawn across chunks (not within each), the same
 for the same seed and another for another seed, the same on a cluster; the keys are distinct and the
-buckets the second pass holds in memory one at a time stay small. Kill and --resume: tests/test_crash.py.
+buckets the second pass holds in memory one at a time stay small. Kill and --resume: tests/e2e/test_crash.py.
 """
 
 from __future__ import annotations
