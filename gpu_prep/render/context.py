@@ -1,5 +1,5 @@
-"""The render stage's context (built once a run: the template, how it is rendered, the mask rules) and what
-it gives for a row (RenderedRow)."""
+"""The render stage's context (built once a run: the template, how it is rendered, the mask rules as a
+MaskPolicy) and what it gives for a row (RenderedRow)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import numpy as np
 from gpu_prep.render.affix import AffixTemplate
 from gpu_prep.errors import ConfigError
 from gpu_prep.format import Conversation
+from gpu_prep.render.policy import MaskPolicy
 
 if TYPE_CHECKING:
     from gpu_prep.render.sandbox import ChatTemplate
@@ -49,7 +50,12 @@ class RenderContext:
     affix: AffixTemplate | None = None  # the template as plain concatenation, when it is one
     first_tokens: Callable[[str, int], str] | None = None  # a text's first n tokens (input.think_max_tokens)
     count_tokens: Callable[[str], int] | None = None  # a text's tokens (structured truncation)
-    _trains: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)  # label -> trained
+    # The config's mask rules, read from it here, so a context made for another config (a dataset's own,
+    # dataclasses.replace) cannot keep the old ones.
+    policy: MaskPolicy = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policy", MaskPolicy.of(self.config))
 
     @functools.cached_property
     def limits(self) -> tuple[float, int]:
@@ -61,15 +67,6 @@ class RenderContext:
 
     def eot_pattern(self) -> re.Pattern[str]:
         return _eot_pattern(self.end_of_turn)
-
-    def trains(self, label: str | bool | None) -> bool:
-        """Whether a message or piece with this label (a role or field, or its own bool flag) is trained."""
-        if not isinstance(label, str):
-            return label is True
-        known = self._trains.get(label)
-        if known is None:
-            known = self._trains[label] = self.config.action(label) == "train"
-        return known
 
 
 @functools.lru_cache(maxsize=16)
@@ -147,7 +144,7 @@ def _to_bytes(text: str, spans: list[Span], form: str | None) -> tuple[str, list
 
 def _trained(spans: list[Span], ctx: RenderContext) -> tuple[list[tuple[int, int]], list[str]]:
     """The trained byte ranges, sorted and merged, and the role each is counted under (its first piece's)."""
-    keep = sorted((s, e, role) for s, e, label, role in spans if e > s and ctx.trains(label))
+    keep = sorted((s, e, role) for s, e, label, role in spans if e > s and ctx.policy.trains(label))
     merged: list[tuple[int, int]] = []
     roles: list[str] = []
     for s, e, role in keep:

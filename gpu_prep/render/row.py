@@ -67,7 +67,7 @@ def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
 
 def _think_cut(conv: Conversation, ctx: RenderContext) -> Conversation:
     """The conversation with each reasoning cut to its first input.think_max_tokens tokens, where set."""
-    limit = ctx.config.input.think_max_tokens
+    limit = ctx.policy.think_max_tokens
     if limit is None or ctx.first_tokens is None or not any(m.get("reasoning_content") for m in conv.messages):
         return conv
     return dataclasses.replace(conv, messages=[
@@ -119,7 +119,7 @@ def _segments(shape: Segments, ctx: RenderContext) -> RenderedRow:
         rest = text[:-len(end)] if text.endswith(end) else text
         pieces += [(rest, label)] * bool(rest) + [(end, label)]
     pieces = [(ctx.prefix_text, None)] * bool(ctx.prefix_text) + pieces + [(suffix, None)] * bool(suffix)
-    trained = [shape.train_all or ctx.trains(label) for _, label in pieces]
+    trained = [shape.train_all or ctx.policy.trains(label) for _, label in pieces]
     texts = [t for t, _ in pieces]
     # What closes the row outlives right truncation: the tokenizer's own suffix ([SEP]) and, for a text row,
     # the end-of-document token before it, so that documents packed or concatenated stay apart. (The eos

@@ -100,7 +100,7 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
     texts = RowTexts(real, conv, template, ctx.end_of_turn)
     ends = [0] + [end for _, _, end in regions[:-1]]  # where the message before each region's ends
     limits = [start for _, start, _ in regions[1:]] + [len(real)]
-    if ctx.config.input.mask_scope == "turn":  # one span per region, in order
+    if ctx.policy.mask_scope == "turn":  # one span per region, in order
         # A turn's tool calls written before its content (locate.calls_apart) open its turn, header and all.
         apart = {i: found[0] for (i, start, end), after, limit in zip(regions, ends, limits) if roles[i] == "assistant"
                  and conv.messages[i].get("tool_calls") and not _calls_follow(conv.messages[i], real, end, limit)
@@ -112,9 +112,9 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
     # them (tool calls, a space) is the same turn's output. train_on_eos says which turns' end-of-turn
     # tokens are trained: those of trained turns (turn), of every turn (all), of the last trained turn
     # (last), or none.
-    policy = ctx.config.input.train_on_eos if ctx.config.input.train_end_of_turn else "none"
+    policy = ctx.policy.train_on_eos
     # Asked of every message: a set (a list would cost a row of n messages n^2), and the last in rendering order.
-    in_order = [i for i, _, _ in regions if ctx.trains(labels[i])]
+    in_order = [i for i, _, _ in regions if ctx.policy.trains(labels[i])]
     trained, last_trained = set(in_order), (in_order[-1] if in_order else None)
     eot = ctx.eot_pattern()
     spans: list[Span] = []
@@ -122,7 +122,7 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
     previous_end = 0
     for (i, start, end), after, limit in zip(regions, ends, limits):
         content = start  # a training detail's offsets count from here, whatever reasoning is trained before it
-        if ctx.config.input.think_loss and i in trained:
+        if ctx.policy.think_loss and i in trained:
             start = _reasoning_start(real, conv.messages[i], previous_end, start)
         previous_end = end
         found = eot.search(real, end, limit)
@@ -134,7 +134,7 @@ def conversation_spans(conv: Conversation, ctx: RenderContext
         output_end = end
         if found is not None and role == "assistant" and (match is not None or real[end:found.start()].strip()):
             output_end = found.start()
-        detail = _detail(conv.messages[i], i, real[content:end], ctx.config.input.message_training_detail_key)
+        detail = _detail(conv.messages[i], i, real[content:end], ctx.policy.message_training_detail_key)
         reasoning = [(start, content, labels[i], role)] if content > start else []
         closing = [] if match is None else [(match.start(), match.end(), labels[i] if i in trained or policy != "all"
                                              else True, role)]
@@ -222,7 +222,7 @@ def _generation_spans(real: str, generated: list[tuple[int, int, int | None]], r
     wrote the span, else the first whose content ends at or after the span's start (the span holds that
     message's header, reasoning, content or end-of-turn text)."""
     ends = [end for _, _, end in regions]
-    key = ctx.config.input.message_training_detail_key
+    key = ctx.policy.message_training_detail_key
     where = {i: (start, end) for i, start, end in regions} if key else {}
     messages, last = conv.messages, len(regions) - 1
     spans: list[Span] = []
@@ -245,10 +245,10 @@ def _unmarked(spans: list[Span], regions: list[tuple[int, int, int]], labels: li
     """The roles of trained messages no {% generation %} span belongs to (reported: a mask rule trains a
     role the template never marks, so nothing of it is trained)."""
     marked = {role for _, _, _, role in spans}
-    if labels == roles and not any(ctx.trains(role) for role in set(roles) - marked):
+    if labels == roles and not any(ctx.policy.trains(role) for role in set(roles) - marked):
         return ()  # each message labelled by its role, and no role without a span is trained
     return tuple(role for i, _, _ in regions
-                 if (role := conv.messages[i]["role"]) not in marked and ctx.trains(labels[i]))
+                 if (role := conv.messages[i]["role"]) not in marked and ctx.policy.trains(labels[i]))
 
 
 def _split(start: int, end: int, label: str | bool, role: str, detail: list[tuple[int, int, bool]]) -> list[Span]:
@@ -313,14 +313,14 @@ def _labels(conv: Conversation, ctx: RenderContext) -> list[str | bool]:
     """Each message's label: its role, or its own training flag (input.message_training_key: true / false,
     or 1 / 0 as OpenAI's `weight` is written; any other value drops the row); with
     input.train_last_turn_only, only the last trained message stays trained."""
-    key = ctx.config.input.message_training_key
+    key = ctx.policy.message_training_key
     if key:
         labels: list[str | bool] = [m["role"] if m.get(key) is None else _flag(m, key, i)
                                     for i, m in enumerate(conv.messages)]
     else:
         labels = [m["role"] for m in conv.messages]
-    if ctx.config.input.train_last_turn_only:
-        trained = [i for i, label in enumerate(labels) if ctx.trains(label)]
+    if ctx.policy.train_last_turn_only:
+        trained = [i for i, label in enumerate(labels) if ctx.policy.trains(label)]
         for i in trained[:-1]:
             labels[i] = False
     return labels
@@ -343,7 +343,7 @@ def _locate(real: str, conv: Conversation, template: ChatTemplate, ctx: RenderCo
         try:
             regions = locate_contents(real, dataclasses.replace(conv, messages=messages), template)
         except RowError:
-            hint = "" if ctx.config.input.extract_think_tags else \
+            hint = "" if ctx.policy.extract_think_tags else \
                 "; input.extract_think_tags: true reads a leading one as the turn's reasoning"
             raise RowError(err.reason, f"{err.detail}: a content holds a <think> block the template rewrites{hint}") from None
     out, previous_end = [], 0

@@ -101,8 +101,8 @@ def _cut_prompt(kept: list[dict], conv: Conversation, ctx: RenderContext) -> lis
     LLaMA-Factory cuts a prompt, while the system messages, the headers and what is trained stay whole.
     Where even its first token does not fit, the row is dropped (too_many_tokens)."""
     labels = _labels(dataclasses.replace(conv, messages=kept), ctx)
-    detail = ctx.config.input.message_training_detail_key
-    cuttable = [k for k, m in enumerate(kept) if m["role"] != "system" and not ctx.trains(labels[k])
+    detail = ctx.policy.message_training_detail_key
+    cuttable = [k for k, m in enumerate(kept) if m["role"] != "system" and not ctx.policy.trains(labels[k])
                 and isinstance(m.get("content"), str) and m["content"] and (not detail or m.get(detail) is None)]
     limit = ctx.config.preprocessing.max_seq_len
     if cuttable and ctx.first_tokens is not None:
