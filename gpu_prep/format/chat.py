@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from gpu_prep.config import TOOL_CALL_ROLE
 from gpu_prep.errors import Drop
 from gpu_prep.format.registry import register
-from gpu_prep.format.shapes import Conversation, RowError, missing, type_name
+from gpu_prep.format.shapes import Conversation, Message, RowError, missing, type_name
 
 if TYPE_CHECKING:
     from gpu_prep.config import PipelineConfig
@@ -133,7 +133,7 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
     plain = role_key == "role" and content_key == "content" and not renames and not inp.extract_think_tags \
         and not {"role", "content"} & set(inp.reasoning_keys)
     sources = None  # row keys not copied as they are (the plain messages need none)
-    messages = []
+    messages: list[Message] = []
     for i, message in enumerate(raw):
         # The common case, a {"role": str, "content": str} message whose role input.roles leaves as it is,
         # is taken as it is (never modified).
@@ -184,8 +184,8 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
                         notes=(*notes, *["tools_parsed_from_string"] * parsed))
 
 
-def _with_system_field(record: dict[str, Any], messages: list[dict[str, Any]], config: PipelineConfig,
-                       notes: list[str]) -> list[dict[str, Any]]:
+def _with_system_field(record: dict[str, Any], messages: list[Message], config: PipelineConfig,
+                       notes: list[str]) -> list[Message]:
     """The messages, opened by the row's system prompt field (input.field_system, LLaMA-Factory's `system`
     column) where the row has a non-empty one and the conversation has no system message of its own (which
     wins, as in LLaMA-Factory)."""

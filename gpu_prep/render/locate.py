@@ -19,7 +19,7 @@ import jinja2
 
 from gpu_prep.render.affix import SENTINEL, SENTINEL_RE
 from gpu_prep.errors import Drop
-from gpu_prep.format import Conversation, RowError
+from gpu_prep.format import Conversation, Message, RowError
 
 if TYPE_CHECKING:
     from gpu_prep.render.sandbox import ChatTemplate
@@ -59,11 +59,11 @@ def _content_regions(real: str, skeleton: str, contents: dict[int, str], exact_o
     return regions
 
 
-def render_text(template: ChatTemplate, messages: list[dict], conv: Conversation) -> str:
+def render_text(template: ChatTemplate, messages: list[Message], conv: Conversation) -> str:
     return render_marked(template, messages, conv, marked=False)[0]
 
 
-def render_marked(template: ChatTemplate, messages: list[dict], conv: Conversation, marked: bool = True
+def render_marked(template: ChatTemplate, messages: list[Message], conv: Conversation, marked: bool = True
             ) -> tuple[str, list[tuple[int, int, int | None]]]:
     """The rendering of these messages with the row's tools and documents (and, when marked, the spans its
     {% generation %} blocks wrote); a template that raises drops the row with its own message."""
@@ -144,7 +144,7 @@ def _place_tool_turns(real: str, conv: Conversation, template: ChatTemplate,
     return sorted(placed, key=lambda region: (region[1], region[0]))
 
 
-def _render_with_prompt(template: ChatTemplate, messages: list[dict], conv: Conversation) -> str | None:
+def _render_with_prompt(template: ChatTemplate, messages: list[Message], conv: Conversation) -> str | None:
     """The rendering of these messages followed by the generation prompt; None where the template refuses
     them (a prefix of a conversation may break a template's rules)."""
     try:
@@ -205,7 +205,7 @@ class RowTexts:
         return None
 
 
-def call_names(message: dict) -> list[str]:
+def call_names(message: Message) -> list[str]:
     """The names of the functions a message calls."""
     return [c["function"]["name"] for c in message.get("tool_calls") or () if isinstance(c, dict)
             and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)]

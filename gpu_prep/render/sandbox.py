@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from functools import cached_property, lru_cache, update_wrapper
 from itertools import islice
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import jinja2
 from jinja2 import nodes
@@ -49,6 +49,9 @@ from jinja2.utils import _PassArg
 from jinja2.visitor import NodeTransformer
 
 from gpu_prep.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gpu_prep.format import Message
 
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 _tracking = threading.local()  # the rendering in progress on this thread that records generation spans
@@ -752,7 +755,7 @@ def _cut(text: str) -> str:
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transformers' names for a message's reasoning
 
 
-def _as_transformers_passes(message: dict[str, Any]) -> dict[str, Any]:
+def _as_transformers_passes(message: Message) -> dict[str, Any]:
     """A message as transformers hands it to a template: keys whose value is None left out, and its
     reasoning under `thinking` and `reasoning_content` both (templates read one or the other)."""
     if any(v is None for v in message.values()):
@@ -839,16 +842,16 @@ class ChatTemplate:
             return False
         return '\\"probe\\"' in text
 
-    def _arguments(self, messages: list[dict[str, Any]], tools: list[Any] | None, documents: list[Any] | None,
+    def _arguments(self, messages: list[Message], tools: list[Any] | None, documents: list[Any] | None,
                    add_generation_prompt: bool) -> dict[str, Any]:
         return {"messages": [_as_transformers_passes(m) for m in messages], "tools": tools, "documents": documents,
                 "add_generation_prompt": add_generation_prompt, **self.variables}
 
-    def render(self, messages: list[dict[str, Any]], tools: list[Any] | None = None,
+    def render(self, messages: list[Message], tools: list[Any] | None = None,
                documents: list[Any] | None = None, add_generation_prompt: bool = False) -> str:
         return self._generate(self._arguments(messages, tools, documents, add_generation_prompt), None)
 
-    def render_marked(self, messages: list[dict[str, Any]], tools: list[Any] | None = None,
+    def render_marked(self, messages: list[Message], tools: list[Any] | None = None,
                       documents: list[Any] | None = None) -> tuple[str, list[tuple[int, int, int | None]]]:
         """The rendering and the character spans its {% generation %} blocks wrote, in order, each with the
         index of the message the template last read from when the block ended (None: none)."""

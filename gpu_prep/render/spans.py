@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 
 from gpu_prep.errors import Drop
-from gpu_prep.format import Conversation, RowError
+from gpu_prep.format import Conversation, Message, RowError
 from gpu_prep.render.locate import RowTexts, call_names, locate_contents, render_marked, render_text
 from gpu_prep.render.context import Span, RenderContext, no_template
 
@@ -172,7 +172,7 @@ def _own_turn_ends(real: str, regions: list[tuple[int, int, int]], spans: list[S
     return own
 
 
-def _calls_follow(message: dict[str, Any], real: str, end: int, limit: int) -> bool:
+def _calls_follow(message: Message, real: str, end: int, limit: int) -> bool:
     """Whether a message's tool calls are written after its content, before the next message's (so they are
     the turn's output the content's span runs on through): a called function's name is there."""
     names = call_names(message)
@@ -263,7 +263,7 @@ def _split(start: int, end: int, label: str | bool, role: str, detail: list[tupl
     return parts
 
 
-def _detail(message: dict, index: int, rendered: str, key: str | None) -> list[tuple[int, int, bool]]:
+def _detail(message: Message, index: int, rendered: str, key: str | None) -> list[tuple[int, int, bool]]:
     """A message's training detail as (start, end, train) character ranges of its rendered content (the
     offsets count in the content as written; a template that trims it shifts them)."""
     ranges = message.get(key) if key else None
@@ -292,7 +292,7 @@ def _detail(message: dict, index: int, rendered: str, key: str | None) -> list[t
 EMPTY_THINK = re.compile(r"<think>\s*</think>\s*$")
 
 
-def _reasoning_start(real: str, message: dict, previous_end: int, start: int) -> int:
+def _reasoning_start(real: str, message: Message, previous_end: int, start: int) -> int:
     """Where a trained turn's rendered reasoning begins (its <think> tag, where the template writes one
     before it): the turn is trained from there; a turn without reasoning, from the empty block the template
     writes right before its content (Qwen3's last turn), so that the model learns to open and close it too.
@@ -360,7 +360,7 @@ def _split_think(content: str) -> tuple[str, str]:
             content.split("</think>")[-1].lstrip("\n"))
 
 
-def _flag(message: dict[str, Any], key: str, index: int) -> bool:
+def _flag(message: Message, key: str, index: int) -> bool:
     """A message's training flag (one it has)."""
     flag = message[key]
     if type(flag) is bool or (type(flag) is int and flag in (0, 1)):
