@@ -2,8 +2,9 @@
 
 row.py         the render stage: render_row (and the affix check, row limits, reasoning cut)
 context.py     RenderContext (built once a run), RenderedRow, spans in bytes after normalization
-policy.py      MaskPolicy: the config's mask rules, read once; whether {% generation %} markers rule
+policy.py      MaskPolicy: the config's mask rules, read once, and messages' labels; whether {% generation %} markers rule
 spans.py       a conversation's spans: role spans, {% generation %} spans, turn ends, tool-call turns
+ranges.py      Region (a message's content in a rendering) and Span (a labelled range), as modules pass them
 reasoning.py   whether a rendering shows reasoning, and think-block notes
 pairs.py       preference pairs and KTO rows: prompt and completions
 truncation.py  structured truncation: turns, then reasonings, then the prompt
@@ -14,5 +15,5 @@ affix.py       templates that are plain concatenation, learnt once and rendered 
 locate.py      where each message's content lies in a rendering (sentinels)
 """
 
-__all__ = ["affix", "context", "locate", "pairs", "policy", "reasoning", "row", "sandbox", "spans", "templates",
+__all__ = ["affix", "context", "locate", "pairs", "policy", "ranges", "reasoning", "row", "sandbox", "spans", "templates",
            "tool_calls", "truncation"]

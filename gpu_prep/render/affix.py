@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
+from gpu_prep.render.ranges import Region
+
 if TYPE_CHECKING:
     from gpu_prep.format import Message
 
@@ -64,13 +66,13 @@ class AffixTemplate:
         return messages[0].get("role") in self.prefix and role in self.suffix
 
     def render(self, messages: list[Message]
-               ) -> tuple[str, list[tuple[int, int, int]], list[tuple[int, int, int | None]]]:
+               ) -> tuple[str, list[Region], list[tuple[int, int, int | None]]]:
         """The rendering, [(message index, content start, content end)] in characters, and (for a marked
         template) the spans its generation blocks cover, as ChatTemplate.render_marked gives them."""
         roles = [m["role"] for m in messages]
         glue, last = self.glue, len(messages) - 1
         parts = [self.prefix[roles[0]]]
-        regions = []
+        regions: list[Region] = []
         ends = []  # where each content ends: the fixed text after it begins there
         pos = len(parts[0])
         for i, message in enumerate(messages):
@@ -79,7 +81,7 @@ class AffixTemplate:
             after = glue[roles[i], roles[i + 1]] if i < last else self.suffix[roles[i]]
             parts.append(content)
             parts.append(after)
-            regions.append((i, pos, end))
+            regions.append(Region(i, pos, end))
             ends.append(end)
             pos = end + len(after)
         text = "".join(parts)

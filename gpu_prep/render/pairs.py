@@ -62,8 +62,8 @@ def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
             if ctx.offsets:
                 text, span, width, size = piece, piece_spans, len(piece), len(piece.encode("utf-8"))
             else:
-                text, byte_spans, size = _to_bytes(piece, [(a, b, True, "") for a, b in piece_spans], ctx.normalization)
-                span, width = [(a, b) for a, b, _, _ in byte_spans], size
+                text, span, size = _to_bytes(piece, piece_spans, piece_spans, ctx.normalization)
+                width = size
             pieces.append(text)
             spans += [(total + a, total + b) for a, b in span]
             total += width

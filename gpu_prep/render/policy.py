@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from gpu_prep.errors import ConfigError
+from gpu_prep.errors import ConfigError, Drop
+from gpu_prep.format import Message, RowError
 
 if TYPE_CHECKING:
     from gpu_prep.config import PipelineConfig
@@ -56,6 +57,31 @@ class MaskPolicy:
         if not isinstance(label, str):
             return label is True
         return self.actions.get(label, self.default) == "train"
+
+    def labels(self, messages: list[Message]) -> list[str | bool]:
+        """Each message's label: its role, or its own training flag (message_training_key: true / false, or
+        1 / 0 as OpenAI's `weight` is written; any other value drops the row); with train_last_turn_only,
+        only the last trained message stays trained."""
+        key = self.message_training_key
+        if key:
+            labels: list[str | bool] = [m["role"] if m.get(key) is None else _flag(m, key, i)
+                                        for i, m in enumerate(messages)]
+        else:
+            labels = [m["role"] for m in messages]
+        if self.train_last_turn_only:
+            trained = [i for i, label in enumerate(labels) if self.trains(label)]
+            for i in trained[:-1]:
+                labels[i] = False
+        return labels
+
+
+def _flag(message: Message, key: str, index: int) -> bool:
+    """A message's training flag (one it has)."""
+    flag = message[key]
+    if type(flag) is bool or (type(flag) is int and flag in (0, 1)):
+        return bool(flag)
+    raise RowError(Drop.WRONG_TYPE, f"message {index}'s {key!r} must be true or false (or 1 / 0), got {flag!r}; "
+                   "a value the rule cannot read would leave the message to its role's rule unnoticed")
 
 
 # Role-span options the {% generation %} markers overrule.

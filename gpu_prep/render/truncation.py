@@ -10,7 +10,7 @@ from gpu_prep.errors import Drop
 from gpu_prep.format import Conversation, Message, RowError
 from gpu_prep.render.locate import render_text
 from gpu_prep.render.context import RenderContext
-from gpu_prep.render.spans import _labels, _split_think
+from gpu_prep.render.spans import _split_think
 
 def _structured(conv: Conversation, ctx: RenderContext) -> tuple[Conversation, tuple[str, ...]]:
     """The conversation cut to fit max_seq_len by turns: leading system messages and the latest turn stay,
@@ -100,7 +100,7 @@ def _cut_prompt(kept: list[Message], conv: Conversation, ctx: RenderContext) -> 
     detail) cut to its first tokens, as many as fit: what is cut is the end of the prompt's longest text, as
     LLaMA-Factory cuts a prompt, while the system messages, the headers and what is trained stay whole.
     Where even its first token does not fit, the row is dropped (too_many_tokens)."""
-    labels = _labels(dataclasses.replace(conv, messages=kept), ctx)
+    labels = ctx.policy.labels(kept)
     detail = ctx.policy.message_training_detail_key
     cuttable = [k for k, m in enumerate(kept) if m["role"] != "system" and not ctx.policy.trains(labels[k])
                 and isinstance(m.get("content"), str) and m["content"] and (not detail or m.get(detail) is None)]
