@@ -112,21 +112,10 @@ def sharegpt_keys(config: PipelineConfig) -> tuple[str, str, str]:
 
 def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: str,
                   config: PipelineConfig, system_field: bool = True) -> Conversation:
-    if key not in record:
-        raise missing(record, key)
-    raw = record[key]
-    notes: list[str] = []
-    if isinstance(raw, str) and raw.lstrip().startswith("["):  # JSON text (a CSV or Parquet column of it)
-        try:
-            raw = json.loads(raw)
-        except ValueError as exc:
-            raise RowError(Drop.WRONG_TYPE, f"field {key!r} is a string but not JSON: {exc}") from None
-        notes.append("messages_parsed_from_string")
-    if not isinstance(raw, list):
-        got = "a string that is not JSON text of a list" if isinstance(raw, str) else type_name(raw)
-        raise RowError(Drop.WRONG_TYPE, f"field {key!r} must be a list of messages (or JSON text of one), got {got}")
-    if not raw:
-        raise RowError(Drop.EMPTY, f"field {key!r} has no messages")
+    """The row's messages under `key` (roles, contents and the config's renames read from role_key,
+    content_key and input.message_property_mappings; reasoning moved to reasoning_content; tool-call turns
+    made tool_calls), opened by its system field (system_field), with its tools and documents."""
+    raw, notes = _raw_messages(record, key)
     inp = config.input
     renames = inp.message_property_mappings  # {template key: row key}
     role_names = inp.role_names
@@ -176,6 +165,32 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
         messages.append({**extra, "role": role, "content": content})
     if system_field:
         messages = _with_system_field(record, messages, config, notes)
+    return _with_tools(record, messages, notes)
+
+
+def _raw_messages(record: dict[str, Any], key: str) -> tuple[list[Any], list[str]]:
+    """The row's list of messages as written (JSON text of one parsed: a CSV or Parquet column of it), and
+    the note of that parse."""
+    if key not in record:
+        raise missing(record, key)
+    raw = record[key]
+    notes: list[str] = []
+    if isinstance(raw, str) and raw.lstrip().startswith("["):  # JSON text (a CSV or Parquet column of it)
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise RowError(Drop.WRONG_TYPE, f"field {key!r} is a string but not JSON: {exc}") from None
+        notes.append("messages_parsed_from_string")
+    if not isinstance(raw, list):
+        got = "a string that is not JSON text of a list" if isinstance(raw, str) else type_name(raw)
+        raise RowError(Drop.WRONG_TYPE, f"field {key!r} must be a list of messages (or JSON text of one), got {got}")
+    if not raw:
+        raise RowError(Drop.EMPTY, f"field {key!r} has no messages")
+    return raw, notes
+
+
+def _with_tools(record: dict[str, Any], messages: list[Message], notes: list[str]) -> Conversation:
+    """The conversation of these messages with the row's tools and documents."""
     tools, parsed = _tools(record)
     documents = record.get("documents")
     if documents is not None and not (isinstance(documents, list) and all(isinstance(d, dict) for d in documents)):
