@@ -8,7 +8,7 @@ import os
 
 import jinja2
 
-from gpu_prep.render.sandbox import row_limits
+from gpu_prep.render.limits import row_limits
 from gpu_prep.config import TEMPLATE_ROLES
 from gpu_prep.errors import Drop
 from gpu_prep.format import Conversation, Message, Pair, RowError, Unpaired

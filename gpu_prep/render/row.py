@@ -8,7 +8,7 @@ import dataclasses
 import jinja2
 import numpy as np
 
-from gpu_prep.render.sandbox import row_limits
+from gpu_prep.render.limits import row_limits
 from gpu_prep.errors import Drop
 from gpu_prep.format import Conversation, Pair, RowError, Segments, Shape, Tokens, Unpaired
 from gpu_prep.render.context import AFFIX_CHECK_ROWS, RenderContext, RenderedRow, _to_bytes, _trained
