@@ -145,7 +145,7 @@ def _to_bytes(text: str, spans: Sequence[Span | tuple[int, int]], ranges: list[t
 def _trained(spans: list[Span], ctx: RenderContext) -> tuple[list[tuple[int, int]], list[str]]:
     """The trained ranges, sorted and merged, and the role each is counted under (its first piece's)."""
     trains = ctx.policy.trains
-    keep = sorted((s, e, role) for s, e, label, role in spans if e > s and trains(label))
+    keep = sorted([(s, e, role) for s, e, label, role in spans if e > s and trains(label)])
     merged: list[tuple[int, int]] = []
     roles: list[str] = []
     for s, e, role in keep:

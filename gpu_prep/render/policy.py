@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class MaskPolicy:
+    """Which text of a row is trained, as one config says (MaskPolicy.of): the render helpers read this,
+    never the config's keys, so each rule is read in one place."""
+
     # A label's rule where the config names one (`mask`, then input.roles_to_train), as config.action reads
     # them; every other label follows `default` (mask_default).
     actions: dict[str, Action]

@@ -68,8 +68,8 @@ def conversation_spans(conv: Conversation, ctx: RenderContext) -> ConversationSp
     # the text beside it not: _place_tool_turns; a <think> block alone is think_blocks_not_rendered's).
     located = {i for i, start, end in regions if end > start or not conv.messages[i].get("tool_calls")
                or not _split_think(conv.messages[i]["content"] or "")[1].strip()}
-    left_out = tuple(roles[i] for i, m in enumerate(conv.messages)
-                     if (m["content"] or m.get("tool_calls")) and i not in located)
+    left_out = () if len(located) == len(roles) else tuple(
+        roles[i] for i, m in enumerate(conv.messages) if (m["content"] or m.get("tool_calls")) and i not in located)
     if not regions:
         return ConversationSpans(real, [], left_out)
     labels = ctx.policy.labels(conv.messages)
