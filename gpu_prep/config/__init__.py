@@ -8,6 +8,7 @@ pipeline.py   PipelineConfig: the sections together, the checks across them, out
 input.py      InputConfig: what the rows look like, which roles and fields count in the loss
 sections.py   preprocessing (fuzzy_dedup), output, tokenizer, gpu, datasets (handlers, hub), dataprocessor
 base.py       the frozen base with number ranges, and the constants stages read (row types, template roles)
+templates.py  the chat templates a config may name (chat_template), and the rule a value is held to
 foreign.py, qlora_keys.py   other tools' key spellings: named in errors, or read as gpu-prep's
 """
 

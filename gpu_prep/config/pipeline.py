@@ -16,6 +16,7 @@ from gpu_prep.config.foreign import FOREIGN_KEYS
 from gpu_prep.config.base import (Action, PAIR_TYPES, TEMPLATE_ROLES, TEXT_TYPES, TOOL_CALL_ROLE, _allowed, _Frozen,
                                    _one_setting)
 from gpu_prep.config.input import InputConfig
+from gpu_prep.config.templates import check_choice
 from gpu_prep.config.sections import (DataprocessorConfig, DatasetConfig, GpuConfig, OutputConfig,
                                        PreprocessingConfig, TokenizerConfig)
 
@@ -250,8 +251,6 @@ class PipelineConfig(_Frozen):
     @field_validator("chat_template")
     @classmethod
     def _known_template(cls, value: str) -> str:
-        from gpu_prep.render.templates import check_choice
-
         return check_choice(value)
 
     @field_validator("tokenizer", mode="before")

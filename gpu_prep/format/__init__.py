@@ -11,7 +11,7 @@ A plugin's builder may also be a class (one instance is made, its build method c
 tokenizer as a third argument, and return {"ids", "loss_mask", "domain"} or None: contract.py holds that
 contract and calls every builder (contract.build_row).
 
-shapes.py       Conversation, Segments, Tokens, Pair, Unpaired
+shapes.py       Conversation (its Message), Segments, Tokens, Pair, Unpaired
 registry.py     register and the lookup of builders
 chat.py         chat and sharegpt rows (tools, tool calls, system fields, inline reasoning)
 instruction.py  instruction, prompt_response, alpaca, segments, text and pretokenized rows
@@ -28,10 +28,10 @@ from gpu_prep.format.detect import auto_schema, columnar_schema, detect_schema
 from gpu_prep.format.instruction import build_pretokenized
 from gpu_prep.format.registry import get_builder, register, registered, registered_types
 from gpu_prep.errors import RowError
-from gpu_prep.format.shapes import DEFAULT_DOMAIN, Conversation, Pair, Segments, Shape, Tokens, Unpaired
+from gpu_prep.format.shapes import DEFAULT_DOMAIN, Conversation, Message, Pair, Segments, Shape, Tokens, Unpaired
 from gpu_prep.format.texts import dedup_text, domain_of, fuzzy_text, hashed_whole, source_chars, split_text
 
-__all__ = ["DEFAULT_DOMAIN", "Conversation", "Pair", "RowError", "Segments", "Shape", "Tokens", "Unpaired",
+__all__ = ["DEFAULT_DOMAIN", "Conversation", "Message", "Pair", "RowError", "Segments", "Shape", "Tokens", "Unpaired",
            "auto_schema", "build_pretokenized", "columnar_schema", "dedup_text", "detect_schema", "domain_of",
            "fuzzy_text", "get_builder", "hashed_whole", "messages_row", "register", "registered", "registered_types",
            "source_chars", "split_text"]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from gpu_prep.config import TOOL_CALL_ROLE
 from gpu_prep.errors import Drop
 from gpu_prep.format.registry import register
-from gpu_prep.format.shapes import Conversation, RowError, missing, type_name
+from gpu_prep.format.shapes import Conversation, Message, RowError, missing, type_name
 
 if TYPE_CHECKING:
     from gpu_prep.config import PipelineConfig
@@ -112,28 +112,17 @@ def sharegpt_keys(config: PipelineConfig) -> tuple[str, str, str]:
 
 def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: str,
                   config: PipelineConfig, system_field: bool = True) -> Conversation:
-    if key not in record:
-        raise missing(record, key)
-    raw = record[key]
-    notes: list[str] = []
-    if isinstance(raw, str) and raw.lstrip().startswith("["):  # JSON text (a CSV or Parquet column of it)
-        try:
-            raw = json.loads(raw)
-        except ValueError as exc:
-            raise RowError(Drop.WRONG_TYPE, f"field {key!r} is a string but not JSON: {exc}") from None
-        notes.append("messages_parsed_from_string")
-    if not isinstance(raw, list):
-        got = "a string that is not JSON text of a list" if isinstance(raw, str) else type_name(raw)
-        raise RowError(Drop.WRONG_TYPE, f"field {key!r} must be a list of messages (or JSON text of one), got {got}")
-    if not raw:
-        raise RowError(Drop.EMPTY, f"field {key!r} has no messages")
+    """The row's messages under `key` (roles, contents and the config's renames read from role_key,
+    content_key and input.message_property_mappings; reasoning moved to reasoning_content; tool-call turns
+    made tool_calls), opened by its system field (system_field), with its tools and documents."""
+    raw, notes = _raw_messages(record, key)
     inp = config.input
     renames = inp.message_property_mappings  # {template key: row key}
     role_names = inp.role_names
     plain = role_key == "role" and content_key == "content" and not renames and not inp.extract_think_tags \
         and not {"role", "content"} & set(inp.reasoning_keys)
     sources = None  # row keys not copied as they are (the plain messages need none)
-    messages = []
+    messages: list[Message] = []
     for i, message in enumerate(raw):
         # The common case, a {"role": str, "content": str} message whose role input.roles leaves as it is,
         # is taken as it is (never modified).
@@ -176,6 +165,32 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
         messages.append({**extra, "role": role, "content": content})
     if system_field:
         messages = _with_system_field(record, messages, config, notes)
+    return _with_tools(record, messages, notes)
+
+
+def _raw_messages(record: dict[str, Any], key: str) -> tuple[list[Any], list[str]]:
+    """The row's list of messages as written (JSON text of one parsed: a CSV or Parquet column of it), and
+    the note of that parse."""
+    if key not in record:
+        raise missing(record, key)
+    raw = record[key]
+    notes: list[str] = []
+    if isinstance(raw, str) and raw.lstrip().startswith("["):  # JSON text (a CSV or Parquet column of it)
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise RowError(Drop.WRONG_TYPE, f"field {key!r} is a string but not JSON: {exc}") from None
+        notes.append("messages_parsed_from_string")
+    if not isinstance(raw, list):
+        got = "a string that is not JSON text of a list" if isinstance(raw, str) else type_name(raw)
+        raise RowError(Drop.WRONG_TYPE, f"field {key!r} must be a list of messages (or JSON text of one), got {got}")
+    if not raw:
+        raise RowError(Drop.EMPTY, f"field {key!r} has no messages")
+    return raw, notes
+
+
+def _with_tools(record: dict[str, Any], messages: list[Message], notes: list[str]) -> Conversation:
+    """The conversation of these messages with the row's tools and documents."""
     tools, parsed = _tools(record)
     documents = record.get("documents")
     if documents is not None and not (isinstance(documents, list) and all(isinstance(d, dict) for d in documents)):
@@ -184,8 +199,8 @@ def _conversation(record: dict[str, Any], key: str, role_key: str, content_key: 
                         notes=(*notes, *["tools_parsed_from_string"] * parsed))
 
 
-def _with_system_field(record: dict[str, Any], messages: list[dict[str, Any]], config: PipelineConfig,
-                       notes: list[str]) -> list[dict[str, Any]]:
+def _with_system_field(record: dict[str, Any], messages: list[Message], config: PipelineConfig,
+                       notes: list[str]) -> list[Message]:
     """The messages, opened by the row's system prompt field (input.field_system, LLaMA-Factory's `system`
     column) where the row has a non-empty one and the conversation has no system message of its own (which
     wins, as in LLaMA-Factory)."""

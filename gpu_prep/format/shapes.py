@@ -1,10 +1,10 @@
-"""The canonical shapes every row is built into (Conversation, Segments, Tokens, Pair, Unpaired), and
-RowError (errors.py's, named here too), which drops a row with a reason and a detail."""
+"""The canonical shapes every row is built into (Conversation and its Messages, Segments, Tokens, Pair,
+Unpaired), and RowError (errors.py's, named here too), which drops a row with a reason and a detail."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Required, TypedDict, Union
 
 from gpu_prep.errors import Drop, RowError
 
@@ -24,9 +24,25 @@ def missing(record: dict[str, Any], key: str, where: str = "") -> RowError:
 MISSING_KEYS_SHOWN = 8
 
 
+class Message(TypedDict, total=False):
+    """One message of a conversation, as the chat builders make it and chat templates read it: a role and
+    its text always; the other keys where the row has them. A row's other message keys come along under
+    their own names (templates may read them), among them the two the mask rules read, under the names
+    input.message_training_key and input.message_training_detail_key give (the defaults below)."""
+
+    role: Required[str]  # after input.roles: system, user, assistant, tool, or a role the row names itself
+    content: Required[str]  # "" for an assistant turn that only calls tools
+    reasoning_content: str  # the turn's reasoning, from input.reasoning_keys or a <think> block
+    tool_calls: list[dict[str, Any]]  # OpenAI's: {"type": "function", "function": {"name", "arguments"}}
+    tool_call_id: str  # a tool result's: which call it answers
+    name: str  # a tool result's function name, or a participant's name
+    training: bool | int  # the message trained or masked whatever its role's rule (true / false, 1 / 0)
+    train_detail: list[dict[str, Any]]  # [{"begin_offset", "end_offset" (included), "train"}] ranges of its content
+
+
 @dataclass(frozen=True)
 class Conversation:
-    messages: list[dict[str, Any]]
+    messages: list[Message]
     tools: list[Any] | None = None
     documents: list[Any] | None = None  # the row's "documents" (retrieved passages), for templates that read them
     # What building it did, for the parse report: "moved_reasoning_keys", "extracted_think_from_content",
@@ -63,8 +79,8 @@ class _Preference:
     """What preference rows share: a prompt and completions, each a list of messages (conversational) or a
     string (standard)."""
 
-    prompt: list[dict[str, Any]] | str
-    completions: list[list[dict[str, Any]] | str]
+    prompt: list[Message] | str
+    completions: list[list[Message] | str]
 
     @property
     def conversational(self) -> bool:
@@ -80,14 +96,14 @@ class Pair(_Preference):
     """A preference row (input.type preference, TRL's formats): a prompt and a chosen and a rejected
     completion."""
 
-    prompt: list[dict[str, Any]] | str
-    chosen: list[dict[str, Any]] | str
-    rejected: list[dict[str, Any]] | str
+    prompt: list[Message] | str
+    chosen: list[Message] | str
+    rejected: list[Message] | str
     tools: list[Any] | None = None
     notes: tuple[str, ...] = ()  # what building the row did, for the parse report (as Conversation.notes)
 
     @property
-    def completions(self) -> list[list[dict[str, Any]] | str]:
+    def completions(self) -> list[list[Message] | str]:
         return [self.chosen, self.rejected]
 
 
@@ -95,18 +111,18 @@ class Pair(_Preference):
 class Unpaired(_Preference):
     """An unpaired preference row (input.type kto, TRL's format): a prompt, one completion and its label."""
 
-    prompt: list[dict[str, Any]] | str
-    completion: list[dict[str, Any]] | str
+    prompt: list[Message] | str
+    completion: list[Message] | str
     label: bool
     tools: list[Any] | None = None
     notes: tuple[str, ...] = ()
 
     @property
-    def completions(self) -> list[list[dict[str, Any]] | str]:
+    def completions(self) -> list[list[Message] | str]:
         return [self.completion]
 
 
-def _part_text(part: list[dict[str, Any]] | str) -> str:
+def _part_text(part: list[Message] | str) -> str:
     return part if isinstance(part, str) else "\n".join(m["content"] for m in part)
 
 

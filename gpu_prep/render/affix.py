@@ -19,9 +19,14 @@ import functools
 import itertools
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
+
+from gpu_prep.render.ranges import Region
+
+if TYPE_CHECKING:
+    from gpu_prep.format import Message
 
 # A content's stand-in while a template is probed: private-use characters no template writes or changes.
 SENTINEL = "\ue000{}\ue001"
@@ -48,7 +53,7 @@ class AffixTemplate:
     suffix: dict[str, str]  # role of the last message -> text after its content
     marks: dict[Key, tuple[Mark, ...]] | None = None  # where generation blocks lie in each text; None: unmarked
 
-    def covers(self, messages: list[dict[str, Any]], tools: Any) -> bool:
+    def covers(self, messages: list[Message], tools: Any) -> bool:
         if tools or not messages:
             return False
         glue, role = self.glue, None
@@ -60,14 +65,14 @@ class AffixTemplate:
             role = m.get("role")
         return messages[0].get("role") in self.prefix and role in self.suffix
 
-    def render(self, messages: list[dict[str, Any]]
-               ) -> tuple[str, list[tuple[int, int, int]], list[tuple[int, int, int | None]]]:
+    def render(self, messages: list[Message]
+               ) -> tuple[str, list[Region], list[tuple[int, int, int | None]]]:
         """The rendering, [(message index, content start, content end)] in characters, and (for a marked
         template) the spans its generation blocks cover, as ChatTemplate.render_marked gives them."""
         roles = [m["role"] for m in messages]
         glue, last = self.glue, len(messages) - 1
         parts = [self.prefix[roles[0]]]
-        regions = []
+        regions: list[Region] = []
         ends = []  # where each content ends: the fixed text after it begins there
         pos = len(parts[0])
         for i, message in enumerate(messages):
@@ -76,7 +81,7 @@ class AffixTemplate:
             after = glue[roles[i], roles[i + 1]] if i < last else self.suffix[roles[i]]
             parts.append(content)
             parts.append(after)
-            regions.append((i, pos, end))
+            regions.append(Region(i, pos, end))
             ends.append(end)
             pos = end + len(after)
         text = "".join(parts)
@@ -84,7 +89,7 @@ class AffixTemplate:
             return text, regions, []
         return text, regions, self._spans(roles, [0, *ends])
 
-    def rendered(self, messages: list[dict[str, Any]]) -> str | tuple[str, list[tuple[int, int, int | None]]]:
+    def rendered(self, messages: list[Message]) -> str | tuple[str, list[tuple[int, int, int | None]]]:
         """What the template's render gives (with its generation spans, for a marked one)."""
         text, _, spans = self.render(messages)
         return text if self.marks is None else (text, spans)

@@ -1,5 +1,5 @@
-"""The render stage's context (built once a run: the template, how it is rendered, the mask rules) and what
-it gives for a row (RenderedRow)."""
+"""The render stage's context (built once a run: the template, how it is rendered, the mask rules as a
+MaskPolicy) and what it gives for a row (RenderedRow)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import functools
 import re
 import unicodedata
 from dataclasses import dataclass, field
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
@@ -16,15 +16,14 @@ import numpy as np
 from gpu_prep.render.affix import AffixTemplate
 from gpu_prep.errors import ConfigError
 from gpu_prep.format import Conversation
+from gpu_prep.render.policy import MaskPolicy
+from gpu_prep.render.ranges import Span
 
 if TYPE_CHECKING:
     from gpu_prep.render.sandbox import ChatTemplate
     from gpu_prep.config import PipelineConfig
     from gpu_prep.render.templates import Chosen
 
-
-
-Span = tuple[int, int, str | bool, str]  # start, end, label (a role, or True / False outright), message role
 
 
 AFFIX_CHECK_ROWS = 256  # rows of the first chunk rendered both ways before the Jinja-free path is trusted
@@ -49,7 +48,12 @@ class RenderContext:
     affix: AffixTemplate | None = None  # the template as plain concatenation, when it is one
     first_tokens: Callable[[str, int], str] | None = None  # a text's first n tokens (input.think_max_tokens)
     count_tokens: Callable[[str], int] | None = None  # a text's tokens (structured truncation)
-    _trains: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)  # label -> trained
+    # The config's mask rules, read from it here, so a context made for another config (a dataset's own,
+    # dataclasses.replace) cannot keep the old ones.
+    policy: MaskPolicy = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policy", MaskPolicy.of(self.config))
 
     @functools.cached_property
     def limits(self) -> tuple[float, int]:
@@ -61,15 +65,6 @@ class RenderContext:
 
     def eot_pattern(self) -> re.Pattern[str]:
         return _eot_pattern(self.end_of_turn)
-
-    def trains(self, label: str | bool | None) -> bool:
-        """Whether a message or piece with this label (a role or field, or its own bool flag) is trained."""
-        if not isinstance(label, str):
-            return label is True
-        known = self._trains.get(label)
-        if known is None:
-            known = self._trains[label] = self.config.action(label) == "train"
-        return known
 
 
 @functools.lru_cache(maxsize=16)
@@ -126,11 +121,13 @@ def template_limits(config: PipelineConfig) -> tuple[float, int]:
     return config.input.template_time_limit, chars
 
 
-def _to_bytes(text: str, spans: list[Span], form: str | None) -> tuple[str, list[Span], int]:
-    """Normalize text between span boundaries and turn character spans into byte spans; also the text's
-    length in bytes."""
+def _to_bytes(text: str, spans: Sequence[Span | tuple[int, int]], ranges: list[tuple[int, int]], form: str | None
+              ) -> tuple[str, list[tuple[int, int]], int]:
+    """Normalize text between the spans' bounds and turn character ranges whose ends are such bounds (the
+    trained ones) into byte ranges; also the text's length in bytes. (A normal form never empties a text,
+    so byte positions keep the order of character positions: ranges merged in either are the same.)"""
     if text.isascii():  # one byte per character, and every normal form leaves ASCII alone
-        return text, spans, len(text)
+        return text, ranges, len(text)
     cuts = sorted({0, len(text), *(span[0] for span in spans), *(span[1] for span in spans)})
     byte_at: dict[int, int] = {0: 0}
     out: list[str] = []
@@ -142,12 +139,13 @@ def _to_bytes(text: str, spans: list[Span], form: str | None) -> tuple[str, list
         out.append(segment)
         total += len(segment.encode("utf-8"))
         byte_at[b] = total
-    return "".join(out), [(byte_at[s], byte_at[e], label, role) for s, e, label, role in spans], total
+    return "".join(out), [(byte_at[s], byte_at[e]) for s, e in ranges], total
 
 
 def _trained(spans: list[Span], ctx: RenderContext) -> tuple[list[tuple[int, int]], list[str]]:
-    """The trained byte ranges, sorted and merged, and the role each is counted under (its first piece's)."""
-    keep = sorted((s, e, role) for s, e, label, role in spans if e > s and ctx.trains(label))
+    """The trained ranges, sorted and merged, and the role each is counted under (its first piece's)."""
+    trains = ctx.policy.trains
+    keep = sorted([(s, e, role) for s, e, label, role in spans if e > s and trains(label)])
     merged: list[tuple[int, int]] = []
     roles: list[str] = []
     for s, e, role in keep:

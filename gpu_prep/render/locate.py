@@ -19,16 +19,15 @@ import jinja2
 
 from gpu_prep.render.affix import SENTINEL, SENTINEL_RE
 from gpu_prep.errors import Drop
-from gpu_prep.format import Conversation, RowError
+from gpu_prep.format import Conversation, Message, RowError
+from gpu_prep.render.ranges import Region
 
 if TYPE_CHECKING:
     from gpu_prep.render.sandbox import ChatTemplate
 
-Region = tuple[int, int, int]  # message index, content start, content end (characters of the rendering)
-
 
 def _content_regions(real: str, skeleton: str, contents: dict[int, str], exact_only: bool = False
-                     ) -> list[tuple[int, int, int]] | None:
+                     ) -> list[Region] | None:
     """[(message index, start, end)] of every content in the real rendering (None: not exact, when asked)."""
     parts = SENTINEL_RE.split(skeleton)
     literals, order = parts[0::2], [int(i) for i in parts[1::2]]
@@ -37,11 +36,11 @@ def _content_regions(real: str, skeleton: str, contents: dict[int, str], exact_o
     if len(set(order)) < len(order):
         raise RowError(Drop.TEMPLATE_ERROR, "the chat template writes a message's content more than once")
     rebuilt = literals[0] + "".join(contents[i] + lit for i, lit in zip(order, literals[1:]))
-    regions = []
+    regions: list[Region] = []
     pos = len(literals[0])
     if rebuilt == real:
         for i, lit in zip(order, literals[1:]):
-            regions.append((i, pos, pos + len(contents[i])))
+            regions.append(Region(i, pos, pos + len(contents[i])))
             pos += len(contents[i]) + len(lit)
         return regions
     if exact_only:
@@ -54,16 +53,16 @@ def _content_regions(real: str, skeleton: str, contents: dict[int, str], exact_o
         end = len(real) - len(lit) if last else (real.find(lit, pos) if lit else -1)
         if end < pos or (last and not real.endswith(lit)):
             raise RowError(Drop.TEMPLATE_ERROR, f"cannot align the chat template's output with message {i}")
-        regions.append((i, pos, end))
+        regions.append(Region(i, pos, end))
         pos = end + len(lit)
     return regions
 
 
-def render_text(template: ChatTemplate, messages: list[dict], conv: Conversation) -> str:
+def render_text(template: ChatTemplate, messages: list[Message], conv: Conversation) -> str:
     return render_marked(template, messages, conv, marked=False)[0]
 
 
-def render_marked(template: ChatTemplate, messages: list[dict], conv: Conversation, marked: bool = True
+def render_marked(template: ChatTemplate, messages: list[Message], conv: Conversation, marked: bool = True
             ) -> tuple[str, list[tuple[int, int, int | None]]]:
     """The rendering of these messages with the row's tools and documents (and, when marked, the spans its
     {% generation %} blocks wrote); a template that raises drops the row with its own message."""
@@ -75,7 +74,7 @@ def render_marked(template: ChatTemplate, messages: list[dict], conv: Conversati
         raise RowError(Drop.TEMPLATE_ERROR, f"the chat template refused the row: {exc}") from None
 
 
-def locate_contents(real: str, conv: Conversation, template: ChatTemplate) -> list[tuple[int, int, int]]:
+def locate_contents(real: str, conv: Conversation, template: ChatTemplate) -> list[Region]:
     """Content regions of every message; an empty content gets an empty region (its end-of-turn token can
     still be trained) unless the template renders empty contents differently, then it gets none."""
     def skeleton(indices: dict[int, str]) -> str:
@@ -95,7 +94,7 @@ def locate_contents(real: str, conv: Conversation, template: ChatTemplate) -> li
 
 
 def _place_tool_turns(real: str, conv: Conversation, template: ChatTemplate,
-                      regions: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+                      regions: list[Region]) -> list[Region]:
     """Empty regions for assistant turns that call tools where the template writes their calls in a
     branch that never writes the content (Llama 3.1, Mistral: a call alone, or the call without the text
     beside it): such a turn starts where the rendering of the messages before it, with the generation
@@ -126,7 +125,7 @@ def _place_tool_turns(real: str, conv: Conversation, template: ChatTemplate,
         previous = conv.messages[i - 1]["role"] if i - 1 in ends else None
         known = glue.get(previous) if previous is not None else None
         if known and real.startswith(known, before) and before + len(known) <= after:
-            placed.append((i, before + len(known), before + len(known)))
+            placed.append(Region(i, before + len(known), before + len(known)))
             ends[i] = before + len(known)
             continue
         header = _render_with_prompt(template, conv.messages[:i], conv)
@@ -137,14 +136,14 @@ def _place_tool_turns(real: str, conv: Conversation, template: ChatTemplate,
             kept = [m for j, m in enumerate(conv.messages[:i]) if j in written]
             header = _render_with_prompt(template, kept, conv) if len(kept) < i else None
         if header is not None and real.startswith(header) and before <= len(header) <= after:
-            placed.append((i, len(header), len(header)))
+            placed.append(Region(i, len(header), len(header)))
             ends[i] = len(header)
             if previous is not None and len(header) > before:
                 glue[previous] = header[before:]
-    return sorted(placed, key=lambda region: (region[1], region[0]))
+    return sorted(placed, key=lambda region: (region.start, region.index))
 
 
-def _render_with_prompt(template: ChatTemplate, messages: list[dict], conv: Conversation) -> str | None:
+def _render_with_prompt(template: ChatTemplate, messages: list[Message], conv: Conversation) -> str | None:
     """The rendering of these messages followed by the generation prompt; None where the template refuses
     them (a prefix of a conversation may break a template's rules)."""
     try:
@@ -205,7 +204,7 @@ class RowTexts:
         return None
 
 
-def call_names(message: dict) -> list[str]:
+def call_names(message: Message) -> list[str]:
     """The names of the functions a message calls."""
     return [c["function"]["name"] for c in message.get("tool_calls") or () if isinstance(c, dict)
             and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)]
@@ -254,7 +253,7 @@ def calls_apart(real: str, conv: Conversation, template: ChatTemplate, i: int, e
     return start, start + len(os.path.commonprefix((header, real[start:end]))), end
 
 
-def _place_empty(real: str, with_every: str, regions: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+def _place_empty(real: str, with_every: str, regions: list[Region]) -> list[Region]:
     """Empty regions for the empty contents of a template that writes them differently (Qwen3 starts a
     tool call on a new line only after some content): an empty content sits where the text the template
     writes before a content (its header) ends, counted from the end of the content before it."""
@@ -271,6 +270,6 @@ def _place_empty(real: str, with_every: str, regions: list[tuple[int, int, int]]
         following = starts[k] if k < len(starts) else len(real)
         if not real.startswith(before, previous_end) or at > following:
             continue  # not where a content would be: left out, as the template wrote nothing for it
-        placed.append((index, at, at))
+        placed.append(Region(index, at, at))
         previous_end = at
-    return sorted(placed, key=lambda region: (region[1], region[0]))
+    return sorted(placed, key=lambda region: (region.start, region.index))

@@ -8,10 +8,10 @@ import os
 
 import jinja2
 
-from gpu_prep.render.sandbox import row_limits
+from gpu_prep.render.limits import row_limits
 from gpu_prep.config import TEMPLATE_ROLES
 from gpu_prep.errors import Drop
-from gpu_prep.format import Conversation, Pair, RowError, Unpaired
+from gpu_prep.format import Conversation, Message, Pair, RowError, Unpaired
 from gpu_prep.render.context import RenderContext, RenderedRow, _to_bytes, no_template
 from gpu_prep.render.reasoning import _held, _not_shown, _probe
 from gpu_prep.render.tool_calls import _arguments_as_objects
@@ -62,8 +62,8 @@ def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
             if ctx.offsets:
                 text, span, width, size = piece, piece_spans, len(piece), len(piece.encode("utf-8"))
             else:
-                text, byte_spans, size = _to_bytes(piece, [(a, b, True, "") for a, b in piece_spans], ctx.normalization)
-                span, width = [(a, b) for a, b, _, _ in byte_spans], size
+                text, span, size = _to_bytes(piece, piece_spans, piece_spans, ctx.normalization)
+                width = size
             pieces.append(text)
             spans += [(total + a, total + b) for a, b in span]
             total += width
@@ -74,7 +74,7 @@ def _pair(pair: Pair | Unpaired, ctx: RenderContext) -> RenderedRow:
                        generation_prompt_differs=differs)
 
 
-def _prompt_left_out(messages: list[dict], prompt: str) -> tuple[str, ...]:
+def _prompt_left_out(messages: list[Message], prompt: str) -> tuple[str, ...]:
     """The roles of the prompt's messages of a role that is none of system, user, assistant and tool (ShareGPT's
     human unmapped, say) whose text the template wrote nothing of: neither the start of it nor that start
     written as a JSON string (Llama 3.1 writes its ipython role's content with tojson) is in the prompt. (A

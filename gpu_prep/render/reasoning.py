@@ -8,7 +8,7 @@ import numpy as np
 
 from gpu_prep.format import Conversation
 from gpu_prep.render.context import RenderContext
-from gpu_prep.render.spans import _labels, _split_think
+from gpu_prep.render.spans import _split_think
 
 def _reasoning_not_shown(conv: Conversation, text: str) -> bool:
     """Whether the template left out the reasoning of the last assistant turn after the last user turn (of
@@ -100,10 +100,10 @@ def _think_block_notes(conv: Conversation, text: str, ctx: RenderContext) -> tup
     template; the notes make each visible."""
     notes: list[str] = []
     blocks = [i for i, m in enumerate(conv.messages) if isinstance(m.get("content"), str) and "</think>" in m["content"]]
-    inp = ctx.config.input
-    untouched = inp.think_mode == "drop" or inp.think_max_tokens is not None
-    by_roles = not (ctx.generation and ctx.template_for(conv).marked) and not ctx.config.input.think_loss
-    labels = _labels(conv, ctx) if blocks and by_roles else []  # training flags and train_last_turn_only count
+    policy = ctx.policy
+    untouched = policy.think_mode == "drop" or policy.think_max_tokens is not None
+    by_roles = not (ctx.generation and ctx.template_for(conv).marked) and not policy.think_loss
+    labels = ctx.policy.labels(conv.messages) if blocks and by_roles else []  # training flags and train_last_turn_only count
     thoughts = {i: _split_think(conv.messages[i]["content"])[0] for i in blocks}
     held = _held({_probe(thought) for thought in thoughts.values()}, text)
     for i in blocks:
@@ -111,6 +111,6 @@ def _think_block_notes(conv: Conversation, text: str, ctx: RenderContext) -> tup
             notes.append("think_blocks_not_rendered")
             continue
         notes.extend(["think_blocks_untouched"] * untouched)  # written, as those options would not have it
-        if by_roles and ctx.trains(labels[i]):
+        if by_roles and ctx.policy.trains(labels[i]):
             notes.append("think_blocks_trained")
     return tuple(notes)

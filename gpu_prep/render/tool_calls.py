@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 
 if TYPE_CHECKING:
+    from gpu_prep.format import Message
     from gpu_prep.render.sandbox import ChatTemplate
 
 
 
 
-def _arguments_as_objects(messages: list[dict[str, Any]], template: ChatTemplate) -> tuple[list[dict[str, Any]], int]:
+def _arguments_as_objects(messages: list[Message], template: ChatTemplate) -> tuple[list[Message], int]:
     """The messages with each tool call's arguments given as a string holding a JSON object (OpenAI's wire
     format) made that object, where the template writes a string quoted (tojson: Qwen2.5, Llama 3.1), which
     would train a JSON string no tool-call parser reads as arguments; and how many were. A template that

@@ -7,10 +7,10 @@ import dataclasses
 
 
 from gpu_prep.errors import Drop
-from gpu_prep.format import Conversation, RowError
+from gpu_prep.format import Conversation, Message, RowError
 from gpu_prep.render.locate import render_text
 from gpu_prep.render.context import RenderContext
-from gpu_prep.render.spans import _labels, _split_think
+from gpu_prep.render.spans import _split_think
 
 def _structured(conv: Conversation, ctx: RenderContext) -> tuple[Conversation, tuple[str, ...]]:
     """The conversation cut to fit max_seq_len by turns: leading system messages and the latest turn stay,
@@ -30,14 +30,14 @@ def _structured(conv: Conversation, ctx: RenderContext) -> tuple[Conversation, t
     return dataclasses.replace(conv, messages=kept), tuple(notes)
 
 
-def _fits(messages: list[dict], conv: Conversation, ctx: RenderContext) -> bool:
+def _fits(messages: list[Message], conv: Conversation, ctx: RenderContext) -> bool:
     """Whether the messages render within max_seq_len tokens (a text of no more bytes does, uncounted: a
     token is >= 1 byte)."""
     text, limit = render_text(ctx.template_for(conv), messages, conv), ctx.config.preprocessing.max_seq_len
     return len(text.encode("utf-8")) <= limit or ctx.count_tokens(text) <= limit
 
 
-def _drop_turns(conv: Conversation, ctx: RenderContext) -> tuple[list[dict], int]:
+def _drop_turns(conv: Conversation, ctx: RenderContext) -> tuple[list[Message], int]:
     """The messages without the fewest oldest turns after the leading system messages that makes them fit
     (the latest turn is kept, fitting or not), and how many turns went."""
     messages = conv.messages
@@ -45,7 +45,7 @@ def _drop_turns(conv: Conversation, ctx: RenderContext) -> tuple[list[dict], int
     starts = [k for k in range(head, len(messages)) if k == head or messages[k]["role"] == "user"]
     turns = [messages[a:b] for a, b in zip(starts, [*starts[1:], len(messages)])]
 
-    def without(dropped: int) -> list[dict]:
+    def without(dropped: int) -> list[Message]:
         return messages[:head] + [m for turn in turns[dropped:] for m in turn]
 
     low, high = 0, max(len(turns) - 1, 0)
@@ -55,7 +55,7 @@ def _drop_turns(conv: Conversation, ctx: RenderContext) -> tuple[list[dict], int
     return without(low), low
 
 
-def _trim_reasoning(kept: list[dict], conv: Conversation, ctx: RenderContext) -> tuple[list[dict], int, bool]:
+def _trim_reasoning(kept: list[Message], conv: Conversation, ctx: RenderContext) -> tuple[list[Message], int, bool]:
     """The kept messages with their reasoning dropped, oldest first, until they fit (the last one dropped
     keeps its first tokens, as many as fit), how many reasonings were cut, and whether they fit. The
     messages are rendered and counted again only when a cut changed them."""
@@ -82,10 +82,10 @@ def _trim_reasoning(kept: list[dict], conv: Conversation, ctx: RenderContext) ->
     return kept, cut, fits
 
 
-def _most_that_fit(kept: list[dict], k: int, key: str, text: str, conv: Conversation, ctx: RenderContext,
+def _most_that_fit(kept: list[Message], k: int, key: str, text: str, conv: Conversation, ctx: RenderContext,
                    upto: int) -> int:
     """How many of the text's first tokens (at most upto) message k's `key` can hold with the messages fitting."""
-    def cut(n: int) -> list[dict]:
+    def cut(n: int) -> list[Message]:
         return [*kept[:k], {**kept[k], key: ctx.first_tokens(text, n)}, *kept[k + 1:]]
 
     low, high = 0, upto
@@ -95,14 +95,14 @@ def _most_that_fit(kept: list[dict], k: int, key: str, text: str, conv: Conversa
     return low
 
 
-def _cut_prompt(kept: list[dict], conv: Conversation, ctx: RenderContext) -> list[dict]:
+def _cut_prompt(kept: list[Message], conv: Conversation, ctx: RenderContext) -> list[Message]:
     """The kept messages with the longest untrained content (not a system message's, nor one with a training
     detail) cut to its first tokens, as many as fit: what is cut is the end of the prompt's longest text, as
     LLaMA-Factory cuts a prompt, while the system messages, the headers and what is trained stay whole.
     Where even its first token does not fit, the row is dropped (too_many_tokens)."""
-    labels = _labels(dataclasses.replace(conv, messages=kept), ctx)
-    detail = ctx.config.input.message_training_detail_key
-    cuttable = [k for k, m in enumerate(kept) if m["role"] != "system" and not ctx.trains(labels[k])
+    labels = ctx.policy.labels(kept)
+    detail = ctx.policy.message_training_detail_key
+    cuttable = [k for k, m in enumerate(kept) if m["role"] != "system" and not ctx.policy.trains(labels[k])
                 and isinstance(m.get("content"), str) and m["content"] and (not detail or m.get(detail) is None)]
     limit = ctx.config.preprocessing.max_seq_len
     if cuttable and ctx.first_tokens is not None:

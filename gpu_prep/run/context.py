@@ -24,6 +24,7 @@ from gpu_prep.read.mix import HANDLERS, Dataset, with_tokenizer
 from gpu_prep.read.inputs import InputFile, LeftOut, ReadAs, check_columns, expand_inputs
 from gpu_prep.read.jsonl import Columnar
 from gpu_prep.render.context import RenderContext, no_template
+from gpu_prep.render.policy import mask_method
 from gpu_prep.render.templates import resolve_template
 from gpu_prep.tokenization.tokenizer import KNOWN_END_OF_TURN, Tokenizer
 
@@ -279,26 +280,6 @@ def end_of_document(config: PipelineConfig, tok: Tokenizer) -> str | None:
                           "document with (eos_token in its tokenizer_config.json): name one with input.eod_token, "
                           "or set input.append_eod to false")
     return None
-
-
-# Role-span options the {% generation %} markers overrule.
-ROLE_SPAN_OPTIONS = ("mask_scope", "train_end_of_turn", "train_on_eos", "end_of_turn_tokens", "think_loss")
-
-
-def mask_method(config: PipelineConfig, template: ChatTemplate | None) -> bool:
-    """Whether {% generation %} markers (where a template has them) say what is trained (input.mask_method)."""
-    method = config.input.mask_method
-    if method == "generation" and (template is None or not template.marked):
-        raise ConfigError("input.mask_method is generation, but the chat template has no {% generation %} markers; "
-                          "use mask_method auto or roles, or a template that marks what the assistant generates")
-    if method != "roles" and template is not None and template.marked:
-        default = type(config.input)()
-        changed = [k for k in ROLE_SPAN_OPTIONS if getattr(config.input, k) != getattr(default, k)]
-        if changed:
-            raise ConfigError(f"the chat template's {{% generation %}} markers say which text is trained, so "
-                              f"input.{changed[0]} would be ignored: set input.mask_method to roles to mask by role "
-                              "spans with it, or drop the option to follow the markers")
-    return method != "roles"
 
 
 def run_inputs(config: PipelineConfig, inputs: list[str], left_out: LeftOut | None = None

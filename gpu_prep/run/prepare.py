@@ -139,13 +139,13 @@ def render_rows(rows: Rows[Shape], chunk: RawChunk, contexts: dict[int, RenderCo
 
 
 def dataset_contexts(ctx: RenderContext, config: PipelineConfig, sources: Sources) -> dict[int, RenderContext]:
-    """By file index: the context of each dataset that has its own settings (with its own cache of mask
-    decisions), one per dataset."""
+    """By file index: the context of each dataset that has its own settings (with its own mask policy), one
+    per dataset."""
     own: dict[int, RenderContext] = {}
     by_config = {}
     for file_index, (cfg, _) in sources.items():
         if cfg is not config:
-            own[file_index] = by_config.setdefault(id(cfg), dataclasses.replace(ctx, config=cfg, _trains={}))
+            own[file_index] = by_config.setdefault(id(cfg), dataclasses.replace(ctx, config=cfg))
     return own
 
 

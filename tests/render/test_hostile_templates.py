@@ -21,13 +21,8 @@ from typing import Any
 import pytest
 from helpers import gpu_prep_cli, run_rows, write_jsonl
 
-from gpu_prep.render.sandbox import (
-    DEFAULT_MAX_CHARS,
-    DEFAULT_TIME_LIMIT,
-    ChatTemplate,
-    TemplateLimit,
-    row_limits,
-)
+from gpu_prep.render.limits import DEFAULT_MAX_CHARS, DEFAULT_TIME_LIMIT, TemplateLimit, row_limits
+from gpu_prep.render.sandbox import ChatTemplate
 from gpu_prep.config import InputConfig, PreprocessingConfig, parse_config
 from gpu_prep.errors import ConfigError, Drop, InputError
 from gpu_prep.pipeline import Options, run
@@ -281,7 +276,8 @@ def test_a_template_reading_a_special_token_the_tokenizer_lacks_is_refused_up_fr
 def test_a_trial_render_held_up_once_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
     # The up-front trial is timed by the clock: on a machine busy elsewhere one render of two messages ran
     # past 2 s and a good template was refused. Held up once, it is tried again; every time, it is refused.
-    from gpu_prep.render.sandbox import ChatTemplate, TemplateLimit
+    from gpu_prep.render.limits import TemplateLimit
+    from gpu_prep.render.sandbox import ChatTemplate
 
     real, calls = ChatTemplate._generate, []
 

@@ -140,6 +140,7 @@ def test_a_long_conversation_renders_with_calls_linear_in_its_messages(qwen: Any
 def test_empty_contents_are_placed_with_a_search_per_content_not_a_pass() -> None:
     from gpu_prep.render.affix import SENTINEL
     from gpu_prep.render.locate import _place_empty
+    from gpu_prep.render.ranges import Region
 
     class Start(int):  # a content's start that counts the comparisons made with it
         compared = 0
@@ -156,7 +157,8 @@ def test_empty_contents_are_placed_with_a_search_per_content_not_a_pass() -> Non
         # Every other content empty, and the template writes an empty one without its usual header.
         skeleton = "".join(f"<h>{SENTINEL.format(i)}</h>" for i in range(n))
         real = "".join("<h>x</h>" if i % 2 == 0 else "<h></h>" for i in range(n))
-        located = [(i, Start(8 * (i // 2) + 7 * (i // 2) + 3), 8 * (i // 2) + 7 * (i // 2) + 4) for i in range(0, n, 2)]
+        located = [Region(i, Start(8 * (i // 2) + 7 * (i // 2) + 3), 8 * (i // 2) + 7 * (i // 2) + 4)
+                   for i in range(0, n, 2)]
         Start.compared = 0
         placed = _place_empty(real, skeleton, located)
         assert [(i, a, b) for i, a, b in placed][:2] == [(0, 3, 4), (1, 11, 11)] and len(placed) == n
