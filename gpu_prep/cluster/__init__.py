@@ -1,7 +1,7 @@
 """cluster: one run spread over a Dask cluster (`--cluster local:N`, or a scheduler's address).
 
 plan.py cuts the input into parts and the row stream into ranges; shuffle.py is the scan and the dedup
-shuffle; worker.py runs a range through the stages of run/stages.py; driver.py connects, submits and yields
+shuffle; worker.py runs a range through the stages run/stages.py lists; driver.py connects, submits and yields
 the workers' chunks in input order to the pipeline, which commits them as in one process.
 
 The process that runs `gpu-prep run` (the driver) cuts the inputs into parts and is the only one that
@@ -26,3 +26,5 @@ engine) are made once, by the driver, on the rows a single process makes them on
 worker.
 """
 
+
+__all__ = ["driver", "plan", "shuffle", "worker"]
