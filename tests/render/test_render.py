@@ -1,5 +1,6 @@
-"""The render stage on its own (render.py): a conversation becomes one string and the byte spans of what
-is trained; text pieces keep their labels; pre-tokenized ids are checked against the vocabulary."""
+"""The render stage on its own (render/row.py): a conversation becomes one string and the byte spans of what
+is trained; text pieces keep their labels; pre-tokenized ids are checked against the vocabulary. On the toy
+tokenizer (tests/toy.py: ChatML, one id per byte); the real templates are tests/e2e's."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
         {"role": "assistant", "content": "Bye."}]
 
 
-def _ctx(qwen: Any, **config: Any) -> Any:
-    return build_context(parse_config(config), qwen, CPU, [], None, None).render
+def _ctx(toy: Any, **config: Any) -> Any:
+    return build_context(parse_config(config), toy, CPU, [], None, None).render
 
 
 def _trained_text(row: Any) -> list[str]:
@@ -30,38 +31,38 @@ def _trained_text(row: Any) -> list[str]:
     return [data[a:b].decode("utf-8") for a, b in row.spans]
 
 
-def test_a_conversation_trains_the_assistant_turns_with_their_end_of_turn_token(qwen: Any) -> None:
-    row = render_row(Conversation(CHAT), _ctx(qwen, mask={"assistant": "train"}))
+def test_a_conversation_trains_the_assistant_turns_with_their_end_of_turn_token(toy: Any) -> None:
+    row = render_row(Conversation(CHAT), _ctx(toy, mask={"assistant": "train"}))
     assert len(row.pieces) == 1 and row.num_bytes == len(row.pieces[0].encode("utf-8"))
     assert row.pieces[0].startswith("<|im_start|>system\nBe brief.<|im_end|>")
     assert _trained_text(row) == ["Hello ü!<|im_end|>", "Bye.<|im_end|>"]  # spans are bytes: ü is two
     assert row.span_roles == ["assistant", "assistant"]
 
 
-def test_masking_every_role_leaves_no_span_and_the_last_turn_option_keeps_one(qwen: Any) -> None:
-    assert render_row(Conversation(CHAT), _ctx(qwen)).spans == []
-    last = render_row(Conversation(CHAT), _ctx(qwen, mask={"assistant": "train"}, input={"train_last_turn_only": True}))
+def test_masking_every_role_leaves_no_span_and_the_last_turn_option_keeps_one(toy: Any) -> None:
+    assert render_row(Conversation(CHAT), _ctx(toy)).spans == []
+    last = render_row(Conversation(CHAT), _ctx(toy, mask={"assistant": "train"}, input={"train_last_turn_only": True}))
     assert _trained_text(last) == ["Bye.<|im_end|>"]
 
 
-def test_text_pieces_keep_their_labels_and_eos_closes_the_response(qwen: Any) -> None:
-    ctx = _ctx(qwen, input={"type": "instruction"}, mask={"response": "train"})
+def test_text_pieces_keep_their_labels_and_eos_closes_the_response(toy: Any) -> None:
+    ctx = _ctx(toy, input={"type": "instruction"}, mask={"response": "train"})
     row = render_row(Segments([("Q?\n", "prompt"), ("A.", "response")], add_eos=True), ctx)
-    assert row.pieces == ["Q?\n", "A.", qwen.eos_text] and row.piece_trained == [False, True, True]
+    assert row.pieces == ["Q?\n", "A.", toy.eos_text] and row.piece_trained == [False, True, True]
     assert row.spans == []
 
 
-def test_pretokenized_ids_outside_the_vocabulary_are_refused(qwen: Any) -> None:
-    ctx = _ctx(qwen, input={"type": "pretokenized"})
-    assert render_row(Tokens([1, 2, 3], [False, True, True]), ctx).given[1].tolist() == [0, 1, 1]
-    with pytest.raises(RowError) as err:
-        render_row(Tokens([1, 10**9], [True, True]), ctx)
+def test_pretokenized_ids_outside_the_vocabulary_are_refused(toy: Any) -> None:
+    ctx = _ctx(toy, input={"type": "pretokenized"})
+    assert render_row(Tokens([1, 2, 258], [False, True, True]), ctx).given[1].tolist() == [0, 1, 1]
+    with pytest.raises(RowError) as err:  # the toy's ids are 0 to 258
+        render_row(Tokens([1, 259], [True, True]), ctx)
     assert err.value.reason == Drop.WRONG_TYPE and "outside the vocabulary" in err.value.detail
 
 
-def test_the_jinja_free_rendering_agrees_with_jinja(qwen: Any) -> None:
-    ctx = _ctx(qwen, mask={"assistant": "train"})
-    assert ctx.affix is not None  # Qwen2.5's template is plain concatenation for these rows
+def test_the_jinja_free_rendering_agrees_with_jinja(toy: Any) -> None:
+    ctx = _ctx(toy, mask={"assistant": "train"})
+    assert ctx.affix is not None  # ChatML is plain concatenation for these rows
     assert affix_disagreement([Conversation(CHAT), Conversation(CHAT[1:3])], ctx) is None
 
 
@@ -125,13 +126,13 @@ def _calls(render: Callable[[], Any]) -> int:
     ({}, lambda i: _chat(i, f"<think>step {i}</think>ok" if i % 2 else "hi")),  # notes per think block
     ({"chat_template": "llama3.1"}, _trajectory),  # calls written alone: placed without a content
 ], ids=["affix", "jinja", "eos-all", "turn-scope", "think-blocks", "llama3.1-calls"])
-def test_a_long_conversation_renders_with_calls_linear_in_its_messages(qwen: Any, options: dict, message: Any) -> None:
+def test_a_long_conversation_renders_with_calls_linear_in_its_messages(toy: Any, options: dict, message: Any) -> None:
     # One row of 100,000 messages took two minutes: every message searched a list of the trained ones, the
     # whole rendering, or every region placed. Four times the messages must cost about four times the calls
     # (counted: exact, whatever the machine's load). Steps that make no call per message (a list searched with
     # `in`) are measured by benchmarks/RESULTS.md's long-row runs instead: a timed test fails on a busy machine.
     rows = {"template_time_limit": 60, **options.get("input", {})}  # Jinja's renders are timed here, not limited
-    ctx = _ctx(qwen, **{**options, "mask": {"assistant": "train"}, "input": rows})
+    ctx = _ctx(toy, **{**options, "mask": {"assistant": "train"}, "input": rows})
     assert render_row(_long_chat(4, message), ctx).spans  # it renders, and trains something
     calls = [_calls(lambda: render_row(_long_chat(n, message), ctx)) for n in (250, 1000)]
     assert calls[1] < 4.5 * calls[0]
