@@ -55,7 +55,7 @@ def _what(head: bytes) -> str:
     return f"text starting {text[:40]!r}" if text else "an empty file"
 
 
-def inspect_file(path: str, fmt: str, compression: str | None) -> tuple[str, str | None]:
+def inspect_file(path: str, layout: str, compression: str | None) -> tuple[str, str | None]:
     """(layout, encoding) of a file whose first bytes agree with its format: "arrow" files are "arrow-file"
     or "arrow-stream", and a text file's encoding is its BOM's (None: UTF-8). A ConfigError naming the file
     and what was found when they do not: another format, binary data, text not in UTF-8, or (Parquet and
@@ -72,45 +72,45 @@ def inspect_file(path: str, fmt: str, compression: str | None) -> tuple[str, str
         if compression is None:
             raise
         raise ConfigError(f"input {path!r}: cannot decompress it as {compression}: {exc}") from None
-    if fmt == "parquet":
+    if layout == "parquet":
         if not raw.startswith(b"PAR1"):
             raise ConfigError(f"input {path!r}: named as Parquet, but it holds {_what(raw)}")
-        return _readable(path, fmt), None
-    if fmt in ("arrow", "feather"):
+        return _readable(path, layout), None
+    if layout in ("arrow", "feather"):
         if raw.startswith(b"ARROW1"):
             return _readable(path, "arrow-file"), None
-        if raw.startswith(b"\xff\xff\xff\xff") and fmt == "arrow":
+        if raw.startswith(b"\xff\xff\xff\xff") and layout == "arrow":
             return _readable(path, "arrow-stream"), None
-        raise ConfigError(f"input {path!r}: named as {'Arrow' if fmt == 'arrow' else 'Feather'}, but it holds {_what(raw)}")
+        raise ConfigError(f"input {path!r}: named as {'Arrow' if layout == 'arrow' else 'Feather'}, but it holds {_what(raw)}")
     if raw.startswith((b"PAR1", b"ARROW1", b"\xff\xff\xff\xff", *_MAGIC.values())):
-        raise ConfigError(f"input {path!r}: named as {fmt.upper()} text, but it holds {_what(raw)}")
+        raise ConfigError(f"input {path!r}: named as {layout.upper()} text, but it holds {_what(raw)}")
     encoding = bom_encoding(raw)
     text = ""
-    if fmt in ("jsonl", "json"):
+    if layout in ("jsonl", "json"):
         text = raw.decode(encoding or "utf-8", errors="replace").lstrip("\ufeff \t\r\n")
-    lines_are_rows = fmt == "jsonl" or (fmt == "json" and text.startswith("{"))
+    lines_are_rows = layout == "jsonl" or (layout == "json" and text.startswith("{"))
     problem, head = text_problem(raw, encoding, lines_are_rows)
     if not problem and not lines_are_rows and encoding is None and len(raw) == HEAD_BYTES:
-        problem = _not_utf8_past_head(path, compression, array=fmt == "json" and text.startswith("["))
+        problem = _not_utf8_past_head(path, compression, array=layout == "json" and text.startswith("["))
     if problem:
-        raise ConfigError(f"input {path!r}: named as {fmt.upper()} text, but it holds {problem}")
-    if fmt in ("jsonl", "json"):
-        if text and text[0] not in "{[" and not (fmt == "jsonl" and _json_line(text)):
+        raise ConfigError(f"input {path!r}: named as {layout.upper()} text, but it holds {problem}")
+    if layout in ("jsonl", "json"):
+        if text and text[0] not in "{[" and not (layout == "jsonl" and _json_line(text)):
             # (a JSON Lines file whose first line is JSON all the same, a number or a string, has that row
             # dropped as not_an_object like any other line)
-            raise ConfigError(f"input {path!r}: named as {'JSON Lines' if fmt == 'jsonl' else 'JSON'}, but it holds "
+            raise ConfigError(f"input {path!r}: named as {'JSON Lines' if layout == 'jsonl' else 'JSON'}, but it holds "
                               f"{_what(head)}; name its format with a dataset's builder, or give it the extension of "
                               "what it is")
-        if fmt == "json" and text.startswith("{"):  # one object per line, named .json; or one object over many
+        if layout == "json" and text.startswith("{"):  # one object per line, named .json; or one object over many
             if text.partition("\n")[0].strip() == "{":  # as json.dumps(indent=...), jq and JSON.stringify write it
                 raise ConfigError(f"input {path!r}: holds one JSON object written over many lines, neither JSON Lines "
                                   "(an object a line) nor an array of rows; where its rows are a field's list "
                                   "({\"data\": [...]}), write them out as JSON Lines (jq -c '.data[]' FILE > rows.jsonl)")
             return "jsonl", encoding
-        if fmt == "jsonl" and text.split("\n", 1)[0].strip() == "[":
+        if layout == "jsonl" and text.split("\n", 1)[0].strip() == "[":
             raise ConfigError(f"input {path!r}: named as JSON Lines, but it holds a JSON array written over many "
                               "lines (its first line is '['); name it .json to read its elements as rows")
-    return fmt, encoding
+    return layout, encoding
 
 
 def _not_utf8_past_head(path: str, compression: str | None, array: bool) -> str:

@@ -21,8 +21,8 @@ from typing import Any
 from gpu_prep.errors import ConfigError
 
 
-TEXT_FORMATS = ("jsonl", "json", "csv", "tsv", "txt")
-FORMATS = (*TEXT_FORMATS, "parquet", "arrow", "feather")
+TEXT_LAYOUTS = ("jsonl", "json", "csv", "tsv", "txt")
+LAYOUTS = (*TEXT_LAYOUTS, "parquet", "arrow", "feather")
 EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv", ".txt": "txt",
               ".parquet": "parquet", ".arrow": "arrow", ".feather": "feather"}
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd", ".zstd": "zstd"}
@@ -45,15 +45,15 @@ KNOWN = ", ".join(sorted(EXTENSIONS)) + " (the text ones also " + ", ".join(sort
 
 
 def split_name(path: str) -> tuple[str | None, str | None]:
-    """(format, compression) by the file's name; (None, None) for a name gpu-prep does not know."""
+    """(layout, compression) by the file's name; (None, None) for a name gpu-prep does not know."""
     name = path.lower()
     compression = next((c for suffix, c in COMPRESSIONS.items() if name.endswith(suffix)), None)
     if compression is not None:
         name = name[: name.rindex(".")]
-    fmt = next((f for suffix, f in EXTENSIONS.items() if name.endswith(suffix)), None)
-    if compression is not None and fmt not in TEXT_FORMATS:
+    layout = next((f for suffix, f in EXTENSIONS.items() if name.endswith(suffix)), None)
+    if compression is not None and layout not in TEXT_LAYOUTS:
         return None, None
-    return fmt, compression
+    return layout, compression
 
 
 def local_path(path: str) -> str:

@@ -203,16 +203,16 @@ def _input_file(index: int, path: str, how: ReadAs) -> InputFile:
         raise ConfigError(f"input {path!r}: no such file{_hub_hint(path)}")
     if not is_url(path) and not os.access(path, os.R_OK):
         raise ConfigError(f"input {path!r}: not readable")
-    fmt, compression = split_name(path)
-    if how.builder is not None and fmt is None:
-        fmt = how.builder
-    if fmt is None:
+    layout, compression = split_name(path)
+    if how.builder is not None and layout is None:
+        layout = how.builder
+    if layout is None:
         raise ConfigError(f"input {path!r}: not a format gpu-prep reads by its name (it reads {KNOWN}); "
                           "rename it, or name its format with a dataset's builder")
     # Taken before the file's content is first looked at, so that what inspect_file sees is checked too.
     stat = None if is_url(path) else os.stat(path)
     size = file_size(path) if stat is None else stat.st_size
-    layout, encoding = inspect_file(path, fmt, compression)
+    layout, encoding = inspect_file(path, layout, compression)
     return InputFile(index, path, size, layout, compression, how.text_key, how.text_per_line, encoding=encoding,
                      text_bytes=text_size(path, compression, size), mtime_ns=None if stat is None else stat.st_mtime_ns)
 

@@ -254,14 +254,14 @@ def _same(a: list[Any], b: list[Any]) -> bool:
 @pytest.mark.parametrize("encoding, bom", [("utf-16-le", codecs.BOM_UTF16_LE), ("utf-16-be", codecs.BOM_UTF16_BE),
                                            ("utf-32-le", codecs.BOM_UTF32_LE), ("utf-32-be", codecs.BOM_UTF32_BE),
                                            ("utf-8", codecs.BOM_UTF8)])
-@pytest.mark.parametrize("fmt", ["jsonl", "json", "csv", "txt"])
-def test_text_with_a_bom_is_read_in_its_encoding(tmp_path: Path, fast_tokenizer: None, fmt: str, encoding: str,
+@pytest.mark.parametrize("layout", ["jsonl", "json", "csv", "txt"])
+def test_text_with_a_bom_is_read_in_its_encoding(tmp_path: Path, fast_tokenizer: None, layout: str, encoding: str,
                                                  bom: bytes) -> None:
     text = {"jsonl": _jsonl(ROWS), "json": json.dumps(ROWS, ensure_ascii=False), "csv": _csv(ROWS),
-            "txt": "".join(r["text"] + "\n" for r in ROWS)}[fmt]
-    config = {**TEXT, "input": {"type": "text", "text_rows": "line"}} if fmt == "txt" else TEXT
-    want = _shards_of(tmp_path, f"plain.{fmt}", text.encode(), config)
-    got = _shards_of(tmp_path, f"bom.{fmt}", bom + text.encode(encoding), config)
+            "txt": "".join(r["text"] + "\n" for r in ROWS)}[layout]
+    config = {**TEXT, "input": {"type": "text", "text_rows": "line"}} if layout == "txt" else TEXT
+    want = _shards_of(tmp_path, f"plain.{layout}", text.encode(), config)
+    got = _shards_of(tmp_path, f"bom.{layout}", bom + text.encode(encoding), config)
     assert len(want) == len(ROWS) and _same(got, want)
 
 
@@ -320,30 +320,30 @@ def test_utf16_without_a_bom_is_refused_as_binary(tmp_path: Path) -> None:
 TEXT_LINES = {**TEXT, "input": {"type": "text", "text_rows": "line"}}
 
 
-def _late(fmt: str, rows: int) -> tuple[bytes, int, int]:
+def _late(layout: str, rows: int) -> tuple[bytes, int, int]:
     """A CSV, TSV, text (a row a line) or JSON array (an element a line) file of `rows` rows and then one
     whose é is Latin-1: its bytes, the offset of that byte, and its line (its array index is `rows`)."""
     texts = [row["text"] for row in ROWS * (rows // len(ROWS))] + ["late café"]
-    if fmt == "json":
+    if layout == "json":
         data = ("[\n" + ",\n".join(json.dumps({"text": t}, ensure_ascii=False) for t in texts) + "\n]\n").encode()
     else:
-        data = (("text\n" if fmt != "txt" else "") + "".join(f"{t}\n" for t in texts)).encode()
+        data = (("text\n" if layout != "txt" else "") + "".join(f"{t}\n" for t in texts)).encode()
     at = data.rindex("é".encode())
     return data[:at] + b"\xe9" + data[at + 2:], at, data.count(b"\n", 0, at) + 1
 
 
-@pytest.mark.parametrize("fmt", ["csv", "tsv", "txt", "json"])
-def test_bytes_that_are_not_utf8_late_in_a_file_refuse_it_naming_byte_and_line(tmp_path: Path, fmt: str) -> None:
+@pytest.mark.parametrize("layout", ["csv", "tsv", "txt", "json"])
+def test_bytes_that_are_not_utf8_late_in_a_file_refuse_it_naming_byte_and_line(tmp_path: Path, layout: str) -> None:
     """Past the first bytes checked, past the whole-file check's first block and past each reader's (the
     JSON array reader's 1 MiB, the CSV reader's whole file): the file is refused before the run, naming the
     byte, its line and a JSON array's element (it used to stop the run part-way, exit 1, at a line or index
     where the reader had got to, "line 0" in a CSV, calling the file damaged or cut short)."""
-    data, at, line = _late(fmt, 30_000)  # about 1.4 MB
+    data, at, line = _late(layout, 30_000)  # about 1.4 MB
     assert at > (1 << 20) + 4096
-    path = tmp_path / f"late.{fmt}"
+    path = tmp_path / f"late.{layout}"
     path.write_bytes(data)
-    index = ", array index 30000" if fmt == "json" else ""
-    with pytest.raises(ConfigError, match=rf"late\.{fmt}.*not UTF-8 \(byte 0xe9 at byte {at}, line {line}{index}\);"
+    index = ", array index 30000" if layout == "json" else ""
+    with pytest.raises(ConfigError, match=rf"late\.{layout}.*not UTF-8 \(byte 0xe9 at byte {at}, line {line}{index}\);"
                                           r".*convert it, e\.g\. iconv"):
         expand_inputs([str(path)])
 
@@ -358,16 +358,16 @@ def test_a_csv_file_not_utf8_near_its_end_exits_2_before_the_output_is_made(tmp_
     assert not (tmp_path / "cli-out").exists()
 
 
-@pytest.mark.parametrize("fmt", ["csv", "txt", "json"])
+@pytest.mark.parametrize("layout", ["csv", "txt", "json"])
 def test_bytes_that_are_not_utf8_in_a_compressed_file_stop_the_run_naming_byte_and_line(
-        tmp_path: Path, fast_tokenizer: None, fmt: str) -> None:
+        tmp_path: Path, fast_tokenizer: None, layout: str) -> None:
     """A compressed file's text is not read twice up front: its reader stops at the byte, and the line is
     the byte's, not where the reader had got to (a block or more ahead of the rows)."""
-    data, at, line = _late(fmt, 3_000)  # about 140 KB: past the text reader's 8 KiB read-ahead
-    path = tmp_path / f"late.{fmt}.gz"
+    data, at, line = _late(layout, 3_000)  # about 140 KB: past the text reader's 8 KiB read-ahead
+    path = tmp_path / f"late.{layout}.gz"
     path.write_bytes(gzip.compress(data))
-    index = ", array index 3000" if fmt == "json" else ""
-    with pytest.raises(InputError, match=rf"late\.{fmt}\.gz: text that is not UTF-8 \(byte 0xe9 at byte {at}, line "
+    index = ", array index 3000" if layout == "json" else ""
+    with pytest.raises(InputError, match=rf"late\.{layout}\.gz: text that is not UTF-8 \(byte 0xe9 at byte {at}, line "
                                          rf"{line}{index}\); the rows after it cannot be read"):
         _run(tmp_path, path, TEXT_LINES)
 

@@ -53,12 +53,12 @@ def _read(data: bytes, columnar: Columnar | None = None, chunk_rows: int = 3, wh
 
 @FUZZ
 @given(st.binary(max_size=3000), st.sampled_from(["jsonl", "json", "csv", "txt", "parquet", "arrow"]))
-def test_the_content_check_takes_or_refuses_random_bytes(data: bytes, fmt: str) -> None:
+def test_the_content_check_takes_or_refuses_random_bytes(data: bytes, layout: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / f"fuzz.{fmt}"
+        path = Path(tmp) / f"fuzz.{layout}"
         path.write_bytes(data)
         try:
-            inspect_file(str(path), fmt, None)
+            inspect_file(str(path), layout, None)
         except ConfigError as exc:
             assert str(path) in str(exc)
 

@@ -160,15 +160,15 @@ def _shards(manifest: dict[str, Any]) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
-@pytest.mark.parametrize("fmt", sorted(WRITERS))
-def test_every_format_writes_the_shards_json_lines_does(kind: str, fmt: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", sorted(WRITERS))
+def test_every_format_writes_the_shards_json_lines_does(kind: str, layout: str, tmp_path: Path) -> None:
     settings, make = KINDS[kind]
     rows = make()
     config = parse_config({**settings, "preprocessing": {**settings.get("preprocessing", {}), "deduplicate": False}})
     want = run(config, [str(write_jsonl(tmp_path / "rows.jsonl", rows))], tmp_path / "want", Options(chunk_rows=50))
-    folder = tmp_path / fmt
+    folder = tmp_path / layout
     folder.mkdir()
-    inputs = WRITERS[fmt](rows, folder)
+    inputs = WRITERS[layout](rows, folder)
     got = run(config, inputs, tmp_path / "got", Options(chunk_rows=50))
     assert got["totals"]["rows_read"] == want["totals"]["rows_read"] == len(rows)
     assert got["totals"]["rows_dropped"] == want["totals"]["rows_dropped"]
@@ -432,12 +432,12 @@ def test_urls_are_read_through_fsspec_as_local_files_are(tmp_path: Path) -> None
     local = tmp_path / "local"
     local.mkdir()
     memory = fsspec.filesystem("memory")
-    for fmt in ("jsonl.gz", "parquet", "arrow-stream", "csv"):
-        for path in WRITERS[fmt](rows, local):
-            memory.pipe(f"/bucket/{fmt}/{Path(path).name}", Path(path).read_bytes())
-    for fmt in ("jsonl.gz", "parquet", "arrow-stream", "csv"):
-        got = run(config, [f"memory://bucket/{fmt}/"], tmp_path / f"got-{fmt}")
-        assert _shards(got) == _shards(want), fmt
+    for layout in ("jsonl.gz", "parquet", "arrow-stream", "csv"):
+        for path in WRITERS[layout](rows, local):
+            memory.pipe(f"/bucket/{layout}/{Path(path).name}", Path(path).read_bytes())
+    for layout in ("jsonl.gz", "parquet", "arrow-stream", "csv"):
+        got = run(config, [f"memory://bucket/{layout}/"], tmp_path / f"got-{layout}")
+        assert _shards(got) == _shards(want), layout
         assert got["inputs"][0]["path"].startswith("memory://") and got["inputs"][0]["sha256"] is None
     globbed = run(config, ["memory://bucket/*/data.parquet"], tmp_path / "glob")
     assert _shards(globbed) == _shards(want)
@@ -630,14 +630,14 @@ def test_a_parquet_row_group_pyarrow_cannot_read_stops_the_run_naming_file_and_g
         run(config, [path], tmp_path / "out")
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "tsv.gz", "arrow-stream"])
-def test_a_run_killed_on_any_format_resumes_to_the_same_bytes(fmt: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", ["parquet", "tsv.gz", "arrow-stream"])
+def test_a_run_killed_on_any_format_resumes_to_the_same_bytes(layout: str, tmp_path: Path) -> None:
     from helpers import gpu_prep_cli, output_tree
 
     settings, make = KINDS["instruction"]
     folder = tmp_path / "in"
     folder.mkdir()
-    [path] = WRITERS[fmt](make(), folder)
+    [path] = WRITERS[layout](make(), folder)
     config = tmp_path / "config.json"
     config.write_text(json.dumps({**settings, "preprocessing": {"deduplicate": False}}))
     common = ["run", path, "-c", config, "-q", "--chunk-rows", 10, "--checkpoint-every", 0]
@@ -649,8 +649,8 @@ def test_a_run_killed_on_any_format_resumes_to_the_same_bytes(fmt: str, tmp_path
     assert output_tree(tmp_path / "out", *skip) == output_tree(tmp_path / "want", *skip)
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "arrow-file"])
-def test_a_cluster_cuts_parquet_and_arrow_files_at_row_groups_and_batches(fmt: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", ["parquet", "arrow-file"])
+def test_a_cluster_cuts_parquet_and_arrow_files_at_row_groups_and_batches(layout: str, tmp_path: Path) -> None:
     pytest.importorskip("distributed")
     from gpu_prep.read.inputs import expand_inputs
     from gpu_prep.read.rows import split_file
@@ -658,7 +658,7 @@ def test_a_cluster_cuts_parquet_and_arrow_files_at_row_groups_and_batches(fmt: s
     settings, make = KINDS["chat"]
     rows = make()
     rows[50] = {"messages": []}  # dropped (empty) in a later part: its line must count across parts
-    [path] = WRITERS[fmt](rows, tmp_path)
+    [path] = WRITERS[layout](rows, tmp_path)
     [file] = expand_inputs([path])
     parts = split_file(file, 20_000)
     assert len(parts) >= 3 and all(p.batches for p in parts)
@@ -804,11 +804,11 @@ def test_a_quote_that_never_closes_stops_the_run_naming_its_record(tmp_path: Pat
 
     path = tmp_path / name
     path.write_bytes(gzip.compress(text.encode()) if name.endswith(".gz") else text.encode())
-    fmt, compression = split_name(name)
+    layout, compression = split_name(name)
     record = 400_000 if name.startswith("late") else 3
     with pytest.raises(InputError, match=rf"{name.replace('.', '[.]')}: the file ends inside a quoted cell: a '\"' "
                                          rf"opened in record {record} \(the last, starting on line {record}\)"):
-        list(csv_rows(str(path), compression, "," if fmt == "csv" else "\t"))
+        list(csv_rows(str(path), compression, "," if layout == "csv" else "\t"))
     closed = tmp_path / "closed.csv"
     closed.write_text('prompt,response\n"closed ""at"" the end","a\nb"')  # closed at the very end: read
     assert [r.record for r in csv_rows(str(closed), None, ",")] == [{"prompt": 'closed "at" the end', "response": "a\nb"}]
