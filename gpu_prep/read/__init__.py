@@ -4,7 +4,7 @@ inputs.py       InputFile and expand_inputs (files, globs, folders, URLs; each h
                 found, check_unchanged), Part, the columns an input type needs
 rows.py         READERS, a reader per layout; file_rows / part_rows (guarded), parts, samples, read_chunks
 jsonl.py        JSON Lines: the strict parser, lines over max_row_bytes, byte ranges read as columns (GPU)
-files.py        an input's name and bytes: format and compression by extension, URLs, sizes, opened decompressed
+files.py        an input's name and bytes: layout and compression by extension, URLs, sizes, opened decompressed
 detect.py       what a file is, checked against its first bytes (inspect_file), and the columns it has
 text_checks.py  BOMs, bytes that are not UTF-8 (named by byte, line, element), damaged compressed streams
 folders.py      folders the datasets library wrote: one split's Arrow files

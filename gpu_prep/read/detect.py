@@ -1,6 +1,6 @@
 """What an input file is, checked against its content, and the readers of the formats beyond JSON Lines.
 
-A file's format comes from its extension (or, for a file without a known one, a dataset's `builder`) and
+A file's layout comes from its extension (or, for a file without a known one, a dataset's `builder`) and
 is then checked against its first bytes: a Parquet file starts with PAR1, an Arrow IPC file with ARROW1
 and an Arrow stream with its continuation marker, a compressed file with its codec's magic, and text
 formats must be text. An unknown extension or content that is not what the name says stops the run
@@ -58,7 +58,7 @@ def _what(head: bytes) -> str:
 def inspect_file(path: str, layout: str, compression: str | None) -> tuple[str, str | None]:
     """(layout, encoding) of a file whose first bytes agree with its format: "arrow" files are "arrow-file"
     or "arrow-stream", and a text file's encoding is its BOM's (None: UTF-8). A ConfigError naming the file
-    and what was found when they do not: another format, binary data, text not in UTF-8, or (Parquet and
+    and what was found when they do not: another layout, binary data, text not in UTF-8, or (Parquet and
     Arrow) a footer or schema that cannot be read, as in a truncated copy. Reads the first HEAD_BYTES only,
     but for the whole text of an uncompressed local CSV, TSV, plain text or JSON array file (_not_utf8_past_head)."""
     with open_raw(path) as handle:

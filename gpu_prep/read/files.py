@@ -140,7 +140,7 @@ def remote_files(pattern: str) -> tuple[list[str], list[str]]:
     """A URL's files, as URLs, sorted: itself, a glob's matches, or a folder's files by the rules of a local
     folder (read.folder_files): none hidden or under a hidden folder (.ipynb_checkpoints), none of the
     metadata and cache-*.arrow files of a folder the datasets library wrote; and those left out, their
-    names saying no format gpu-prep reads. A DatasetDict's folder is refused: its splits are not read
+    names saying no layout gpu-prep reads. A DatasetDict's folder is refused: its splits are not read
     over a URL (give the split's folder); a host that cannot be reached, naming the URL (_reaching)."""
     with _reaching(pattern):  # some filesystems (FTP) connect as they are made
         fs, inner = filesystem(pattern)

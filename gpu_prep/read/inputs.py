@@ -1,6 +1,6 @@
 """read/inputs: input files -> bounded chunks of raw rows, each keeping its (file, line).
 
-Which format a file is, checked against its content, and the readers of the formats beyond JSON Lines
+Which layout a file is, checked against its content, and the readers of the layouts beyond JSON Lines
 live in sources.py. A JSON Lines line that is not valid JSON, or not an object, becomes a row that carries
 its drop reason, so it is counted and never takes its neighbours with it. Blank lines are not rows. Rows
 of the columnar formats are numbered from 1 in the file, CSV rows by their line (the header is line 1).
@@ -243,7 +243,7 @@ DELIMITERS = {"csv": ",", "tsv": "\t"}  # of the CSV and TSV layouts
 def folder_files(folder: Path, builder: str | None = None, split: str | None = None
                  ) -> tuple[list[str], list[str], dict[str, tuple[str, list[str]]]]:
     """The files of a folder (and the folders in it) that gpu-prep reads, sorted, and those it leaves out,
-    their names saying no format it reads (with a builder, such files are read as its format). Neither
+    their names saying no layout it reads (with a builder, such files are read as its layout). Neither
     holds hidden files or those under hidden folders (.ipynb_checkpoints, .git), nor, in a folder the
     datasets library wrote (a dataset_info.json beside the files), its metadata or cache-*.arrow files. A
     folder in it that the datasets library wrote (a DatasetDict, a save_to_disk folder, a cache folder of
