@@ -160,7 +160,7 @@ def columnar_host(n: int, repeat: int) -> None:
         lines_s = best(repeat, lambda: sum(len(c) for c in read_chunks(files, 4096)))
         columnar = Scanned((), lambda p, offset, size, asked: parsed[offset, size], messages)
         columns_s = best(repeat, lambda: sum(len(c) for c in read_chunks(files, 4096, columnar=columnar)))
-        blocks: list[tuple[bytes, int]] = []  # the byte ranges read.py scans: whole lines, RANGE_BYTES or more
+        blocks: list[tuple[bytes, int]] = []  # the byte ranges read/jsonl.py scans: whole lines, RANGE_BYTES or more
         for line in path.read_bytes().splitlines(keepends=True):
             if not blocks or len(blocks[-1][0]) >= read.RANGE_BYTES:
                 blocks.append((b"", 0))

@@ -152,13 +152,13 @@ class GpuBackend(Backend):
 def read_json_range(path: str, offset: int, size: int, columns: dict[str, Any]) -> Any:
     """The rows that start in bytes [offset, offset + size) of a JSON Lines file, as an Arrow table of these
     columns ("str": a string field; {key: "str", ...}: a list of objects with those string fields, chat
-    messages); None when cuDF cannot read the range (read.py then parses it line by line)."""
+    messages); None when cuDF cannot read the range (read/jsonl.py then parses it line by line)."""
     import cudf
 
     dtype = {name: "str" if kind == "str" else cudf.ListDtype(cudf.StructDtype(kind)) for name, kind in columns.items()}
     try:
         # A fixed schema (dtype + prune_columns, which reaches into the messages' objects) so every range
-        # agrees; a malformed line becomes an all-null row, which read.py sees and answers by parsing the
+        # agrees; a malformed line becomes an all-null row, which read/jsonl.py sees and answers by parsing the
         # range line by line.
         frame = cudf.read_json(path, lines=True, byte_range=[offset, size], dtype=dtype, prune_columns=True,
                                on_bad_lines="recover")

@@ -2,12 +2,12 @@
 
 Every row goes through these stages, in order (run/stages.py runs each over a chunk of rows):
 
-    read      files -> rows in bounded chunks, each row keeping (file, line)        read.py, mix.py
-    format    rows -> one canonical shape: a conversation, or text pieces           format.py
-    filter    length rules and prefix-hash dedup over the rows' own text            filter.py
-    render    shape -> one string + trained byte spans (the real chat template)     render.py
-    tokenize  strings -> flat ids + offsets (the fastest exact engine)              tokenizer.py
-    mask      spans + token byte positions -> loss_mask; truncation                 mask.py
+    read      files -> rows in bounded chunks, each row keeping (file, line)        read/
+    format    rows -> one canonical shape: a conversation, or text pieces           format/
+    filter    length rules and prefix-hash dedup over the rows' own text            filter/
+    render    shape -> one string + trained byte spans (the real chat template)     render/
+    tokenize  strings -> flat ids + offsets (the fastest exact engine)              tokenization/
+    mask      spans + token byte positions -> loss_mask; truncation                 mask/
     commit    in input order: counts per file and reason, then the write stage      run/commit.py
     write     per domain, sharded by token count, atomically, with meta.json        output/
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from gpu_prep.format.shapes import type_name
 
-Builder = Callable[..., Any]  # (record, config) or (record, config, tokenizer) -> a Shape (plugins: see builders.py)
+Builder = Callable[..., Any]  # (record, config) or (record, config, tokenizer) -> a Shape (plugins: see contract.py)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""CSV and TSV files (sources.py's other formats beside them): a header row names the columns and every cell
+"""CSV and TSV files (the other layouts' readers are beside this module in read/): a header row names the columns and every cell
 is text, read by pyarrow's CSV reader block by block; the standard csv module reads a file again only to
 name what pyarrow skips or cannot say (a ragged record's number, the line an unclosed quote opens on)."""
 

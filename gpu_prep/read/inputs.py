@@ -1,7 +1,7 @@
 """read/inputs: input files -> bounded chunks of raw rows, each keeping its (file, line).
 
-Which layout a file is, checked against its content, and the readers of the layouts beyond JSON Lines
-live in sources.py. A JSON Lines line that is not valid JSON, or not an object, becomes a row that carries
+Which layout a file is, checked against its content, is detect.py's; each layout's reader is one module
+listed in rows.py's READERS. A JSON Lines line that is not valid JSON, or not an object, becomes a row that carries
 its drop reason, so it is counted and never takes its neighbours with it. Blank lines are not rows. Rows
 of the columnar formats are numbered from 1 in the file, CSV rows by their line (the header is line 1).
 

@@ -73,7 +73,7 @@ class ChatTemplate:
     """A compiled template plus the variables it reads besides the conversation: the tokenizer's special
     tokens (bos_token, eos_token, ...) and the config's chat_template_kwargs, which win, as in transformers.
 
-    Renders are held to limits: those of the row being rendered on this thread (row_limits, which render.py
+    Renders are held to limits: those of the row being rendered on this thread (row_limits, which render/row.py
     sets from the config), else the default ones per render. A template that does not compile, or that
     cannot render a two-message conversation within the default limits, is a ConfigError naming origin."""
 

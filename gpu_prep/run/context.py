@@ -75,7 +75,7 @@ class Decisions:
                  engine_check: dict[str, Any] | None = None) -> None:
         self.affix = affix
         self.engine = tuple(engine) if engine is not None else None
-        self.engine_check = engine_check  # the fast engine's check (engines.Audit) as of the last chunk committed
+        self.engine_check = engine_check  # the fast engine's check (tokenization/checks.py's Audit) as of the last chunk committed
         self._lock = threading.Lock()
 
     @classmethod
@@ -102,7 +102,7 @@ class Decisions:
             self.engine = (name, choice)
 
     def replace_engine(self, name: str, choice: str) -> None:
-        """The engine chosen stopped being trusted during the run (engines.Audit)."""
+        """The engine chosen stopped being trusted during the run (tokenization/checks.py's Audit)."""
         with self._lock:
             self.engine = (name, choice)
 

@@ -130,7 +130,7 @@ def _cut(config: PipelineConfig, rendered: list[RenderedRow], layout: Layout) ->
         else np.zeros(num_rows, dtype=bool)
     # split: the writer cuts rows into windows, so none is truncated here
     limit = max(int(lengths.max(initial=1)), 1) if rules.truncation == "split" or pairs else rules.max_seq_len
-    # structured: chat rows come cut to fit by render.py; other rows (text in an auto mix) lose their first tokens
+    # structured: chat rows come cut to fit by render/truncation.py; other rows (text in an auto mix) lose their first tokens
     side = "left" if rules.truncation in ("left", "structured") else "right"
     return Cut(over, limit, side, keep_tail)
 

@@ -100,10 +100,10 @@ class Encoded:
     # byte-level BPE places tokens by their byte lengths instead).
     starts: np.ndarray | None = None
     ends: np.ndarray | None = None
-    # A fast engine's tokens still being checked against HF (engines.Audit): the future gives the Encoded to
+    # A fast engine's tokens still being checked against HF (tokenization/checks.py's Audit): the future gives the Encoded to
     # use, these same tokens or HF's. None: nothing to wait for.
     pending: Future | None = None
-    engine_check: dict[str, Any] | None = None  # the check's summary (engines.Audit) once these tokens passed it
+    engine_check: dict[str, Any] | None = None  # the check's summary (tokenization/checks.py's Audit) once these tokens passed it
 
 
 @dataclass(frozen=True)

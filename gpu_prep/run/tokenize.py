@@ -68,7 +68,7 @@ def _engine_sample_size(rendered: list[RenderedRow]) -> int:
 class Tokenizing:
     """Tokenizes chunks with the engine the run's first rows chose (decisions.engine; a resumed run and a
     cluster's workers are handed the choice). A fast engine's chunks are checked against HF all the way
-    through (engines.Audit): a chunk that comes after a difference is encoded again by HF, or under --strict
+    through (tokenization/checks.py's Audit): a chunk that comes after a difference is encoded again by HF, or under --strict
     the run stops."""
 
     def __init__(self, run: RunContext, decisions: Decisions) -> None:

@@ -162,9 +162,9 @@ def test_the_gpu_backends_larger_chunks_write_the_same_bytes(tmp_path: Any, monk
 
 
 def test_the_cudf_range_reader_asks_for_chat_messages_as_a_list_of_structs(monkeypatch: pytest.MonkeyPatch) -> None:
-    # read_json_range's own code: the columns read.py asks for become cuDF dtypes (a string; a list of
+    # read_json_range's own code: the columns read/jsonl.py asks for become cuDF dtypes (a string; a list of
     # structs of strings for messages), the range and recovery mode are passed on, and a range cuDF
-    # refuses is None (read.py then parses it line by line).
+    # refuses is None (read/jsonl.py then parses it line by line).
     from gpu_prep.backend import read_json_range
 
     seen: dict[str, Any] = {}

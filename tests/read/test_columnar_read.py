@@ -1,10 +1,10 @@
 """Reading JSON Lines as columns (the GPU backend's cudf.read_json) gives exactly the strict parser's rows.
 
-cuDF is not here, so its place is taken by `lenient_read_range`, which keeps the contract read.py relies
+cuDF is not here, so its place is taken by `lenient_read_range`, which keeps the contract read/jsonl.py relies
 on (the rows that start in a byte range, the asked-for fields, an all-null row for a line it cannot read)
 and is at least as lenient as cuDF's recovery mode: it accepts raw control characters, NaN, trailing
 content and invalid UTF-8, and reads numbers, lists and objects in a string field as their JSON text. If
-the byte scan in read.py let any such line through, the rows below would differ from the strict parser's.
+the byte scan in read/jsonl.py let any such line through, the rows below would differ from the strict parser's.
 """
 
 from __future__ import annotations
