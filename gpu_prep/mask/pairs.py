@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu_prep.errors import Drop
+from gpu_prep.errors import Drop, Dropped
 from gpu_prep.mask.project import Masked
 from gpu_prep.ragged import offsets_from_lengths, row_of, segment_mins
 
@@ -64,16 +64,16 @@ def sequence_tokens(tokens_per_piece: np.ndarray, pieces_per_row: np.ndarray, se
 
 
 def cut_pairs(masked: Masked, tokens_per_piece: np.ndarray, rules: Any, num_rows: int, differs: np.ndarray,
-              sides_per_row: int = 2) -> tuple[Masked, list[tuple[int, str, str]], Counter, np.ndarray]:
+              sides_per_row: int = 2) -> tuple[Masked, list[tuple[int, Dropped]], Counter, np.ndarray]:
     """Each kept row's sequences (pieces, untruncated in masked: a pair's two, an unpaired row's one, then
     the prompt alone) -> its samples, cut to TRL's limits. differs: per row, whether the template renders
     the generation prompt otherwise before a completion. Returns the samples (sides_per_row a kept row),
-    the rows dropped here (row, reason, detail), the counts (PAIR_COUNTS) and the trained tokens of each
+    the rows dropped here (row, why), the counts (PAIR_COUNTS) and the trained tokens of each
     row's spans (its completions as written)."""
     ids, offsets = masked.ids, masked.offsets
     counts: Counter = Counter()
     trained_by_span = np.zeros(sides_per_row * num_rows, np.int64)
-    drops: list[tuple[int, str, str]] = []
+    drops: list[tuple[int, Dropped]] = []
     out_ids, out_mask, lengths, kept, truncated = [], [], [], [], []
     per_row = sides_per_row + 1
     for k, r in enumerate(masked.kept_rows.tolist()):
@@ -82,7 +82,7 @@ def cut_pairs(masked: Masked, tokens_per_piece: np.ndarray, rules: Any, num_rows
         *sides, alone = (row_ids[a:b] for a, b in zip(cuts[:-1], cuts[1:]))
         shared = min(_shared(alone, s) for s in sides)  # TRL's common_prefix_length, the least of the sides'
         if min(map(len, sides)) == shared:
-            drops.append((r, Drop.NO_TRAINED_TOKENS, "a completion holds no token of its own"))
+            drops.append((r, Dropped(Drop.NO_TRAINED_TOKENS, "a completion holds no token of its own")))
             continue
         if shared < len(alone):
             counts["generation_prompt_differs" if differs[r] else "prompt_merged"] += 1
@@ -103,7 +103,7 @@ def cut_pairs(masked: Masked, tokens_per_piece: np.ndarray, rules: Any, num_rows
             if room < 1 or rules.truncation in ("drop", "raise"):
                 why = (f"the prompt's {len(prompt)} tokens leave no completion token within max_seq_len "
                        f"{rules.max_seq_len}") if room < 1 else f"over max_seq_len {rules.max_seq_len} tokens"
-                drops.append((r, Drop.TOO_MANY_TOKENS, why))
+                drops.append((r, Dropped(Drop.TOO_MANY_TOKENS, why)))
                 continue
             completions = [c[:room] for c in completions]
             counts["completion_truncated"] += 1

@@ -11,9 +11,5 @@ local.py     the stages in one process: one after another, or overlapping in thr
 accounting.py, checkpoint.py, outdir.py, manifest.py   counts, --resume, the output directory, manifest.json
 """
 
-# A dataset's data handlers are looked up by name in read/mix.py's registry (context.py): the built-in ones
-# register as handlers.py loads, with this package, so they are there however a run's modules are reached.
-from gpu_prep.run import handlers
-
 __all__ = ["accounting", "checkpoint", "commit", "context", "handlers", "local", "manifest", "masking", "outdir",
            "overlap", "prepare", "stages", "tokenize"]

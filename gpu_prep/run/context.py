@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from gpu_prep.render.affix import detect_affix
+from gpu_prep.run.handlers import HANDLERS  # the registry, with the built-in handlers in it
 from gpu_prep.backend import Backend
 from gpu_prep.format.contract import BuilderTokenizer
 from gpu_prep.render.sandbox import ChatTemplate
@@ -20,7 +21,7 @@ from gpu_prep.config import PipelineConfig
 from gpu_prep.errors import ConfigError
 from gpu_prep.format import columnar_schema
 from gpu_prep.read.hub import hub_dataset, hub_version
-from gpu_prep.read.mix import HANDLERS, Dataset, with_tokenizer
+from gpu_prep.read.mix import Dataset, with_tokenizer
 from gpu_prep.read.inputs import InputFile, LeftOut, ReadAs, check_columns, expand_inputs
 from gpu_prep.read.jsonl import Columnar
 from gpu_prep.render.context import RenderContext, no_template

@@ -12,11 +12,10 @@ import numpy as np
 
 from gpu_prep.backend import Backend
 from gpu_prep.config import PAIR_TYPES, PipelineConfig
-from gpu_prep.errors import Dropped
 from gpu_prep.mask.pairs import cut_pairs, sequence_tokens
-from gpu_prep.mask.project import (Masked, contiguous_places, kept_span_tokens, mask_from_ranges, offset_places, row_of,
+from gpu_prep.mask.project import (Masked, contiguous_places, kept_span_tokens, mask_from_ranges, offset_places,
                                    span_tokens, truncate_and_filter)
-from gpu_prep.ragged import offsets_from_lengths
+from gpu_prep.ragged import offsets_from_lengths, row_of
 from gpu_prep.render.context import RenderedRow
 from gpu_prep.run.context import RunContext
 from gpu_prep.run.overlap import Stopwatch
@@ -148,8 +147,7 @@ def _pair_samples(run: RunContext, rendered: list[RenderedRow], layout: Layout, 
     sequences = sequence_tokens(layout.per_piece, np.diff(layout.piece_offsets), sides + 1)
     samples, drops, counts, by_span = cut_pairs(host, sequences, run.config.preprocessing, num_rows, differs, sides)
     labels = None if sides == 2 else np.array([rendered[r].label for r in samples.kept_rows.tolist()], np.int8)
-    dropped = [(r, Dropped(reason, detail)) for r, reason, detail in drops]
-    return MaskResult(samples, backend.to_host(valid), over, by_span, sides, dropped, counts, labels)
+    return MaskResult(samples, backend.to_host(valid), over, by_span, sides, drops, counts, labels)
 
 
 def mask_chunk(run: RunContext, clock: Stopwatch, item: tuple[Prepared, Encoded | None]) -> Done:
