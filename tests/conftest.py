@@ -12,7 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from gpu_prep.config import parse_config
+# The CLI runs in this process in most tests (helpers.in_process), as it does in a subprocess with COLUMNS=200:
+# rich reads the width when its consoles are made, on gpu_prep's import.
+os.environ["COLUMNS"] = "200"
+
+from gpu_prep.config import parse_config  # noqa: E402  (after COLUMNS)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

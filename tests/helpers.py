@@ -7,11 +7,14 @@ across a mask boundary) is never mangled silently. A future `gpu-prep inspect` w
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import traceback
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -88,15 +91,52 @@ def as_from_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def gpu_prep_cli(*args: Any, env: dict[str, str | None] | None = None, timeout: int = 300
+def gpu_prep_cli(*args: Any, env: dict[str, str | None] | None = None, timeout: int = 300, process: bool = False
                  ) -> subprocess.CompletedProcess[str]:
-    """The installed `gpu-prep` console script in a subprocess (GPU_PREP_CACHE is inherited from conftest);
-    env: variables to set, or with None to unset."""
-    script = Path(sys.executable).parent / "gpu-prep"
-    assert script.exists(), f"the gpu-prep console script is not installed next to {sys.executable}"
-    merged = {**os.environ, "COLUMNS": "200", **(env or {})}
-    return subprocess.run([str(script), *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env={k: v for k, v in merged.items() if v is not None}, preexec_fn=as_from_a_terminal)
+    """`gpu-prep` with these arguments, from the repository's folder: the CLI's own app in this process (its
+    tokenizers and engine builds are kept for the next call, which spares each call the second or two a new
+    process spends on imports, loading the tokenizer and building the fast engine), or with process=True, or
+    env (variables to set, None to unset) given, the installed console script in a subprocess (GPU_PREP_CACHE
+    is inherited from conftest): for what only a process shows (signals, failpoints, the early engine
+    build, the exit without teardown)."""
+    if process or env is not None:
+        script = Path(sys.executable).parent / "gpu-prep"
+        assert script.exists(), f"the gpu-prep console script is not installed next to {sys.executable}"
+        merged = {**os.environ, "COLUMNS": "200", **(env or {})}
+        return subprocess.run([str(script), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                              cwd=REPO, env={k: v for k, v in merged.items() if v is not None},
+                              preexec_fn=as_from_a_terminal)
+    return in_process(*args)
+
+
+def in_process(*args: Any) -> subprocess.CompletedProcess[str]:
+    """The CLI's app run here as the console script runs it (gpu_prep.cli.main without its exit), its output
+    and exit status taken as a subprocess's would be; an exception the CLI lets out is status 1 with its
+    traceback on stderr, as the interpreter gives it."""
+    from gpu_prep.cli import app
+
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    argv = [str(a) for a in args]
+    os.chdir(REPO)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                app(args=argv, prog_name="gpu-prep")
+                code: Any = 0
+            except SystemExit as exc:
+                code = exc.code
+            except KeyboardInterrupt:
+                code = 130
+            except Exception:  # noqa: BLE001  the interpreter's last words
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.chdir(here)
+    if not isinstance(code, int):
+        if code is not None:
+            print(code, file=err)
+        code = 0 if code is None else 1
+    return subprocess.CompletedProcess(["gpu-prep", *argv], code, out.getvalue(), err.getvalue())
 
 
 def output_tree(root: Path, *run_keys: str) -> dict[str, bytes]:
