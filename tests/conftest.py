@@ -3,12 +3,14 @@ tokenizer of tests/toy.py that unit tests read ids off by eye."""
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import gc
 import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +29,34 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def _cache_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
     # Keep a developer's cache if set; otherwise a cache of this test session only.
     os.environ.setdefault("GPU_PREP_CACHE", str(tmp_path_factory.mktemp("gpu-prep-cache")))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _tokenizer_files_loaded_once() -> Iterator[None]:
+    """HF tokenizers' load of a tokenizer.json (half a second for Qwen's) is done once for the runs that follow
+    one another in this process, the CLI's included: load_outline's result is kept for the last few files,
+    keyed by the folder and the outline's cache path (which holds the file's sha256 and the cache folder), so
+    an edited file, another cache folder or a removed outline loads again. Each run still gets a Tokenizer
+    of its own (engine choice, audit), made from the kept load as a warm load makes it."""
+    from gpu_prep.tokenization import tokenizer as module
+
+    real, kept_loads = module.load_outline, collections.OrderedDict()
+
+    def load_outline(spec: str, directory: Path, kept: Path) -> Any:
+        key = (str(directory), str(kept))
+        if key not in kept_loads or not kept.exists():
+            kept_loads[key] = real(spec, directory, kept)
+            while len(kept_loads) > KEPT_TOKENIZER_LOADS:
+                kept_loads.popitem(last=False)
+        kept_loads.move_to_end(key)
+        return kept_loads[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(module, "load_outline", load_outline)
+        yield
+
+
+KEPT_TOKENIZER_LOADS = 3  # a Qwen engine holds some hundreds of MB: the suite's memory stays under 3 GB
 
 
 @pytest.fixture(scope="module", autouse=True)
