@@ -51,9 +51,19 @@ def _tokenizer_files_loaded_once() -> Iterator[None]:
         kept_loads.move_to_end(key)
         return kept_loads[key]
 
+    load_outline.real = real  # type: ignore[attr-defined]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(module, "load_outline", load_outline)
         yield
+
+
+@pytest.fixture(autouse=True)
+def _real_tokenizer_loads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test marked real_tokenizer_loads (one about how loading goes) loads every time."""
+    if request.node.get_closest_marker("real_tokenizer_loads"):
+        from gpu_prep.tokenization import tokenizer as module
+
+        monkeypatch.setattr(module, "load_outline", getattr(module.load_outline, "real", module.load_outline))
 
 
 KEPT_TOKENIZER_LOADS = 3  # a Qwen engine holds some hundreds of MB: the suite's memory stays under 3 GB

@@ -70,14 +70,14 @@ def _tree(root: Path) -> dict[str, bytes]:
     return output_tree(root, "cluster")
 
 
-def _both(tmp_path: Path, config: dict[str, Any], inputs: list[str], cluster: str, **kwargs: Any
-          ) -> tuple[dict[str, Any], dict[str, Any]]:
+def _both(tmp_path: Path, config: dict[str, Any], inputs: list[str], cluster: str, part_bytes: int = PART_BYTES,
+          **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """The single-process run and the cluster run of one config: their manifests, after checking that
     they wrote the same files and rejects."""
     manifests = []
     for name, where in (("single", None), ("cluster", cluster)):
         manifests.append(run(parse_config(config), inputs, tmp_path / name, Options(chunk_rows=CHUNK_ROWS, cluster=where,
-                             part_bytes=PART_BYTES, rejects=tmp_path / f"{name}.rejects.jsonl", **kwargs)))
+                             part_bytes=part_bytes, rejects=tmp_path / f"{name}.rejects.jsonl", **kwargs)))
     single, clustered = _tree(tmp_path / "single"), _tree(tmp_path / "cluster")
     assert sorted(single) == sorted(clustered)
     for name in single:
@@ -379,7 +379,8 @@ def test_connect_refuses_what_is_neither_local_nor_an_address(spec: str) -> None
         pass
 
 
-def test_the_dedup_shuffle_takes_more_buckets_for_a_smaller_budget(tmp_path: Path, corpus: dict[str, Path]) -> None:
+def test_the_dedup_shuffle_takes_more_buckets_for_a_smaller_budget(tmp_path: Path, corpus: dict[str, Path],
+                                                                  scheduler: str) -> None:
     # Each bucket of the cluster's dedup shuffle holds its share of the digests: a budget the input's digests
     # would pass in one bucket spreads them over more, and the output is the same.
     from gpu_prep.cluster.driver import dedup_buckets
@@ -388,7 +389,8 @@ def test_the_dedup_shuffle_takes_more_buckets_for_a_smaller_budget(tmp_path: Pat
     assert dedup_buckets(1 << 50, 2, 1) == 4096 and dedup_buckets(1 << 50, 2, None) == 2
     for budget in (0.001, 0.0003):  # the second makes more than 256 buckets
         tight = {**BASE, "preprocessing": {**BASE.get("preprocessing", {}), "dedup_memory_mb": budget}}
-        single, clustered = _both(tmp_path / str(budget), tight, [str(corpus["one"])], "local:2")
+        # Parts ten times the others' size: the shuffle's tasks are parts x buckets (and ranges x buckets).
+        single, clustered = _both(tmp_path / str(budget), tight, [str(corpus["one"])], scheduler, 10 * PART_BYTES)
         assert clustered["totals"] == single["totals"] and clustered["totals"]["rows_dropped"]["duplicate"] >= 10
     assert dedup_buckets(corpus["one"].stat().st_size, 2, 0.0003) > 256
 

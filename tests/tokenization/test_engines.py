@@ -308,6 +308,7 @@ def test_the_engine_taken_says_why_the_one_tried_before_it_was_not(monkeypatch: 
                                  "fastokens cannot run this tokenizer (no such part)")
 
 
+@pytest.mark.real_tokenizer_loads
 def test_a_warm_tokenizer_load_takes_its_outline_from_the_cache(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     # The second load reads the outline kept by the first and loads HF tokenizers in a thread: everything the
