@@ -510,6 +510,10 @@ def test_a_hub_dataset_entry_streams_through_datasets(tmp_path: Path, monkeypatc
     pytest.importorskip("datasets")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    # Both libraries read those once, as they are imported (here, maybe before this test): offline now too, or
+    # the missing dataset below is asked of the hub, with retries (23 s where no network answers).
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    monkeypatch.setattr("datasets.config.HF_HUB_OFFLINE", True)
     settings, make = KINDS["text"]
     rows = make()
     repo = tmp_path / "org-corpus"
