@@ -21,11 +21,11 @@ from helpers import REPO, gpu_prep_cli, output_tree
 def fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A cache and a tokenizer folder of this test's own (so no other test's build answers for it), and the
     module's state as a new process has it."""
+    tokenizer = tmp_path / "tok"
+    shutil.copytree(bundled_tokenizer_dir("qwen2.5"), tokenizer)  # built once, in the session's cache
     monkeypatch.setenv("GPU_PREP_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(early, "_STATE", {"command": None, "hint": None, "key": None, "recipe": None, "future": None})
-    tokenizer = tmp_path / "tok"
-    shutil.copytree(bundled_tokenizer_dir("qwen2.5"), tokenizer)
     return tokenizer
 
 
