@@ -11,7 +11,6 @@ import json
 import subprocess
 import sys
 import venv
-from pathlib import Path
 
 import pytest
 
@@ -22,26 +21,39 @@ NOT_AT_RUN_TIME = {"transformers", "torch", "dask", "distributed", "dask-cuda", 
                    "datasets"}
 
 
-def _would_install(tmp_path: Path, target: str) -> set[str]:
-    env = tmp_path / "venv"
+TARGETS = (".", ".[cluster]")
+pytestmark = pytest.mark.skipif(sys.version_info < (3, 10), reason="pip --report needs a recent pip")
+
+
+@pytest.fixture(scope="module")
+def would_install(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
+    """For each of TARGETS, the names of every package pip would install into one new, empty virtualenv; the
+    resolutions run side by side (each takes pip some seconds)."""
+    root = tmp_path_factory.mktemp("install")
+    env = root / "venv"
     venv.EnvBuilder(with_pip=True).create(env)
-    report = tmp_path / "report.json"
-    done = subprocess.run([str(env / "bin" / "python"), "-m", "pip", "install", "--dry-run", "--quiet",
-                           "--report", str(report), target], capture_output=True, text=True, timeout=600, cwd=REPO)
-    if done.returncode != 0:
-        if "Could not find a version" in done.stderr or "connection" in done.stderr.lower():
-            pytest.skip(f"no package index reachable from here: {done.stderr.strip().splitlines()[-1]}")
-        raise AssertionError(done.stderr)
-    return {item["metadata"]["name"].lower().replace("_", "-") for item in json.loads(report.read_text())["install"]}
+    running = {target: (root / f"report{k}.json", subprocess.Popen(
+        [str(env / "bin" / "python"), "-m", "pip", "install", "--dry-run", "--quiet", "--report",
+         str(root / f"report{k}.json"), target], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO))
+        for k, target in enumerate(TARGETS)}
+    names = {}
+    for target, (report, pip) in running.items():
+        _, stderr = pip.communicate(timeout=600)
+        if pip.returncode != 0:
+            if "Could not find a version" in stderr or "connection" in stderr.lower():
+                pytest.skip(f"no package index reachable from here: {stderr.strip().splitlines()[-1]}")
+            raise AssertionError(stderr)
+        names[target] = {item["metadata"]["name"].lower().replace("_", "-")
+                         for item in json.loads(report.read_text())["install"]}
+    return names
 
 
-@pytest.mark.skipif(sys.version_info < (3, 10), reason="pip --report needs a recent pip")
-def test_pip_install_brings_no_transformers_dask_or_rapids(tmp_path: Path) -> None:
-    names = _would_install(tmp_path, ".")
+def test_pip_install_brings_no_transformers_dask_or_rapids(would_install: dict[str, set[str]]) -> None:
+    names = would_install["."]
     assert {"gpu-prep", "tokenizers", "pyarrow", "numpy", "jinja2", "h5py", "tiktoken"} <= names
     assert not names & NOT_AT_RUN_TIME, sorted(names & NOT_AT_RUN_TIME)
 
 
-def test_the_cluster_extra_brings_dask(tmp_path: Path) -> None:
-    names = _would_install(tmp_path, ".[cluster]")
+def test_the_cluster_extra_brings_dask(would_install: dict[str, set[str]]) -> None:
+    names = would_install[".[cluster]"]
     assert {"dask", "distributed", "bokeh"} <= names and "transformers" not in names
