@@ -42,6 +42,12 @@ def golden_document(title: str, tok: Any, ids: np.ndarray, loss_mask: np.ndarray
     )
 
 
+def hf_engine(folder: Path) -> dict[str, str]:
+    """The tokenizer setting for a folder of this test's own: HF tokenizers encodes (these tests are about
+    templates and masks, which do not depend on the engine; each folder would cost a fast engine's build)."""
+    return {"name": str(folder), "engine": "hf"}
+
+
 def write_jsonl(path: Path, rows: list[Any]) -> Path:
     """Rows as JSON Lines; a str row is written verbatim (malformed lines, blank lines)."""
     with open(path, "w", encoding="utf-8") as handle:

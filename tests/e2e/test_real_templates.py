@@ -27,7 +27,9 @@ import gpu_prep
 from gpu_prep.tokenization.bundled import bundled_tokenizer_dir
 from gpu_prep.config import parse_config
 from gpu_prep.pipeline import Options, run
+from helpers import hf_engine
 from test_reference_masks import first_difference, handwritten_conversations, sharegpt_conversations
+
 
 SHAREGPT_ROWS = 60
 
@@ -242,7 +244,7 @@ def run_gpu_prep(directory: Path, rows: list[dict], work: Path, think_loss: bool
     data = work / "rows.jsonl"
     data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     config = parse_config({
-        "tokenizer": str(directory), "device": "auto", "input": {"type": "chat", "think_loss": think_loss},
+        "tokenizer": hf_engine(directory), "device": "auto", "input": {"type": "chat", "think_loss": think_loss},
         "mask": {"assistant": "train"}, "mask_default": "mask",
         "preprocessing": {"max_seq_len": 1_000_000, "deduplicate": False, "max_chars": 100_000_000},
     })
@@ -306,7 +308,7 @@ def test_an_agents_call_turns_are_placed_without_rendering_each_prefix(tmp_path:
     from gpu_prep.tokenization.tokenizer import load_tokenizer
 
     folder = tokenizer_dir(CASES["llama3.1"], tmp_path / "tokenizer")
-    config = parse_config({"tokenizer": str(folder), "input": {"type": "chat"}, "mask": {"assistant": "train"}})
+    config = parse_config({"tokenizer": hf_engine(folder), "input": {"type": "chat"}, "mask": {"assistant": "train"}})
     ctx = build_context(config, load_tokenizer(str(folder)), CPU, [], None, None).render
     renders = []
     real = locate._render_with_prompt
@@ -337,7 +339,7 @@ def test_turn_scope_gives_a_turn_the_markup_that_closes_it_where_no_end_of_turn_
     rows = [tool_call_rows("mistral")[0], {"messages": two_users, "tools": TOOLS}]
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    config = parse_config({"tokenizer": str(directory), "input": {"type": "chat", "mask_scope": "turn"},
+    config = parse_config({"tokenizer": hf_engine(directory), "input": {"type": "chat", "mask_scope": "turn"},
                            "mask": {"assistant": "train"}, "preprocessing": {"deduplicate": False}})
     manifest = run(config, [str(data)], tmp_path / "out", Options())
     assert manifest["totals"]["rows_written"] == 2
@@ -395,7 +397,7 @@ def test_tool_calls_a_template_writes_before_the_content_are_trained(tmp_path: P
                           {"role": "assistant", "content": "It is 21 degrees."}]} for content in ("Let me check.", "")]
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    config = parse_config({"tokenizer": str(directory), "input": {"type": "chat", "mask_scope": scope},
+    config = parse_config({"tokenizer": hf_engine(directory), "input": {"type": "chat", "mask_scope": scope},
                            "mask": {"assistant": "train"}, "preprocessing": {"deduplicate": False, "min_chars": 0}})
     run(config, [str(data)], tmp_path / "out", Options())
     for row, (ids, mask) in zip(rows, gpu_prep.open_dataset(tmp_path / "out")["__default__"]):
@@ -435,7 +437,7 @@ def test_call_turns_apart_from_their_content_cost_a_few_renders_and_are_counted_
             steps += [{"role": "assistant", "content": content, "tool_calls": [call]},
                       {"role": "tool", "tool_call_id": call["id"], "content": f"{k} degrees"}]
         folder = tokenizer_dir(case, tmp_path / name)
-        config = parse_config({"tokenizer": str(folder), "input": {"type": "chat", "mask_scope": scope},
+        config = parse_config({"tokenizer": hf_engine(folder), "input": {"type": "chat", "mask_scope": scope},
                                "mask": {"assistant": "train"}})
         ctx = build_context(config, load_tokenizer(str(folder)), CPU, [], None, None).render
         ctx.template_for(Conversation(steps, tools=TOOLS)).quotes_string_arguments  # a probe once a template, not a row
