@@ -7,7 +7,6 @@ import dataclasses
 import functools
 import logging
 import math
-import os
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from gpu_prep.cluster.plan import PART_BYTES, Job, Plan, cut, first_lines, mixed
 from gpu_prep.cluster.shuffle import bucket_of, first_occurrences, scan, scan_counts, seen_in
 from gpu_prep.cluster.worker import process_range, range_rows
 from gpu_prep.config import PipelineConfig
+from gpu_prep.cores import usable_cores
 from gpu_prep.errors import ConfigError, Interrupted
 from gpu_prep.filter.dedup import Deduplicator
 from gpu_prep.read.mix import set_passes
@@ -114,7 +114,7 @@ def connect(spec: str, gpu: bool, config: PipelineConfig) -> Iterator[Any]:
     else:
         # Their logs silenced below critical: a task that stops on bad input is reported here, once, by name;
         # the worker would print it first as a traceback.
-        start = functools.partial(LocalCluster, n_workers=n or os.cpu_count() or 1, threads_per_worker=1,
+        start = functools.partial(LocalCluster, n_workers=n or usable_cores(), threads_per_worker=1,
                                   processes=True, silence_logs=logging.CRITICAL)
     # SIGINT ignored while the local workers' processes start, which keep ignoring it (a Python started with
     # SIGINT ignored leaves it so, and so does asyncio): on Ctrl-C this process stops the run and shuts the
@@ -202,7 +202,7 @@ def _drive(run: RunContext, dedup: Deduplicator | None, decisions: Decisions, ro
         if options.announce is not None:
             options.announce(client.dashboard_link)
         parts, streams = cut(run.files, run.datasets, config, options.part_bytes or PART_BYTES)
-        threads = options.workers or (max(1, (os.cpu_count() or 1) // workers) if spec.startswith("local") else None)
+        threads = options.workers or (max(1, usable_cores() // workers) if spec.startswith("local") else None)
         job = Job(uuid.uuid4().hex, config, options.tokenizer_for(config), device, options.plugins, run.files,
                   [[f.index for f in d.files] for d in run.datasets] if run.datasets is not None else None,
                   parts, streams, options.chunk_rows, threads)

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from gpu_prep.cores import usable_cores
+
 NORMAL_FORMS = frozenset({"NFC", "NFD", "NFKC", "NFKD"})  # normalizers that are a Unicode normal form
 FAST_ENGINES = ("fastokens", "tiktoken")  # tried in this order under tokenizer.engine auto
 
@@ -158,10 +160,10 @@ class TiktokenEngine:
 
         encoding = tiktoken.Encoding("gpu-prep", pat_str=_split_pattern(spec), mergeable_ranks=_ranks(spec),
                                      special_tokens=_added(spec))
-        return cls(encoding, _form(spec), os.cpu_count() or 1)
+        return cls(encoding, _form(spec), usable_cores())
 
     def with_threads(self, threads: int | None) -> TiktokenEngine:
-        return TiktokenEngine(self.encoding, self.form, threads or os.cpu_count() or 1)
+        return TiktokenEngine(self.encoding, self.form, threads or usable_cores())
 
     def _encode_slice(self, pieces: list[str]) -> list[np.ndarray]:
         special, encode = self.encoding.special_tokens_set, self.encoding.encode_to_numpy
