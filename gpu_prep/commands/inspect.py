@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu_prep.tokenization.engines import _byte_decoder
+from gpu_prep.tokenization.engines import byte_decoder
 
 OPEN, CLOSE = "⟦", "⟧"
 
@@ -24,7 +24,7 @@ def token_bytes(tok: Any, token_id: int, added: dict[int, str] | None = None) ->
         return added[token_id].encode("utf-8")
     if tok.token_bytes is None:
         return tok.engine.decode([token_id], skip_special_tokens=False).encode("utf-8")
-    return tok.engine.id_to_token(token_id).translate(_byte_decoder()).encode("latin-1")
+    return tok.engine.id_to_token(token_id).translate(byte_decoder()).encode("latin-1")
 
 
 def _decoded_runs(tok: Any, ids: np.ndarray, loss_mask: np.ndarray) -> list[tuple[bool, str]]:

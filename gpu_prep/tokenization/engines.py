@@ -58,7 +58,7 @@ class HfEngine:
 
 
 @lru_cache(maxsize=1)
-def _byte_decoder() -> dict[int, int]:
+def byte_decoder() -> dict[int, int]:
     """The byte-level BPE alphabet, inverted: code point of each printable stand-in -> the byte it stands
     for, as a str.translate table that maps a vocabulary token to a latin-1 string of its bytes."""
     printable = {*range(33, 127), *range(161, 173), *range(174, 256)}
@@ -93,7 +93,7 @@ def tiktoken_problem(spec: dict[str, Any]) -> str | None:
 
 def _ranks(spec: dict[str, Any]) -> dict[bytes, int]:
     """Each vocabulary token's bytes -> its id (a byte-level BPE vocabulary)."""
-    decode = _byte_decoder()
+    decode = byte_decoder()
     return {token.translate(decode).encode("latin-1"): i for token, i in spec["model"]["vocab"].items()}
 
 

@@ -282,13 +282,13 @@ def test_byte_level_offsets_with_ignore_merges_name_each_tokens_own_text(qwen: A
     exactly the characters it spells."""
     from tokenizers import Tokenizer
 
-    from gpu_prep.tokenization.engines import _byte_decoder
+    from gpu_prep.tokenization.engines import byte_decoder
 
     spec = json.loads((Path(qwen.directory) / "tokenizer.json").read_text(encoding="utf-8"))
     spec["model"]["ignore_merges"] = True
     spec["normalizer"] = None  # as Llama-3's: every token's characters are the text's own
     tok = Tokenizer.from_str(json.dumps(spec))
-    decode = _byte_decoder()
+    decode = byte_decoder()
     checked = 0
     for text in _texts():
         encoding = tok.encode(text, add_special_tokens=False)
