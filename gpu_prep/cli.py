@@ -291,6 +291,16 @@ def inspect(
     show_samples(output, domain, samples, start, ids, plain)
 
 
+def exit_status(code: Any) -> int:
+    """A SystemExit's code as the process's exit status, as the interpreter makes it: None is 0, a message
+    is printed on stderr and is 1."""
+    if isinstance(code, int):
+        return code
+    if code is not None:
+        print(code, file=sys.stderr)
+    return 0 if code is None else 1
+
+
 def main() -> None:
     """The console script. A run allocates millions of short-lived containers (parsed rows, rendered
     pieces): the collector's first generation waits for 100,000 of them, not 700, which spares a few
@@ -308,10 +318,7 @@ def main() -> None:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
     except KeyboardInterrupt:  # pressed again while it was ending, before the line above: no traceback either
         code = 130
-    if not isinstance(code, int):  # SystemExit("message"): printed, and status 1, as the interpreter does
-        if code is not None:
-            print(code, file=sys.stderr)
-        code = 0 if code is None else 1
+    code = exit_status(code)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

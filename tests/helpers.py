@@ -108,7 +108,7 @@ def gpu_prep_cli(*args: Any, env: dict[str, str | None] | None = None, timeout: 
     if process or env is not None:
         script = Path(sys.executable).parent / "gpu-prep"
         assert script.exists(), f"the gpu-prep console script is not installed next to {sys.executable}"
-        merged = {**os.environ, "COLUMNS": "200", **(env or {})}
+        merged = {**os.environ, **(env or {})}  # COLUMNS=200 among them (conftest)
         return subprocess.run([str(script), *map(str, args)], capture_output=True, text=True, timeout=timeout,
                               cwd=REPO, env={k: v for k, v in merged.items() if v is not None},
                               preexec_fn=as_from_a_terminal)
@@ -119,7 +119,7 @@ def in_process(*args: Any) -> subprocess.CompletedProcess[str]:
     """The CLI's app run here as the console script runs it (gpu_prep.cli.main without its exit), its output
     and exit status taken as a subprocess's would be; an exception the CLI lets out is status 1 with its
     traceback on stderr, as the interpreter gives it."""
-    from gpu_prep.cli import app
+    from gpu_prep.cli import app, exit_status
 
     out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
     argv = [str(a) for a in args]
@@ -128,9 +128,9 @@ def in_process(*args: Any) -> subprocess.CompletedProcess[str]:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 app(args=argv, prog_name="gpu-prep")
-                code: Any = 0
+                code = 0
             except SystemExit as exc:
-                code = exc.code
+                code = exit_status(exc.code)
             except KeyboardInterrupt:
                 code = 130
             except Exception:  # noqa: BLE001  the interpreter's last words
@@ -138,10 +138,6 @@ def in_process(*args: Any) -> subprocess.CompletedProcess[str]:
                 code = 1
     finally:
         os.chdir(here)
-    if not isinstance(code, int):
-        if code is not None:
-            print(code, file=err)
-        code = 0 if code is None else 1
     return subprocess.CompletedProcess(["gpu-prep", *argv], code, out.getvalue(), err.getvalue())
 
 
