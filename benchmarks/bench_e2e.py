@@ -61,7 +61,7 @@ DATASETS_SCRIPT = textwrap.dedent('''
     else:
         def fn(example):
             return {"input_ids": tok(example["text"])["input_ids"]}
-    ds = ds.map(fn, batched=batched == "1", num_proc=os.cpu_count(), remove_columns=ds.column_names)
+    ds = ds.map(fn, batched=batched == "1", num_proc=len(os.sched_getaffinity(0)), remove_columns=ds.column_names)
     ds.save_to_disk(out)
 ''')
 
@@ -82,6 +82,7 @@ RAW_SCRIPT = textwrap.dedent('''
 class Timed:
     seconds: float
     peak_mb: float  # the largest process of the route (workers counted apart)
+    cpu: float = 0.0  # CPU seconds, user and system, of the route's process and its workers
 
 
 def timed(command: list[str], env: dict[str, str] | None = None) -> Timed:
@@ -93,7 +94,7 @@ def timed(command: list[str], env: dict[str, str] | None = None) -> Timed:
     stderr = process.stderr.read().decode(errors="replace") if process.stderr else ""
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{stderr}")
-    return Timed(seconds, usage.ru_maxrss / 1024)
+    return Timed(seconds, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime)
 
 
 def gpu_prep_route(ws: Workspace, out: Path) -> list[str]:

@@ -7,14 +7,14 @@ Routes (alternated round by round; medians of --repeat rounds):
   gpu-prep 1 core        `taskset -c <one core> gpu-prep run ...`
   gpu-prep all cores     `gpu-prep run ...` on every core the process may use (os.sched_getaffinity)
   gpu-prep local:N       `gpu-prep run ... --cluster local:N`, N the cores (with --cluster; needs the cluster extra)
-  datasets.map batched   load_dataset("json") then Dataset.map(batched=True, num_proc=N) calling
-                         apply_chat_template(..., return_assistant_tokens_mask=True) (chat) or the tokenizer
-                         (text), result kept in memory: the strongest form of the peer a user writes
+  datasets.map batched   bench_e2e.py's route: load_dataset("json") into a fresh cache, Dataset.map(batched=True,
+                         num_proc=N) calling apply_chat_template(..., return_assistant_tokens_mask=True) (chat)
+                         or the tokenizer (text), save_to_disk: the strongest form of the peer a user writes
   raw engine             the engine gpu-prep chose, encoding the texts of gpu-prep's output (decoded back
                          before the clock): the CPU seconds no pipeline can go under
 
-The corpus is built on the machine from the installed ShareGPT package (unique rows: each pass over the
-package's conversations tags its rows with the pass number), so a lent machine needs no data carried. Each
+The corpus is built on the machine from bench_peers.py's corpora of the installed ShareGPT package (unique
+rows: each pass over them tags its rows with the pass number), so a lent machine needs no data carried. Each
 route prints wall seconds, MB/s, tokens/s, CPU seconds per MB and that against the raw engine's, the speed-up
 over one core and peak RSS (the process and its children). The gpu-prep routes must write identical shards;
 the script fails otherwise. --json writes every figure.
@@ -28,16 +28,15 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.bench_e2e import DATASETS_SCRIPT, timed  # noqa: E402
+from benchmarks.bench_peers import CORPORA  # noqa: E402
 from benchmarks.clock import scratch  # noqa: E402
-from benchmarks.corpora import sharegpt_chats  # noqa: E402
 from reference import write_tokenizer_dir  # noqa: E402  (tests/reference.py, put on the path by corpora)
 
 GPU_PREP = [sys.executable, "-m", "gpu_prep.launch"]
@@ -46,93 +45,56 @@ ENGINE = "raw engine"
 
 
 def build_corpus(path: Path, kind: str, megabytes: float) -> int:
-    """JSON Lines of at least `megabytes`: ShareGPT conversations (chat) or their assistant answers (text),
-    pass k's rows tagged with k so that no row repeats another. Returns the rows written."""
-    chats = [c for c in sharegpt_chats(100_000) if c["messages"]]
-    target, written, rows = megabytes * (1 << 20), 0, 0
+    """JSON Lines of at least `megabytes`: bench_peers' ShareGPT conversations (chat) or answers (text), the
+    rows of pass k over them tagged with k so that no row repeats another. Returns the rows written."""
+    rows = CORPORA[kind].build(100_000)
+    key = "text" if kind == "text" else "messages"
+    target, written, count = megabytes * (1 << 20), 0, 0
     with open(path, "w", encoding="utf-8") as handle:
         for k in range(1_000_000):
-            for chat in chats:
-                if kind == "chat":
-                    messages = [dict(m) for m in chat["messages"]]
-                    messages[0]["content"] = f"[{k}] {messages[0]['content']}"
-                    row: dict[str, Any] = {"messages": messages}
+            for row in rows:
+                if kind == "text":
+                    tagged = {"text": f"[{k}] {row['text']}"}
                 else:
-                    text = " ".join(m["content"] for m in chat["messages"] if m["role"] == "assistant").strip()
-                    if not text:
-                        continue
-                    row = {"text": f"[{k}] {text}"}
-                line = json.dumps(row, ensure_ascii=False) + "\n"
+                    first, *rest = row[key]
+                    tagged = {"messages": [{**first, "content": f"[{k}] {first['content']}"}, *rest]}
+                line = json.dumps(tagged, ensure_ascii=False) + "\n"
                 handle.write(line)
                 written += len(line.encode("utf-8"))
-                rows += 1
+                count += 1
                 if written >= target:
-                    return rows
-    return rows
+                    return count
+    return count
 
 
 def config_for(kind: str, tokenizer: Path) -> dict[str, Any]:
-    base = {"tokenizer": str(tokenizer), "preprocessing": {"max_seq_len": 4096},
-            "output": {"storage_format": "bin"}}
+    """What the peer does too: no row cut at a length (the map truncates nothing); dedup, on by default,
+    finds nothing in unique rows."""
+    base = {"tokenizer": str(tokenizer), "preprocessing": {"max_seq_len": 1 << 30}, "output": {"storage_format": "bin"}}
     if kind == "chat":
         return {**base, "input": {"type": "chat"}, "mask": {"assistant": "train"}}
     return {**base, "input": {"type": "text"}}
 
 
-PEER_SCRIPT = r"""
-import json, os, sys
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-import datasets
-from transformers import PreTrainedTokenizerFast
-corpus, tokenizer, kind, procs, cache = sys.argv[1:6]
-datasets.disable_progress_bars()
-config = json.load(open(os.path.join(tokenizer, "tokenizer_config.json")))
-tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(tokenizer, "tokenizer.json"),
-                              chat_template=config["chat_template"], eos_token=config["eos_token"])
-ds = datasets.load_dataset("json", data_files=corpus, split="train", cache_dir=cache)
-if kind == "chat":
-    def fn(batch):
-        out = tok.apply_chat_template(batch["messages"], tokenize=True, return_dict=True,
-                                      return_assistant_tokens_mask=True)
-        return {"input_ids": out["input_ids"], "assistant_masks": out["assistant_masks"]}
-else:
-    def fn(batch):
-        return {"input_ids": tok(batch["text"])["input_ids"]}
-mapped = ds.map(fn, batched=True, num_proc=int(procs), remove_columns=ds.column_names, keep_in_memory=True)
-print(json.dumps({"tokens": sum(map(len, mapped["input_ids"]))}))
-"""
-
 ENGINE_SCRIPT = r"""
 import json, sys, time
 import gpu_prep
 from gpu_prep.tokenization.tokenizer import load_tokenizer
-out, choice = sys.argv[1], sys.argv[2]
+out, choice, report = sys.argv[1:4]
 tok = load_tokenizer(json.load(open(f"{out}/manifest.json"))["tokenizer"]["name"])
 ds = gpu_prep.open_dataset(out)
 texts = [tok.decode(ids) for domain in ds for ids, _ in ds[domain]]
 tok.use_engine(choice, texts[:200], 200)
 start = time.process_time()
 ids, counts = tok.encode(texts)
-print(json.dumps({"cpu": time.process_time() - start, "engine": tok.active.name, "tokens": int(counts.sum())}))
+json.dump({"cpu": time.process_time() - start, "engine": tok.active.name, "tokens": int(counts.sum())}, open(report, "w"))
 """
 
 
-def measured(command: list[str], logs: Path) -> dict[str, Any]:
-    """Run a command as a process of its own: wall seconds, CPU seconds and peak RSS (MB) of it and its
-    children (os.wait4's rusage: the datasets and Dask worker processes count), and its last line printed."""
-    with open(logs / "stdout", "w+") as out, open(logs / "stderr", "w+") as err:
-        start = time.perf_counter()
-        child = subprocess.Popen(command, stdout=out, stderr=err, text=True)
-        _, status, usage = os.wait4(child.pid, 0)
-        wall = time.perf_counter() - start
-        child.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        printed, said = out.read().strip(), err.read()
-    if child.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed ({child.returncode}):\n{said[-3000:]}")
-    return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss_mb": usage.ru_maxrss / 1024,
-            "stdout": printed.splitlines()[-1] if printed else ""}
+def peer_tokens(out: Path) -> int:
+    import datasets
+
+    return sum(map(len, datasets.load_from_disk(str(out))["input_ids"]))
 
 
 def shards_digest(out: Path) -> str:
@@ -174,13 +136,13 @@ def main() -> None:
     if args.cluster:
         routes[f"gpu-prep local:{len(cores)}"] = gpu_prep("cluster", "--cluster", f"local:{len(cores)}")
     if not args.no_peer:
-        routes[PEER] = [sys.executable, "-c", PEER_SCRIPT, str(corpus), str(tokenizer), args.kind, str(len(cores)),
-                        str(work / "datasets-cache")]
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in routes}
+        routes[PEER] = [sys.executable, "-c", DATASETS_SCRIPT, str(corpus), str(tokenizer), str(work / "mapped"),
+                        str(work / "datasets-cache"), args.kind, "1"]
+    runs: dict[str, list[Any]] = {name: [] for name in routes}
     for _ in range(args.repeat):
         for name, command in routes.items():
             shutil.rmtree(work / "datasets-cache", ignore_errors=True)  # no warm cache: every run maps for real
-            runs[name].append(measured(command, work))
+            runs[name].append(timed(command))
 
     outputs = {"gpu-prep 1 core": work / "one", "gpu-prep all cores": work / "all",
                **({f"gpu-prep local:{len(cores)}": work / "cluster"} if args.cluster else {})}
@@ -189,22 +151,23 @@ def main() -> None:
         raise SystemExit(f"the gpu-prep routes wrote different shards: {digests}")
     manifest = json.loads((work / "all" / "manifest.json").read_text(encoding="utf-8"))
     tokens = manifest["totals"]["tokens"]
-    engine = json.loads(measured([sys.executable, "-c", ENGINE_SCRIPT, str(work / "all"),
-                                  manifest["tokenizer"]["engine"]], work)["stdout"])
+    timed([sys.executable, "-c", ENGINE_SCRIPT, str(work / "all"), manifest["tokenizer"]["engine"],
+           str(work / "engine.json")])
+    engine = json.loads((work / "engine.json").read_text(encoding="utf-8"))
     engine_cpu_mb = engine["cpu"] / megabytes
 
-    one = statistics.median(r["wall"] for r in runs["gpu-prep 1 core"])
+    one = statistics.median(r.seconds for r in runs["gpu-prep 1 core"])
     figures = {}
     print(f"\n{'route':<24} {'wall s':>8} {'MB/s':>8} {'Mtok/s':>8} {'CPU s/MB':>9} {'x engine':>9} "
           f"{'x 1 core':>9} {'RSS MB':>8}")
     for name, measures in runs.items():
-        wall = statistics.median(r["wall"] for r in measures)
-        cpu = statistics.median(r["cpu"] for r in measures)
-        count = tokens if name.startswith("gpu-prep") else json.loads(measures[-1]["stdout"])["tokens"]
-        figures[name] = {"wall": wall, "walls": [r["wall"] for r in measures], "cpu": cpu,
+        wall = statistics.median(r.seconds for r in measures)
+        cpu = statistics.median(r.cpu for r in measures)
+        count = tokens if name.startswith("gpu-prep") else peer_tokens(work / "mapped")
+        figures[name] = {"wall": wall, "walls": [r.seconds for r in measures], "cpu": cpu,
                          "mb_per_s": megabytes / wall, "tokens_per_s": count / wall, "cpu_per_mb": cpu / megabytes,
                          "vs_engine": cpu / megabytes / engine_cpu_mb, "vs_one_core": one / wall,
-                         "rss_mb": max(r["rss_mb"] for r in measures)}
+                         "rss_mb": max(r.peak_mb for r in measures)}
         f = figures[name]
         print(f"{name:<24} {wall:>8.2f} {f['mb_per_s']:>8.1f} {f['tokens_per_s'] / 1e6:>8.2f} {f['cpu_per_mb']:>9.3f} "
               f"{f['vs_engine']:>9.2f} {f['vs_one_core']:>9.2f} {f['rss_mb']:>8.0f}")
